@@ -1,0 +1,10 @@
+"""The one exception type for user errors: printed as one line, exit code 2, no traceback."""
+
+
+class UserError(Exception):
+    """A problem with the user's input or options that the user can fix.
+
+    The message says what is wrong and what to do about it.
+    """
+
+    exit_code = 2

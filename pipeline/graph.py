@@ -1,0 +1,53 @@
+"""The Beam graph: ListImages -> AssignLabels -> ShuffleImages -> ConvertImages -> WriteShards -> DescribeDataset."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+
+from pipeline import __version__
+from pipeline.options import Settings
+from pipeline.plan import Plan
+from transforms.convert import REJECTED, ConvertImages
+from transforms.describe import DescribeDataset
+from transforms.labels import UNLABELED, AssignLabels
+from transforms.listing import SKIPPED, ListImages
+from transforms.shuffle import ShuffleImages
+from transforms.write import WriteShards
+
+
+def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float) -> dict:
+    """Add the conversion to `p`; returns its main PCollections so tests can drive the graph."""
+    listed = p | "ListImages" >> ListImages(settings.input_dir)
+    # FileRef -> ImageRef (label, split, shuffle key)
+    labeled = listed.images | "AssignLabels" >> AssignLabels(
+        plan.class_names,
+        split_folders=plan.split_folders,
+        seed=settings.seed,
+        validation_split=settings.validation_split,
+        test_split=settings.test_split,
+    )
+    # ImageRef, in a reproducible random order, spread over workers
+    shuffled = labeled.images | "ShuffleImages" >> ShuffleImages(plan.total_images)
+    # ImageRef -> ExampleRecord (serialized tf.train.Example)
+    converted = shuffled | "ConvertImages" >> ConvertImages(settings.image, settings.schema)
+    # ExampleRecord -> {split: shard paths}
+    shards = converted.examples | "WriteShards" >> WriteShards(
+        settings.output_dir, plan.num_shards, settings.compression
+    )
+    rejections = (listed[SKIPPED], labeled[UNLABELED], converted[REJECTED]) | "AllRejections" >> beam.Flatten()
+    found = (listed.images, listed[SKIPPED]) | "AllListed" >> beam.Flatten()
+    info = {
+        "examples": converted.examples,
+        "rejections": rejections,
+        "shards": shards,
+        "found": found,
+    } | "DescribeDataset" >> DescribeDataset(
+        settings.output_dir,
+        plan.class_names,
+        settings.schema,
+        settings.as_dict(),
+        plan.image_info(settings),
+        start_time,
+        __version__,
+    )
+    return {"examples": converted.examples, "rejections": rejections, "shards": shards, "info": info}

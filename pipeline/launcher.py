@@ -1,0 +1,138 @@
+"""run(argv): validate options, plan, build the graph, run it and print the summary.
+
+    python -m pipeline.main --input_dir=photos/ --output_dir=tfrecords/
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from pipeline.errors import UserError
+from pipeline.graph import build_pipeline
+from pipeline.options import Settings, check_flags, help_text, validate
+from pipeline.plan import Plan, plan_dataset, prepare_output
+from transforms.describe import INFO_FILE
+
+_LOG = logging.getLogger("pipeline")
+LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
+
+
+def _flag_given(argv: list[str], name: str) -> bool:
+    return any(a == name or a.startswith(name + "=") for a in argv)
+
+
+def is_local_run(options: PipelineOptions) -> bool:
+    return options.view_as(StandardOptions).runner in LOCAL_RUNNER_NAMES
+
+
+def make_runner(options: PipelineOptions, argv: list[str]):
+    """The runner for these options; local runs use Beam's FnApiRunner on every core.
+
+    Beam's DirectRunner first tries the Prism runner, which downloads a binary
+    from the internet: on a machine without internet access that stalls the
+    job. Local runs therefore go straight to the FnApiRunner, the Python local
+    engine that DirectRunner falls back to, with one worker process per core.
+    """
+    if not is_local_run(options):
+        return options.view_as(StandardOptions).runner
+    direct = options.view_as(DirectOptions)
+    if not _flag_given(argv, "--direct_running_mode"):
+        direct.direct_running_mode = "multi_processing"
+    if not _flag_given(argv, "--direct_num_workers"):
+        direct.direct_num_workers = 0  # one worker per core
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(
+        provision_info=fn_runner.ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
+        )
+    )
+
+
+def configure_logging(settings: Settings) -> None:
+    level = logging.INFO if settings.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    logging.getLogger("pipeline").setLevel(logging.INFO if not settings.quiet else logging.WARNING)
+    if not settings.verbose:
+        logging.getLogger("apache_beam").setLevel(logging.ERROR)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def read_info(output_dir: str) -> dict:
+    with FileSystems.open(FileSystems.join(output_dir, INFO_FILE), compression_type="uncompressed") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def format_summary(info: dict) -> str:
+    files = info["files"]
+    lines = [
+        f"Found {files['found']} files: {files['written']} written, {files['rejected']} rejected, "
+        f"{files['skipped']} skipped.",
+    ]
+    for split, split_info in info["splits"].items():
+        lines.append(
+            f"  {split:<10} {split_info['records']:>8} images in {len(split_info['shards'])} shard(s), "
+            f"{split_info['bytes'] / 1e6:.1f} MB"
+        )
+    for title, key in (("Rejected", "rejected_by_reason"), ("Skipped", "skipped_by_reason")):
+        if info[key]:
+            reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
+            lines.append(f"{title}: {reasons} (see {info['error_report']})")
+    if files.get("upscaled"):
+        lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}")
+    lines.append(
+        f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
+        f"{info['num_classes']} classes; labels in labels.txt."
+    )
+    return "\n".join(lines)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run one conversion; returns the process exit code.
+
+    Raises:
+        UserError: for bad options or input, before anything is written.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    check_flags(argv)
+    options = PipelineOptions(argv)
+    settings = validate(options)
+    configure_logging(settings)
+    start_time = time.time()
+    plan: Plan = plan_dataset(settings)
+    for note in plan.notes:
+        _LOG.warning(note)
+    removed = prepare_output(settings)
+    if removed:
+        _LOG.info("Removed %d files of an earlier run from %s", len(removed), settings.output_dir)
+    _LOG.info(
+        "Converting %d images in %d classes (%s) to %s",
+        plan.total_images,
+        len(plan.class_names),
+        ", ".join(f"{split} {n} in {plan.num_shards[split]} shards" for split, n in plan.expected_per_split.items()),
+        settings.output_dir,
+    )
+    runner = make_runner(options, argv)
+    with beam.Pipeline(runner=runner, options=options) as p:
+        build_pipeline(p, settings, plan, start_time)
+    info = read_info(settings.output_dir)
+    print(format_summary(info))
+    if not info["files"]["written"]:
+        print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,252 @@
+"""Launcher-side planning: check the folders, read file metadata, fix class ids and shard counts.
+
+Only file names and sizes are read here, never image bytes: the graph does the
+real work, and on Dataflow it runs on the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.errors import UserError
+from pipeline.options import Settings
+from transforms.describe import ERRORS_FILE, FEATURES_FILE, INFO_FILE, LABELS_FILE
+from transforms.layout import (
+    IMAGE_EXTENSIONS,
+    SPLITS,
+    Placement,
+    class_folder_names,
+    place,
+    relative_path,
+    skip_reason,
+    split_folder_layout,
+)
+from transforms.listing import list_files
+from transforms.write import shard_suffix
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    """What the launcher decided before building the graph."""
+
+    class_names: list[str]
+    split_folders: bool
+    expected_per_split: dict[str, int]
+    num_shards: dict[str, int]
+    files_found: int
+    unknown_classes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_images(self) -> int:
+        return sum(self.expected_per_split.values())
+
+    def image_info(self, settings: Settings) -> dict:
+        image = settings.image
+        fixed = image.resize_mode in ("stretch", "crop", "pad")
+        return {
+            "height": image.height if fixed else None,
+            "width": image.width if fixed else None,
+            "channels": 3,
+            "format": image.image_format,
+            "fixed_size": fixed,
+        }
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _normalise(path: str) -> str:
+    return os.path.realpath(path) if is_local(path) else path.rstrip("/")
+
+
+def check_folders(settings: Settings) -> None:
+    """Input exists, output is not inside it."""
+    if is_local(settings.input_dir) and not os.path.isdir(settings.input_dir):
+        what = "is a file, not a folder" if os.path.exists(settings.input_dir) else "does not exist"
+        raise UserError(f"--input_dir {settings.input_dir} {what}: give the folder that holds the class folders")
+    source, target = _normalise(settings.input_dir), _normalise(settings.output_dir)
+    if target == source or target.startswith(source.rstrip("/") + "/"):
+        raise UserError(
+            f"--output_dir {settings.output_dir} is inside --input_dir {settings.input_dir}: the shards would be "
+            "listed as input on the next run; choose an output folder outside the input folder"
+        )
+    if is_local(settings.output_dir) and os.path.isfile(settings.output_dir):
+        raise UserError(f"--output_dir {settings.output_dir} is a file: give a folder")
+
+
+def read_labels_file(path: str) -> list[str]:
+    """Class names, one per line; line i is id i."""
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as f:
+            text = f.read().decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"--labels_file {path} is not UTF-8 text: save it as plain text, one class per line")
+    except Exception as e:
+        raise UserError(f"--labels_file {path} cannot be read ({type(e).__name__}): check the path") from None
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines:
+        raise UserError(f"--labels_file {path} is empty: write one class name per line")
+    for number, name in enumerate(lines, 1):
+        if not name:
+            raise UserError(f"--labels_file {path} line {number} is blank: line i gives id i-1, so remove it")
+    seen = Counter(lines)
+    dupes = [name for name, n in seen.items() if n > 1]
+    if dupes:
+        raise UserError(f"--labels_file {path} lists the class {dupes[0]!r} more than once: keep one line per class")
+    return lines
+
+
+def estimated_bytes_per_image(settings: Settings, source_size: int) -> float:
+    """A rough output size of one image, for sizing shards before anything is converted."""
+    image = settings.image
+    if image.resize_mode == "none":
+        return float(source_size)
+    pixels = image.width * image.height
+    if image.image_format == "png":
+        return pixels * 1.5
+    return pixels * (0.08 + 0.35 * (image.jpeg_quality / 100) ** 2)
+
+
+def plan_dataset(settings: Settings) -> Plan:
+    """List the input (metadata only) and decide class ids, splits and shard counts.
+
+    Raises:
+        UserError: for an empty input, no images, no class folders, or a bad layout.
+    """
+    check_folders(settings)
+    try:
+        files = list_files(settings.input_dir)
+    except Exception as e:
+        raise UserError(f"--input_dir {settings.input_dir} cannot be listed ({type(e).__name__}: {e})") from None
+    if not files:
+        raise UserError(f"--input_dir {settings.input_dir} is empty: put images in <input_dir>/<class>/<image>")
+    candidates = []
+    for metadata in files:
+        relpath = relative_path(metadata.path, settings.input_dir)
+        if skip_reason(relpath) is None:
+            candidates.append((relpath, metadata.size_in_bytes))
+    if not candidates:
+        raise UserError(
+            f"no images found in {settings.input_dir}: {len(files)} files, none with an image extension "
+            f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
+        )
+    top_level = {relpath.split("/")[0] for relpath, _ in candidates if "/" in relpath}
+    try:
+        split_folders = split_folder_layout(top_level)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    folder_classes = class_folder_names((relpath for relpath, _ in candidates), split_folders)
+    if not folder_classes:
+        where = "its split folders" if split_folders else settings.input_dir
+        raise UserError(
+            f"found {len(candidates)} images directly in {where} but no class folders: expected "
+            "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
+        )
+    notes = []
+    if settings.labels_file:
+        class_names = read_labels_file(settings.labels_file)
+        unknown = sorted(set(folder_classes) - set(class_names))
+        if unknown:
+            notes.append(
+                f"{len(unknown)} class folder(s) are not in the labels file and their images will be skipped "
+                f"as unknown_class: {', '.join(unknown[:10])}"
+            )
+    else:
+        class_names, unknown = folder_classes, []
+    known = set(class_names)
+
+    expected = Counter()
+    estimated_bytes = Counter()
+    for relpath, size in candidates:
+        placed = place(
+            relpath,
+            split_folders=split_folders,
+            seed=settings.seed,
+            validation_split=settings.validation_split,
+            test_split=settings.test_split,
+        )
+        if isinstance(placed, Placement) and placed.class_name in known:
+            expected[placed.split] += 1
+            estimated_bytes[placed.split] += estimated_bytes_per_image(settings, size)
+    if not expected:
+        raise UserError(
+            f"none of the {len(candidates)} images in {settings.input_dir} belongs to a class in the labels file "
+            f"{settings.labels_file}: check that the class folder names match its lines"
+        )
+    num_shards = {}
+    for split in SPLITS:
+        count = expected[split]
+        if not count:
+            continue
+        if settings.num_shards:
+            shards = settings.num_shards
+            if shards > count:
+                notes.append(f"--num_shards={shards} is more than the {count} {split} images: writing {count} shards")
+                shards = count
+        else:
+            shards = math.ceil(estimated_bytes[split] / (settings.shard_size_mb * 1e6))
+            shards = max(1, min(shards, count))
+        num_shards[split] = shards
+    return Plan(
+        class_names=class_names,
+        split_folders=split_folders,
+        expected_per_split=dict(expected),
+        num_shards=num_shards,
+        files_found=len(files),
+        unknown_classes=unknown,
+        notes=notes,
+    )
+
+
+def own_outputs(output_dir: str) -> list[str]:
+    """Paths in `output_dir` that this tool writes (shards, descriptions, Beam's temporary folders)."""
+    patterns = [FileSystems.join(output_dir, name) for name in (INFO_FILE, LABELS_FILE, FEATURES_FILE, ERRORS_FILE)]
+    for split in SPLITS:
+        for compression in ("none", "gzip"):
+            patterns.append(FileSystems.join(output_dir, f"{split}-[0-9]*-of-[0-9]*{shard_suffix(compression)}"))
+        patterns.append(FileSystems.join(output_dir, f"beam-temp-{split}-*/**"))
+    patterns.append(FileSystems.join(output_dir, "beam-temp-errors-*/**"))
+    patterns.append(FileSystems.join(output_dir, ".*.tmp-*"))
+    found = []
+    for result in FileSystems.match(patterns):
+        found.extend(m.path for m in result.metadata_list)
+    return sorted(set(found))
+
+
+def prepare_output(settings: Settings) -> list[str]:
+    """Make `output_dir` ready: refuse to replace a dataset unless --overwrite, then remove this tool's files.
+
+    A folder without dataset_info.json holds at most an interrupted run's leftovers,
+    which are removed so that no stale shard survives. Other files are never touched.
+    Returns the removed paths.
+    """
+    info = FileSystems.join(settings.output_dir, INFO_FILE)
+    if FileSystems.exists(info):
+        if not settings.overwrite:
+            raise UserError(
+                f"--output_dir {settings.output_dir} already holds a dataset ({INFO_FILE}): pass --overwrite to "
+                "replace it, or choose another folder"
+            )
+        FileSystems.delete([info])  # first, so that a crash from here on leaves no completion marker
+    stale = own_outputs(settings.output_dir)
+    if stale:
+        FileSystems.delete(stale)
+    if is_local(settings.output_dir):
+        os.makedirs(settings.output_dir, exist_ok=True)
+        for name in os.listdir(settings.output_dir):  # Beam's emptied temporary folders
+            path = os.path.join(settings.output_dir, name)
+            if name.startswith("beam-temp-") and os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+    return stale

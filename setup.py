@@ -1,0 +1,46 @@
+"""Packaging for image-tfrecords: the launcher, the Beam transforms and their runtime needs.
+
+Dataflow workers install this file through `--setup_file`, so `install_requires`
+holds only what the workers need to convert images. TensorFlow is needed only
+to *read* datasets (reader helper, verify, benchmark, preview) and lives in the
+`tf` extra, which keeps worker start-up fast.
+"""
+
+import setuptools
+
+setuptools.setup(
+    name="image-tfrecords",
+    version="0.1.0",
+    description=(
+        "Convert folders of labeled images into sharded TFRecord datasets "
+        "with Apache Beam, locally or on Google Cloud Dataflow."
+    ),
+    python_requires=">=3.10,<3.13",
+    packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "transforms", "transforms.*"]),
+    include_package_data=True,
+    package_data={"pipeline": ["templates/*.json"]},
+    # Tested ranges. Beam is pinned to the minor release the tests ran on,
+    # because Dataflow workers must run the same SDK as the launcher.
+    install_requires=[
+        "apache-beam[gcp]>=2.77,<2.78",
+        "pillow>=12.0,<13",
+        "protobuf>=5.28,<7",
+        "google-cloud-storage>=3.0,<4",
+        "google-crc32c>=1.5,<2",
+        "tqdm>=4.66,<5",
+    ],
+    extras_require={
+        "tf": [
+            "tensorflow>=2.20,<2.22",
+            "matplotlib>=3.9,<4",
+        ],
+        "dev": [
+            "pytest>=8,<10",
+            "pytest-timeout>=2.3,<3",
+            "gcp-storage-emulator>=2024.8",
+            "hypothesis>=6.100,<7",
+            "psutil>=5.9,<8",
+            "ruff>=0.6,<1",
+        ],
+    },
+)

@@ -1,0 +1,1 @@
+"""Beam transforms for image-to-TFRecord conversion, and the plain functions they call."""

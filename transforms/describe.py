@@ -1,0 +1,212 @@
+"""DescribeDataset: the error report, labels.txt, features.json and, last, dataset_info.json.
+
+`dataset_info.json` is the marker that a dataset is complete: it is written
+only after every shard is final and its record count matches what was
+converted, and it is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+import uuid
+from collections import Counter, defaultdict
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.examples import feature_description
+from transforms.layout import SPLITS
+from transforms.tfrecord import count_records
+
+FORMAT_VERSION = 1
+INFO_FILE = "dataset_info.json"
+LABELS_FILE = "labels.txt"
+FEATURES_FILE = "features.json"
+ERRORS_FILE = "errors.jsonl"
+
+_LOG = logging.getLogger(__name__)
+
+
+class DatasetIncomplete(RuntimeError):
+    """The shards written do not hold exactly the records converted."""
+
+
+def write_text(path: str, text: str) -> None:
+    """Write `text` to `path` atomically: a temporary name first, then a rename."""
+    directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
+    temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}") if directory else f".{name}.tmp"
+    with FileSystems.create(temp, mime_type="application/octet-stream") as f:
+        f.write(text.encode("utf-8"))
+    FileSystems.rename([temp], [path])
+
+
+def _shard_stats(split_and_path):
+    split, path = split_and_path
+    size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    return split, path.rsplit("/", 1)[-1], count_records(path), size
+
+
+def _summary(values: list[int]) -> dict:
+    if not values:
+        return {"min": 0, "median": 0, "max": 0}
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+class _WriteInfo(beam.DoFn):
+    """Assemble and write the dataset description once every input has arrived."""
+
+    def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
+        self._output_dir = output_dir
+        self._class_names = class_names
+        self._schema = schema
+        self._options = options
+        self._image_info = image_info
+        self._start_time = start_time
+        self._tool_version = tool_version
+
+    def process(self, _, class_counts, shard_stats, reasons, upscaled, found, error_files):
+        del error_files  # a side input only so that the error report is final before the marker
+        records = Counter()
+        per_class = defaultdict(Counter)
+        for (split, label), count in class_counts:
+            records[split] += count
+            per_class[split][self._class_names[label]] += count
+
+        shards = defaultdict(list)
+        for split, name, count, size in sorted(shard_stats):
+            shards[split].append({"file": name, "records": count, "bytes": size})
+
+        splits = {}
+        for split in SPLITS:
+            if split not in shards and not records[split]:
+                continue
+            written = sum(s["records"] for s in shards[split])
+            if written != records[split]:
+                raise DatasetIncomplete(
+                    f"split {split!r}: the shards hold {written} records but {records[split]} images were "
+                    "converted; the dataset is incomplete, so dataset_info.json was not written. Run again."
+                )
+            if not records[split]:
+                # Every image of this split was rejected: remove the empty shard files Beam created.
+                FileSystems.delete([FileSystems.join(self._output_dir, s["file"]) for s in shards[split]])
+                shards[split] = []
+            splits[split] = {
+                "records": records[split],
+                "class_counts": {name: per_class[split][name] for name in self._class_names
+                                 if per_class[split][name]},
+                "shards": shards[split],
+                "bytes": sum(s["bytes"] for s in shards[split]),
+            }
+
+        by_reason = {"skipped": Counter(), "rejected": Counter()}
+        for (stage, reason), count in reasons:
+            by_reason[stage][reason] += count
+        written_total = sum(records.values())
+        rejected_total = sum(by_reason["rejected"].values())
+        skipped_total = sum(by_reason["skipped"].values())
+        found_total = found
+        if found_total != written_total + rejected_total + skipped_total:
+            raise DatasetIncomplete(
+                f"accounting mismatch: {found_total} files found but {written_total} written + "
+                f"{rejected_total} rejected + {skipped_total} skipped; dataset_info.json was not written"
+            )
+        all_shards = [s for info in splits.values() for s in info["shards"]]
+        elapsed = max(time.time() - self._start_time, 1e-9)
+        info = {
+            "format_version": FORMAT_VERSION,
+            "tool": {"name": "image-tfrecords", "version": self._tool_version},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "options": self._options,
+            "schema": self._schema,
+            "features": feature_description(self._schema),
+            "image": self._image_info,
+            "compression": self._options["compression"],
+            "class_names": list(self._class_names),
+            "num_classes": len(self._class_names),
+            "splits": splits,
+            "files": {
+                "found": found_total,
+                "written": written_total,
+                "rejected": rejected_total,
+                "skipped": skipped_total,
+                "upscaled": upscaled,
+            },
+            "rejected_by_reason": dict(sorted(by_reason["rejected"].items())),
+            "skipped_by_reason": dict(sorted(by_reason["skipped"].items())),
+            "shard_bytes": _summary([s["bytes"] for s in all_shards]),
+            "total_bytes": sum(s["bytes"] for s in all_shards),
+            "error_report": ERRORS_FILE,
+            "elapsed_seconds": round(elapsed, 3),
+            "images_per_second": round(written_total / elapsed, 2),
+        }
+        join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
+        write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
+        write_text(join(FEATURES_FILE), json.dumps(info["features"], indent=2) + "\n")
+        write_text(join(INFO_FILE), json.dumps(info, indent=2) + "\n")  # last: the completion marker
+        yield info
+
+
+class DescribeDataset(beam.PTransform):
+    """Write the error report and the dataset description; outputs the info dict.
+
+    Inputs (a dict): 'examples' (ExampleRecord), 'rejections' (Rejection),
+    'shards' ({split: PCollection of shard paths}), 'found' (one element per listed file).
+    """
+
+    def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
+        super().__init__()
+        self._output_dir = output_dir
+        self._info_fn = _WriteInfo(output_dir, class_names, schema, options, image_info, start_time,
+                                   tool_version)
+
+    def expand(self, inputs):
+        examples, rejections = inputs["examples"], inputs["rejections"]
+        error_files = (
+            rejections
+            | "ToJson" >> beam.Map(lambda r: json.dumps(r.to_json(), ensure_ascii=False))
+            | "WriteErrorReport" >> beam.io.WriteToText(
+                FileSystems.join(self._output_dir, os.path.splitext(ERRORS_FILE)[0]),
+                file_name_suffix=".jsonl", num_shards=1, shard_name_template="")
+        )
+        class_counts = (
+            examples
+            | "SplitAndLabel" >> beam.Map(lambda r: (r.split, r.label))
+            | "CountPerClass" >> beam.combiners.Count.PerElement()
+        )
+        reasons = (
+            rejections
+            | "StageAndReason" >> beam.Map(lambda r: (r.stage, r.reason))
+            | "CountPerReason" >> beam.combiners.Count.PerElement()
+        )
+        upscaled = (
+            examples
+            | "Upscaled" >> beam.Filter(lambda r: r.upscaled)
+            | "CountUpscaled" >> beam.combiners.Count.Globally()
+        )
+        found = inputs["found"] | "CountFound" >> beam.combiners.Count.Globally()
+        shard_paths = [
+            paths | f"Tag/{split}" >> beam.Map(lambda path, split=split: (split, path))
+            for split, paths in inputs["shards"].items()
+        ]
+        shard_stats = (
+            shard_paths | "AllShards" >> beam.Flatten()
+            # (split, file name, records, bytes), reading every shard back
+            | "CountShardRecords" >> beam.Map(_shard_stats)
+        )
+        return (
+            examples.pipeline
+            | "Once" >> beam.Create([None])
+            | "WriteDatasetInfo" >> beam.ParDo(
+                self._info_fn,
+                class_counts=beam.pvalue.AsList(class_counts),
+                shard_stats=beam.pvalue.AsList(shard_stats),
+                reasons=beam.pvalue.AsList(reasons),
+                upscaled=beam.pvalue.AsSingleton(upscaled),
+                found=beam.pvalue.AsSingleton(found),
+                error_files=beam.pvalue.AsList(error_files),
+            )
+        )

@@ -1,0 +1,51 @@
+"""AssignLabels: class id and split for every image, from its relative path alone."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+
+from transforms import counters
+from transforms.layout import UNKNOWN_CLASS, Placement, place, shuffle_key
+from transforms.records import FileRef, ImageRef, Rejection
+
+UNLABELED = "unlabeled"
+
+
+class _AssignLabel(beam.DoFn):
+    def __init__(self, class_ids: dict[str, int], split_folders: bool, seed: int,
+                 validation_split: float, test_split: float):
+        self._class_ids = class_ids
+        self._placement = dict(split_folders=split_folders, seed=seed,
+                               validation_split=validation_split, test_split=test_split)
+        self._seed = seed
+
+    def process(self, ref: FileRef):
+        placed = place(ref.relpath, **self._placement)
+        if not isinstance(placed, Placement):
+            counters.inc("files_unlabeled")
+            yield beam.pvalue.TaggedOutput(UNLABELED, Rejection(ref.relpath, "skipped", *placed))
+            return
+        label = self._class_ids.get(placed.class_name)
+        if label is None:
+            counters.inc("files_unlabeled")
+            yield beam.pvalue.TaggedOutput(
+                UNLABELED,
+                Rejection(ref.relpath, "skipped", UNKNOWN_CLASS,
+                          f"class folder {placed.class_name!r} is not in the labels file"),
+            )
+            return
+        yield ImageRef(ref.path, ref.relpath, ref.size, placed.split, placed.class_name, label,
+                       shuffle_key(ref.relpath, self._seed))
+
+
+class AssignLabels(beam.PTransform):
+    """FileRef -> ImageRef (label, split, shuffle key), plus an UNLABELED output of Rejection."""
+
+    def __init__(self, class_names: list[str], *, split_folders: bool, seed: int,
+                 validation_split: float, test_split: float):
+        super().__init__()
+        self._fn = _AssignLabel({name: i for i, name in enumerate(class_names)}, split_folders, seed,
+                                validation_split, test_split)
+
+    def expand(self, refs):
+        return refs | "AssignLabel" >> beam.ParDo(self._fn).with_outputs(UNLABELED, main="images")

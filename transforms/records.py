@@ -1,0 +1,48 @@
+"""Typed elements that flow through the graph, so steps never index tuples."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class FileRef(NamedTuple):
+    """A file found under the input folder (metadata only, no bytes)."""
+
+    path: str  # full path or URL, as the file system names it
+    relpath: str  # path below input_dir, always with '/' separators
+    size: int  # bytes
+
+
+class ImageRef(NamedTuple):
+    """An image file with its label and split assigned; still no bytes read."""
+
+    path: str
+    relpath: str
+    size: int
+    split: str
+    class_name: str
+    label: int
+    shuffle_key: int  # 64-bit hash of (seed, relpath): a stable random order
+
+
+class ExampleRecord(NamedTuple):
+    """One serialized tf.train.Example, ready to be written to its split."""
+
+    split: str
+    label: int
+    relpath: str
+    shuffle_key: int
+    upscaled: bool
+    serialized: bytes
+
+
+class Rejection(NamedTuple):
+    """A file that is not in the dataset, and why. Feeds the error report."""
+
+    relpath: str
+    stage: str  # 'skipped' (by name, never opened) or 'rejected' (opened, not converted)
+    reason: str  # short machine-readable reason, e.g. 'truncated'
+    detail: str  # human-readable message, e.g. the decoder's own
+
+    def to_json(self) -> dict:
+        return self._asdict()
