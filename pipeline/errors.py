@@ -8,3 +8,7 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+class DatasetError(UserError):
+    """A dataset folder that cannot be read: no dataset_info.json, missing or corrupt shards."""
