@@ -1,0 +1,51 @@
+"""Shared fixtures: generated image trees and a helper that runs the converter like a user."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Tests run the local runner in-process with one worker unless they test the default.
+FAST = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+def convert(input_dir, output_dir, *args, fast=True):
+    """Run `pipeline.launcher.run` in-process; returns its exit code. UserError propagates."""
+    from pipeline.launcher import run
+
+    argv = [f"--input_dir={input_dir}", f"--output_dir={output_dir}", "--quiet", *args]
+    return run(argv + (FAST if fast else []))
+
+
+def cli(*args, timeout=600, env=None):
+    """Run `python -m pipeline.main` (or another module via args) as a user would: a subprocess."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+
+
+@pytest.fixture(scope="session")
+def sample_tree(tmp_path_factory):
+    """A 4-class tree of 40 photo-like JPEG/PNG images per class, plus a text file."""
+    from pipeline.sample_data import generate_dataset
+
+    root = tmp_path_factory.mktemp("sample")
+    generate_dataset(str(root), images_per_class=40, seed=1, min_side=64, max_side=256)
+    (root / "README.txt").write_text("not an image")
+    return root
+
+
+@pytest.fixture(scope="session")
+def sample_output(sample_tree, tmp_path_factory):
+    """The sample tree converted once with default options (but in-memory, one worker)."""
+    out = tmp_path_factory.mktemp("sample_out")
+    assert convert(sample_tree, out) == 0
+    return out
