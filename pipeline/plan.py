@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -28,7 +29,6 @@ from transforms.layout import (
     split_folder_layout,
 )
 from transforms.listing import list_files
-from transforms.write import shard_suffix
 
 _LOG = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def read_labels_file(path: str) -> list[str]:
         with FileSystems.open(path, compression_type="uncompressed") as f:
             text = f.read().decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise UserError(f"--labels_file {path} is not UTF-8 text: save it as plain text, one class per line")
+        raise UserError(f"--labels_file {path} is not UTF-8 text: save it as plain text, one class per line") from None
     except Exception as e:
         raise UserError(f"--labels_file {path} cannot be read ({type(e).__name__}): check the path") from None
     lines = [line.strip() for line in text.splitlines()]
@@ -210,19 +210,28 @@ def plan_dataset(settings: Settings) -> Plan:
     )
 
 
+# Every name this tool writes in --output_dir, relative to it. Nothing else there is ever removed,
+# also not names that merely look alike (train-notes.txt, beam-temp-mine/, .notes.tmp-1).
+_DESCRIPTIONS = "|".join(re.escape(name) for name in (INFO_FILE, LABELS_FILE, FEATURES_FILE, ERRORS_FILE))
+_SPLITS = "|".join(SPLITS)
+SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(?:\.gz)?")
+_BEAM_TEMP_DIR = r"beam-temp-(?:" + _SPLITS + "|" + re.escape(os.path.splitext(ERRORS_FILE)[0]) + r")-[0-9a-f]{32}"
+_OWN_NAME = re.compile(
+    "|".join(
+        [
+            SHARD_NAME.pattern,
+            _DESCRIPTIONS,
+            r"\.(?:" + _DESCRIPTIONS + r")\.tmp-[0-9a-f]{32}",  # describe.write_text's temporary names
+            _BEAM_TEMP_DIR + r"/.+",  # WriteToTFRecord's and WriteToText's temporary folders
+        ]
+    )
+)
+
+
 def own_outputs(output_dir: str) -> list[str]:
-    """Paths in `output_dir` that this tool writes (shards, descriptions, Beam's temporary folders)."""
-    patterns = [FileSystems.join(output_dir, name) for name in (INFO_FILE, LABELS_FILE, FEATURES_FILE, ERRORS_FILE)]
-    for split in SPLITS:
-        for compression in ("none", "gzip"):
-            patterns.append(FileSystems.join(output_dir, f"{split}-[0-9]*-of-[0-9]*{shard_suffix(compression)}"))
-        patterns.append(FileSystems.join(output_dir, f"beam-temp-{split}-*/**"))
-    patterns.append(FileSystems.join(output_dir, "beam-temp-errors-*/**"))
-    patterns.append(FileSystems.join(output_dir, ".*.tmp-*"))
-    found = []
-    for result in FileSystems.match(patterns):
-        found.extend(m.path for m in result.metadata_list)
-    return sorted(set(found))
+    """Paths in `output_dir` that this tool writes (shards, descriptions, temporary files and folders)."""
+    found = FileSystems.match([FileSystems.join(output_dir, "**")])[0].metadata_list
+    return sorted(m.path for m in found if _OWN_NAME.fullmatch(relative_path(m.path, output_dir)))
 
 
 def prepare_output(settings: Settings) -> list[str]:
@@ -247,6 +256,6 @@ def prepare_output(settings: Settings) -> list[str]:
         os.makedirs(settings.output_dir, exist_ok=True)
         for name in os.listdir(settings.output_dir):  # Beam's emptied temporary folders
             path = os.path.join(settings.output_dir, name)
-            if name.startswith("beam-temp-") and os.path.isdir(path) and not os.listdir(path):
+            if re.fullmatch(_BEAM_TEMP_DIR, name) and os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
     return stale
