@@ -90,6 +90,9 @@ class ConvertOptions(PipelineOptions):
             help="Print nothing but errors and the final summary. Default: off.")
         add("--verbose", action="store_true", default=False,
             help="Show Beam's and TensorFlow's own logs. Default: off.")
+        add("--no_wait", action="store_true", default=False,
+            help="Dataflow only: return once the job is submitted, printing its console link, instead of "
+                 "waiting for it and printing the summary. Flex Template launches never wait. Default: off.")
 
 
 @dataclass(frozen=True)
