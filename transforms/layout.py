@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 # Extensions recognised as images (case-insensitive). Decoding goes by content,
 # so a PNG behind a .jpg name is fine; a file with another extension is skipped.

@@ -39,7 +39,7 @@ class WriteShards(beam.PTransform):
             lambda record, _n: index[record.split], len(splits)
         )
         written = {}
-        for split, part in zip(splits, by_split):
+        for split, part in zip(splits, by_split, strict=True):
             written[split] = (
                 part
                 # serialized tf.train.Example bytes

@@ -1,0 +1,129 @@
+"""Every bad input gets one line on stderr, exit code 2, no traceback, and nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from pipeline.errors import UserError
+from tests.conftest import cli, convert
+
+
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small")
+    for name in ("cat", "dog"):
+        (root / name).mkdir()
+        for i in range(3):
+            Image.new("RGB", (20, 20), (i * 80, 100, 50)).save(root / name / f"{i}.jpg")
+    return root
+
+
+def error_of(*argv) -> str:
+    with pytest.raises(UserError) as caught:
+        from pipeline.launcher import run
+
+        run(list(argv))
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_input_dir_as_a_user_sees_it(tmp_path):
+    result = cli("pipeline.main", f"--input_dir={tmp_path / 'nope'}", f"--output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: --input_dir {tmp_path / 'nope'} does not exist: give the folder that holds the class folders"
+    ]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_input_dir(tmp_path):
+    (tmp_path / "in").mkdir()
+    assert "is empty" in error_of(f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}")
+
+
+def test_no_images(tmp_path):
+    (tmp_path / "in" / "docs").mkdir(parents=True)
+    (tmp_path / "in" / "docs" / "a.txt").write_text("x")
+    message = error_of(f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}")
+    assert message.startswith("no images found in") and ".jpg" in message
+
+
+def test_images_only_at_top_level(tmp_path):
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8)).save(tmp_path / "in" / f"{i}.png")
+    message = error_of(f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}")
+    assert "found 3 images directly in" in message
+    assert "<input_dir>/<class>/<image>" in message
+
+
+def test_existing_dataset_needs_overwrite(small_tree, tmp_path):
+    out = tmp_path / "out"
+    assert convert(small_tree, out) == 0
+    (out / "my_notes.txt").write_text("mine")
+    message = error_of(f"--input_dir={small_tree}", f"--output_dir={out}")
+    assert "already holds a dataset" in message and "--overwrite" in message
+    assert convert(small_tree, out, "--overwrite", "--num_shards=1") == 0
+    assert (out / "my_notes.txt").read_text() == "mine"  # never delete what we did not write
+    assert json.loads((out / "dataset_info.json").read_text())["files"]["written"] == 6
+
+
+def test_output_inside_input(small_tree):
+    message = error_of(f"--input_dir={small_tree}", f"--output_dir={small_tree / 'cat' / 'out'}")
+    assert "is inside --input_dir" in message
+
+
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("--validation_split=1.5", "--validation_split=1.5 is out of range"),
+        ("--jpeg_quality=0", "--jpeg_quality=0 is out of range: give 1 to 100"),
+        ("--image_size=big", "--image_size='big' is not a size"),
+        ("--image_size=0", "is out of range: each side must be 1 to 16384 pixels"),
+        ("--resize_mode=squash", "argument --resize_mode: invalid choice: 'squash'"),
+        ("--jpeg_quality=high", "argument --jpeg_quality: invalid int value: 'high'"),
+        ("--background=teal-ish", "--background='teal-ish' is not a colour"),
+        ("--num_shards=-1", "--num_shards=-1 must be 0 (automatic) or a positive count"),
+        ("--input_dri=x", "unknown option --input_dri"),
+    ],
+)
+def test_invalid_option_values(small_tree, tmp_path, flag, expected):
+    assert expected in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'out'}", flag)
+
+
+def test_split_sum_must_leave_training_images(small_tree, tmp_path):
+    message = error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path}", "--validation_split=0.5",
+                       "--test_split=0.5")
+    assert "leaves no training images" in message
+
+
+def test_labels_file_problems(small_tree, tmp_path):
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\ncat\n")
+    assert "more than once" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
+                                        f"--labels_file={labels}")
+    labels.write_text("bird\n")
+    assert "none of the 6 images" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
+                                              f"--labels_file={labels}")
+    assert "cannot be read" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
+                                        f"--labels_file={tmp_path / 'missing.txt'}")
+
+
+def test_mixed_split_and_class_folders(tmp_path):
+    for folder in ("train/cat", "val/cat", "dog"):
+        (tmp_path / "in" / folder).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "in" / folder / "a.png")
+    message = error_of(f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}")
+    assert "mixes split folders (train, val) with other folders (dog)" in message
+
+
+def test_help_lists_the_options():
+    result = cli("pipeline.main", "--help")
+    assert result.returncode == 0
+    for option in ("--input_dir", "--output_dir", "--labels_file", "--resize_mode", "--overwrite"):
+        assert option in result.stdout
