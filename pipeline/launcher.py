@@ -15,6 +15,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
@@ -112,11 +113,12 @@ def run(argv: list[str] | None = None) -> int:
     options = PipelineOptions(argv)
     settings = validate(options)
     configure_logging(settings)
+    cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
     start_time = time.time()
     plan: Plan = plan_dataset(settings)
     for note in plan.notes:
         _LOG.warning(note)
-    removed = prepare_output(settings)
+    removed = prepare_output(settings, dry_run=cloud.is_dry_run(options))
     if removed:
         _LOG.info("Removed %d files of an earlier run from %s", len(removed), settings.output_dir)
     _LOG.info(
@@ -126,6 +128,10 @@ def run(argv: list[str] | None = None) -> int:
         ", ".join(f"{split} {n} in {plan.num_shards[split]} shards" for split, n in plan.expected_per_split.items()),
         settings.output_dir,
     )
+    if cloud.is_dataflow(options):  # runs on the service: it shows progress in the console
+        p = beam.Pipeline(options=options)
+        build_pipeline(p, settings, plan, start_time)
+        return cloud.run_on_dataflow(p, options, settings)
     runner = make_runner(options, argv)
     with beam.Pipeline(runner=runner, options=options) as p:
         build_pipeline(p, settings, plan, start_time)

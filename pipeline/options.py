@@ -24,6 +24,19 @@ from transforms.imaging import (
 )
 
 COMPRESSIONS = ("none", "gzip")
+
+
+def parse_bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+# On/off flags: `--overwrite` alone, or `--overwrite=true|false` as Dataflow Flex Templates pass them.
+ON_OFF = dict(nargs="?", const=True, default=False, type=parse_bool, metavar="true|false")
 NAMED_COLOURS = {
     "white": (255, 255, 255),
     "black": (0, 0, 0),
@@ -83,14 +96,14 @@ class ConvertOptions(PipelineOptions):
             help="Target shard size in MB when --num_shards is 0. Default: 150.")
         add("--compression", default="none", choices=COMPRESSIONS,
             help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
-        add("--overwrite", action="store_true", default=False,
+        add("--overwrite", **ON_OFF,
             help="Replace a dataset already in --output_dir (only files this tool writes are removed). "
                  "Default: off, such a run stops with an error.")
-        add("--quiet", action="store_true", default=False,
+        add("--quiet", **ON_OFF,
             help="Print nothing but errors and the final summary. Default: off.")
-        add("--verbose", action="store_true", default=False,
+        add("--verbose", **ON_OFF,
             help="Show Beam's and TensorFlow's own logs. Default: off.")
-        add("--no_wait", action="store_true", default=False,
+        add("--no_wait", **ON_OFF,
             help="Dataflow only: return once the job is submitted, printing its console link, instead of "
                  "waiting for it and printing the summary. Flex Template launches never wait. Default: off.")
 
@@ -129,7 +142,7 @@ class Settings:
             "image_format": image.image_format,
             "jpeg_quality": image.jpeg_quality,
             "chroma_subsampling": image.chroma_subsampling,
-            "background": "#%02x%02x%02x" % image.background,
+            "background": "#{:02x}{:02x}{:02x}".format(*image.background),
             "max_pixels": image.max_pixels,
             "schema": self.schema,
             "num_shards": self.num_shards,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from transforms.describe import ERRORS_FILE, FEATURES_FILE, INFO_FILE, LABELS_FILE
@@ -82,6 +83,11 @@ def check_folders(settings: Settings) -> None:
         )
     if is_local(settings.output_dir) and os.path.isfile(settings.output_dir):
         raise UserError(f"--output_dir {settings.output_dir} is a file: give a folder")
+    # gs:// folders are only name prefixes: what can be missing is the bucket.
+    for flag, path in (("--input_dir", settings.input_dir), ("--output_dir", settings.output_dir),
+                       ("--labels_file", settings.labels_file)):
+        if cloud.is_gcs(path):
+            cloud.check_gcs_folder(flag, path)
 
 
 def read_labels_file(path: str) -> list[str]:
@@ -234,20 +240,23 @@ def own_outputs(output_dir: str) -> list[str]:
     return sorted(m.path for m in found if _OWN_NAME.fullmatch(relative_path(m.path, output_dir)))
 
 
-def prepare_output(settings: Settings) -> list[str]:
+def prepare_output(settings: Settings, dry_run: bool = False) -> list[str]:
     """Make `output_dir` ready: refuse to replace a dataset unless --overwrite, then remove this tool's files.
 
     A folder without dataset_info.json holds at most an interrupted run's leftovers,
     which are removed so that no stale shard survives. Other files are never touched.
-    Returns the removed paths.
+    Returns the removed paths. A dry run only checks, and changes nothing.
     """
     info = FileSystems.join(settings.output_dir, INFO_FILE)
-    if FileSystems.exists(info):
-        if not settings.overwrite:
-            raise UserError(
-                f"--output_dir {settings.output_dir} already holds a dataset ({INFO_FILE}): pass --overwrite to "
-                "replace it, or choose another folder"
-            )
+    complete = FileSystems.exists(info)
+    if complete and not settings.overwrite:
+        raise UserError(
+            f"--output_dir {settings.output_dir} already holds a dataset ({INFO_FILE}): pass --overwrite to "
+            "replace it, or choose another folder"
+        )
+    if dry_run:
+        return []
+    if complete:
         FileSystems.delete([info])  # first, so that a crash from here on leaves no completion marker
     stale = own_outputs(settings.output_dir)
     if stale:

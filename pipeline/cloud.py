@@ -1,0 +1,235 @@
+"""Google Cloud specifics of the launcher: gs:// checks, Dataflow prerequisites, dry runs and job links.
+
+    python -m pipeline.main --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp \
+        --input_dir=gs://B/photos --output_dir=gs://B/tfrecords [--no_wait] [--dry_run=True]
+
+Everything else (listing, reading, writing) goes through Beam's FileSystems,
+so local folders and gs:// share one code path; this module only adds what a
+cloud run needs on top: checks with one-line messages, the package for the
+workers, and what to print about the submitted job.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    TestOptions,
+    WorkerOptions,
+)
+
+from pipeline.errors import UserError
+
+_LOG = logging.getLogger("pipeline")
+
+# Where the package's own setup.py sits in a source checkout (and in the template image).
+SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
+# Set in every Python Flex Template launcher image: the launcher must return once the job is submitted.
+FLEX_TEMPLATE_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"
+# What a dry run writes next to pipeline.pb: the job request that would have been sent.
+DRY_RUN_JOB_FILE = "dataflow_job.json"
+
+_options: PipelineOptions | None = None
+
+
+def is_gcs(path: str | None) -> bool:
+    return bool(path) and path.startswith("gs://")
+
+
+def is_dataflow(options: PipelineOptions) -> bool:
+    runner = options.view_as(StandardOptions).runner
+    if runner is None:
+        return False
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1].lower() in ("dataflow", "dataflowrunner")
+
+
+def is_dry_run(options: PipelineOptions) -> bool:
+    return is_dataflow(options) and bool(options.view_as(TestOptions).dry_run)
+
+
+def _as_bool(value) -> bool:
+    return str(value).strip().lower() not in ("", "0", "false", "no", "none")
+
+
+def configure(options: PipelineOptions, input_dir: str, output_dir: str) -> None:
+    """Prepare file access and, for Dataflow, check and complete the options. Call before any gs:// access.
+
+    Raises:
+        UserError: for a Dataflow run without a project, region or gs:// temp_location, or with local folders.
+    """
+    global _options
+    _options = options
+    # Launcher-side listing and output checks use the same options (project, impersonation) as the job.
+    FileSystems.set_options(options)
+    if options.view_as(GoogleCloudOptions).no_auth:
+        _skip_credential_lookup()
+    test = options.view_as(TestOptions)
+    # Beam's --dry_run takes any string, and "False" would count as true.
+    test.dry_run = _as_bool(test.dry_run) if test.dry_run is not None else False
+    if is_dataflow(options):
+        check_dataflow_options(options, input_dir, output_dir)
+
+
+def _skip_credential_lookup() -> None:
+    """Make --no_auth apply to Beam's GCS file system too.
+
+    Beam 2.77 honours --no_auth for the Dataflow API client but not for
+    FileSystems: every process first calls google.auth.default() and, without
+    credentials, retries it with backoff for about 20 s before connecting
+    anonymously. Recording "no credentials" up front gives the anonymous
+    client (which STORAGE_EMULATOR_HOST points at an emulator) at once.
+    """
+    from apache_beam.internal.gcp import auth
+
+    credentials = getattr(auth, "_Credentials", None)
+    if credentials is not None and hasattr(credentials, "_credentials_init"):
+        with credentials._credentials_lock:
+            credentials._credentials = None
+            credentials._credentials_init = True
+
+
+def check_dataflow_options(options: PipelineOptions, input_dir: str, output_dir: str) -> None:
+    """The options a Dataflow job cannot run without, checked before anything is listed or built."""
+    cloud = options.view_as(GoogleCloudOptions)
+    for flag, path in (("--input_dir", input_dir), ("--output_dir", output_dir)):
+        if not is_gcs(path):
+            raise UserError(
+                f"{flag} {path} is not a gs:// path, and Dataflow workers cannot read this machine's files: "
+                f"copy the folder to a bucket (gcloud storage cp -r) and give its gs:// path"
+            )
+    if not cloud.project:
+        raise UserError("--project is required with --runner=DataflowRunner: give the Google Cloud project id")
+    if not cloud.region:
+        raise UserError("--region is required with --runner=DataflowRunner: give a Dataflow region such as "
+                        "--region=us-central1")
+    if not is_gcs(cloud.temp_location):
+        raise UserError(
+            f"--temp_location={cloud.temp_location} must be a gs:// folder with --runner=DataflowRunner: "
+            "give one in a bucket the job can write, e.g. --temp_location=gs://BUCKET/tmp"
+        )
+    if cloud.staging_location and not is_gcs(cloud.staging_location):
+        raise UserError(f"--staging_location={cloud.staging_location} must be a gs:// folder: "
+                        "give one in a bucket, or leave it out to use --temp_location")
+    setup = options.view_as(SetupOptions)
+    if not setup.setup_file and not options.view_as(WorkerOptions).sdk_container_image:
+        # Without this the workers would lack the pipeline and transforms packages (ModuleNotFoundError).
+        if not os.path.isfile(SETUP_FILE):
+            raise UserError(
+                "Dataflow workers need this package: pass --setup_file=path/to/setup.py of image-tfrecords, "
+                "or --sdk_container_image with the package installed"
+            )
+        setup.setup_file = SETUP_FILE
+    elif setup.setup_file and not os.path.isfile(setup.setup_file):
+        raise UserError(f"--setup_file {setup.setup_file} does not exist: give the path of this project's setup.py")
+
+
+def _gcs():
+    from apache_beam.io.gcp import gcsio
+
+    return gcsio.GcsIO(pipeline_options=_options or PipelineOptions())
+
+
+def check_gcs_folder(flag: str, path: str) -> None:
+    """The bucket of a gs:// path exists and can be read: one line about what to do when not.
+
+    Raises:
+        UserError: naming the flag, the bucket and what to do.
+    """
+    bucket = path[len("gs://"):].split("/", 1)[0]
+    if not bucket:
+        raise UserError(f"{flag} {path} has no bucket name: write gs://BUCKET/folder")
+    try:
+        found = _gcs().get_bucket(bucket)
+    except Exception as e:
+        raise UserError(
+            f"{flag} {path}: the bucket gs://{bucket} cannot be read ({type(e).__name__}): check the name and that "
+            "your credentials can read it (gcloud auth application-default login)"
+        ) from None
+    if found is None:
+        raise UserError(
+            f"{flag} {path}: the bucket gs://{bucket} does not exist: check the name, or create it with "
+            f"gcloud storage buckets create gs://{bucket}"
+        )
+
+
+def job_links(options: PipelineOptions, job_id: str) -> list[str]:
+    """Where to follow a submitted job: the console page and the gcloud commands."""
+    cloud = options.view_as(GoogleCloudOptions)
+    return [
+        f"  console: https://console.cloud.google.com/dataflow/jobs/{cloud.region}/{job_id}?project={cloud.project}",
+        f"  status:  gcloud dataflow jobs show {job_id} --region={cloud.region} --project={cloud.project}",
+        f"  logs:    gcloud logging read 'resource.type=\"dataflow_step\" AND resource.labels.job_id=\"{job_id}\"' "
+        f"--project={cloud.project}",
+        f"  cancel:  gcloud dataflow jobs cancel {job_id} --region={cloud.region} --project={cloud.project}",
+    ]
+
+
+def stage_dry_run(job, options: PipelineOptions) -> tuple[str, list[str]]:
+    """Stage a dry-run job like a real submission, without calling the Dataflow API.
+
+    Beam's --dry_run stops after translating the graph. Here the package built
+    from --setup_file, the other dependencies and pipeline.pb are uploaded to
+    the staging location as for a real job, and the job request that would
+    have been sent is written next to them as dataflow_job.json.
+    Returns the staging folder and the staged file names.
+    """
+    from apache_beam.runners.dataflow.internal import apiclient
+
+    client = apiclient.DataflowApplicationClient(options, job.root_staging_location)
+    client.create_job_description(job)  # stages the dependencies and pipeline.pb
+    staging = job.google_cloud_options.staging_location
+    client.stage_file_with_retry(staging, DRY_RUN_JOB_FILE, io.BytesIO(job.json().encode("utf-8")))
+    matched = FileSystems.match([FileSystems.join(staging, "*")])[0].metadata_list
+    return staging, sorted(m.path.rsplit("/", 1)[-1] for m in matched)
+
+
+def run_on_dataflow(pipeline, options: PipelineOptions, settings) -> int:
+    """Submit the built pipeline; wait for it and print the summary unless told not to.
+
+    Returns the exit code: 0 when submitted (no wait) or done with records, 1 when the job failed.
+    """
+    from apache_beam.runners.runner import PipelineState
+
+    from pipeline.launcher import format_summary, read_info
+    from pipeline.options import ConvertOptions
+
+    result = pipeline.run()
+    cloud = options.view_as(GoogleCloudOptions)
+    if is_dry_run(options):
+        staging, staged = stage_dry_run(result.job, options)
+        print(f"Dry run: job {result.job.proto.name} was built and staged, not submitted.")
+        print(f"  staged to {staging}: {', '.join(staged)}")
+        return 0
+    job_id = result.job_id()
+    print(f"Submitted Dataflow job {result.job.proto.name} ({job_id}).")
+    print("\n".join(job_links(options, job_id)))
+    if options.view_as(ConvertOptions).no_wait or os.environ.get(FLEX_TEMPLATE_ENV):
+        print(f"Not waiting for the job; dataset_info.json appears in {settings.output_dir} when it succeeds.")
+        return 0
+    print("Waiting for the job to finish (Ctrl-C stops waiting, not the job; --no_wait skips this).")
+    try:
+        state = result.wait_until_finish()
+    except KeyboardInterrupt:
+        print(f"Stopped waiting; the job goes on. Cancel it with: gcloud dataflow jobs cancel {job_id} "
+              f"--region={cloud.region}", file=sys.stderr)
+        return 130
+    except Exception as e:  # DataflowRuntimeException: the job failed or was cancelled
+        print(f"error: Dataflow job {job_id} did not succeed ({type(e).__name__}); see its logs in the console "
+              "link above", file=sys.stderr)
+        return 1
+    if state != PipelineState.DONE:
+        print(f"error: Dataflow job {job_id} ended in state {state}; see its logs in the console link above",
+              file=sys.stderr)
+        return 1
+    info = read_info(settings.output_dir)
+    print(format_summary(info))
+    return 0 if info["files"]["written"] else 1
