@@ -20,6 +20,7 @@ from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
+from pipeline.progress import REQUEST_SECONDS, show_progress
 from transforms.describe import INFO_FILE
 
 _LOG = logging.getLogger("pipeline")
@@ -57,7 +58,8 @@ def make_runner(options: PipelineOptions, argv: list[str]):
     return fn_runner.FnApiRunner(
         provision_info=fn_runner.ExtendedProvisionInfo(
             beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
-        )
+        ),
+        progress_request_frequency=REQUEST_SECONDS,  # live counts for pipeline.progress
     )
 
 
@@ -133,8 +135,9 @@ def run(argv: list[str] | None = None) -> int:
         build_pipeline(p, settings, plan, start_time)
         return cloud.run_on_dataflow(p, options, settings)
     runner = make_runner(options, argv)
-    with beam.Pipeline(runner=runner, options=options) as p:
-        build_pipeline(p, settings, plan, start_time)
+    with show_progress(runner, plan.total_images, enabled=not settings.quiet):
+        with beam.Pipeline(runner=runner, options=options) as p:
+            build_pipeline(p, settings, plan, start_time)
     info = read_info(settings.output_dir)
     print(format_summary(info))
     if not info["files"]["written"]:

@@ -1,0 +1,251 @@
+"""Live progress of a local run: images converted out of the total, the rate and an ETA.
+
+The local runner is Beam's FnApiRunner, which lives in the launcher process and
+drives worker subprocesses over the Fn API control plane. It already asks each
+running bundle for its progress every `progress_request_frequency` seconds, and
+the workers answer with the bundle's metrics so far, user counters included
+(`images_converted`, `rejected_<reason>` of transforms/convert.py). The runner
+only throws those answers away: `BundleManager` builds its `ProgressRequester`
+without the callback the class supports. `observe_bundles()` supplies that
+callback, and reads each finished bundle's final counters, for the duration of
+one run. No data leaves the Beam graph and the workers are not touched.
+
+On a terminal the counts drive a tqdm bar; otherwise (a pipe, a file, a
+scheduler's log) they become a plain log line every few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from apache_beam.metrics import monitoring_infos as mi
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+from transforms.counters import NAMESPACE
+
+_LOG = logging.getLogger("pipeline.progress")
+
+# How often the runner polls each running bundle, and how often the display redraws.
+REQUEST_SECONDS = 1.0
+REFRESH_SECONDS = 0.5
+# Plain log lines: one every LOG_SECONDS, and one whenever another LOG_STEP of the images is done.
+LOG_SECONDS = 10.0
+LOG_STEP = 0.1
+
+CONVERTED = "images_converted"
+REJECTED_PREFIX = "rejected_"
+
+
+def processed_images(infos: Iterable) -> int:
+    """Images that left ConvertImages (converted or rejected), from one bundle's monitoring infos."""
+    total = 0
+    for info in infos:
+        if info.urn != mi.USER_COUNTER_URN or info.labels.get(mi.NAMESPACE_LABEL) != NAMESPACE:
+            continue
+        name = info.labels.get(mi.NAME_LABEL, "")
+        if name == CONVERTED or name.startswith(REJECTED_PREFIX):
+            total += mi.extract_counter_value(info)
+    return total
+
+
+class BundleCounts:
+    """Thread-safe sum of processed images over finished bundles and the latest report of running ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, int] = {}
+        self._finished: set[str] = set()
+        self._finished_total = 0
+
+    def running(self, instruction_id: str, infos: Iterable) -> None:
+        count = processed_images(infos)
+        with self._lock:
+            if instruction_id in self._finished:
+                return  # a late answer of a bundle already counted in full
+            # A bundle that has just finished answers with no metrics: keep its last count.
+            self._running[instruction_id] = max(count, self._running.get(instruction_id, 0))
+
+    def finished(self, instruction_id: str, infos: Iterable) -> None:
+        count = processed_images(infos)
+        with self._lock:
+            self._running.pop(instruction_id, None)
+            if instruction_id not in self._finished:
+                self._finished.add(instruction_id)
+                self._finished_total += count
+
+    @property
+    def processed(self) -> int:
+        with self._lock:
+            return self._finished_total + sum(self._running.values())
+
+
+@contextlib.contextmanager
+def observe_bundles(counts: BundleCounts) -> Iterator[bool]:
+    """Feed `counts` from every bundle the FnApiRunner runs inside the block; yields whether it could.
+
+    Beam is pinned to one minor release (setup.py); should its internals move,
+    the run goes on without live counts rather than failing.
+    """
+    requester = getattr(fn_runner, "ProgressRequester", None)
+    manager = getattr(fn_runner, "BundleManager", None)
+    process_bundle = getattr(manager, "process_bundle", None)
+    if requester is None or process_bundle is None:
+        _LOG.debug("FnApiRunner has no ProgressRequester/BundleManager hook; no live progress")
+        yield False
+        return
+
+    class _CountingRequester(requester):
+        def __init__(self, worker_handler, instruction_id, frequency, callback=None):
+            def report(progress):
+                counts.running(instruction_id, progress.monitoring_infos)
+                if callback:
+                    callback(progress)
+
+            super().__init__(worker_handler, instruction_id, frequency, callback=report)
+
+    def counting_process_bundle(self, *args, **kwargs):
+        result, split_results = process_bundle(self, *args, **kwargs)
+        counts.finished(result.instruction_id, result.process_bundle.monitoring_infos)
+        return result, split_results
+
+    fn_runner.ProgressRequester = _CountingRequester
+    manager.process_bundle = counting_process_bundle
+    try:
+        yield True
+    finally:
+        fn_runner.ProgressRequester = requester
+        manager.process_bundle = process_bundle
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class _Rate:
+    """Images per second over the last `window` seconds, for a steady ETA."""
+
+    def __init__(self, window: float = 30.0) -> None:
+        self._window = window
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, count: int) -> float:
+        if count == 0:
+            self._samples.clear()  # start the clock when conversion starts, not when workers do
+        self._samples.append((now, count))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self._window:
+            self._samples.popleft()
+        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def progress_line(done: int, total: int, rate: float) -> str:
+    """One plain progress line, e.g. 'Converted 120/400 images (30%), 40.1 images/s, about 7 s left'."""
+    share = done / total if total else 1.0
+    line = f"Converted {done}/{total} images ({share:.0%})"
+    if rate > 0:
+        line += f", {rate:.1f} images/s"
+        if done < total:
+            line += f", about {format_duration((total - done) / rate)} left"
+    if total and done >= total:
+        line += "; writing shards and dataset_info.json"
+    return line
+
+
+def _terminal_width(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+class ProgressDisplay:
+    """Shows `counts.processed` out of `total`: a tqdm bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, counts: BundleCounts, total: int, stream=None, interactive: bool | None = None):
+        self._counts = counts
+        self._total = total
+        self._stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self._stream, "isatty", None)
+        self._interactive = bool(isatty and isatty()) if interactive is None else interactive
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="progress-display", daemon=True)
+        self._bar = None
+
+    def __enter__(self) -> ProgressDisplay:
+        if self._interactive:
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            # Log records of the launcher go above the bar instead of through it.
+            self._redirect = logging_redirect_tqdm()
+            self._redirect.__enter__()
+            # A terminal that reports no size (a bare pty) would get an empty bar: assume 80x24.
+            width = _terminal_width(self._stream)
+            self._bar = tqdm(total=self._total, desc="Starting", unit="img", file=self._stream,
+                             dynamic_ncols=bool(width), ncols=None if width else 80,
+                             nrows=None if width else 24, smoothing=0.1,
+                             mininterval=REFRESH_SECONDS)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._bar is not None:
+            if exc_type is None:
+                self._update_bar(self._counts.processed)
+            self._bar.close()
+            self._redirect.__exit__(None, None, None)
+
+    def _update_bar(self, done: int) -> None:
+        bar = self._bar
+        if done > bar.n:
+            bar.update(done - bar.n)
+        stage = "Writing" if self._total and done >= self._total else "Converting" if done else "Starting"
+        if bar.desc != stage:
+            bar.set_description(stage, refresh=False)
+        bar.refresh()
+
+    def _loop(self) -> None:
+        rate = _Rate()
+        last_line, last_step = time.monotonic(), 0
+        while not self._stop.wait(REFRESH_SECONDS):
+            done = self._counts.processed
+            if self._bar is not None:
+                self._update_bar(done)
+                continue
+            now = time.monotonic()
+            per_second = rate.add(now, done)
+            step = int(done / self._total / LOG_STEP) if self._total else 0
+            if now - last_line >= LOG_SECONDS or step > last_step:
+                _LOG.info(progress_line(done, self._total, per_second))
+                last_line, last_step = now, step
+
+
+@contextlib.contextmanager
+def show_progress(runner, total: int, enabled: bool = True) -> Iterator[None]:
+    """Show the progress of a local run for the duration of the block; a no-op when disabled or remote."""
+    if not enabled or not isinstance(runner, fn_runner.FnApiRunner):
+        yield
+        return
+    counts = BundleCounts()
+    with observe_bundles(counts) as observed:
+        if not observed:
+            yield
+            return
+        with ProgressDisplay(counts, total):
+            yield

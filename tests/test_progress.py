@@ -1,0 +1,150 @@
+"""Progress of local runs: live counts from the runner's workers, a bar on a terminal, plain lines elsewhere."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics import monitoring_infos as mi
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.progress import BundleCounts, format_duration, observe_bundles, processed_images, progress_line
+from tests.conftest import REPO
+from transforms import counters
+
+IMAGES = 240  # small images: the conversion takes a few seconds on 2 cores, so the display refreshes
+
+
+def _counter(name, value, namespace=counters.NAMESPACE):
+    return mi.int64_user_counter(namespace, name, value, ptransform="ConvertImages/ConvertImage")
+
+
+def test_processed_images_sums_converted_and_rejected_counters_of_our_namespace():
+    infos = [
+        _counter("images_converted", 7),
+        _counter("rejected_truncated", 2),
+        _counter("rejected_not_an_image", 1),
+        _counter("files_listed", 100),  # another step's counter
+        _counter("images_converted", 50, namespace="someone_else"),
+    ]
+    assert processed_images(infos) == 10
+    assert processed_images([]) == 0
+
+
+def test_bundle_counts_add_running_and_finished_bundles_without_double_counting():
+    counts = BundleCounts()
+    counts.running("bundle_1", [_counter("images_converted", 3)])
+    counts.running("bundle_2", [_counter("images_converted", 4)])
+    assert counts.processed == 7
+    counts.running("bundle_1", [])  # a finished bundle answers with no metrics: keep the last count
+    assert counts.processed == 7
+    counts.finished("bundle_1", [_counter("images_converted", 5), _counter("rejected_truncated", 1)])
+    counts.running("bundle_1", [_counter("images_converted", 5)])  # a late answer after the final count
+    assert counts.processed == 6 + 4
+
+
+def test_progress_line_states_count_share_rate_and_time_left():
+    assert progress_line(120, 400, 40.0) == "Converted 120/400 images (30%), 40.0 images/s, about 7 s left"
+    assert progress_line(0, 400, 0.0) == "Converted 0/400 images (0%)"
+    assert progress_line(400, 400, 50.0).endswith("; writing shards and dataset_info.json")
+    assert format_duration(3725) == "1 h 02 min"
+    assert format_duration(125) == "2 min 05 s"
+
+
+class _SlowCount(beam.DoFn):
+    def process(self, element):
+        time.sleep(0.02)
+        counters.inc("images_converted")
+        yield element
+
+
+def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run():
+    """The FnApiRunner's progress polling reaches the counters of running bundles in worker processes."""
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+    reports = []
+
+    class Recording(BundleCounts):
+        def running(self, instruction_id, infos):
+            reports.append(processed_images(infos))
+            super().running(instruction_id, infos)
+
+    counts = Recording()
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    runner = fn_runner.FnApiRunner(progress_request_frequency=0.2)
+    with observe_bundles(counts) as observed:
+        assert observed
+        with beam.Pipeline(runner=runner, options=options) as p:
+            _ = p | beam.Create(range(200)) | beam.Reshuffle() | beam.ParDo(_SlowCount())
+    assert counts.processed == 200
+    assert any(0 < n < 200 for n in reports), reports  # seen mid-bundle, not only at the end
+    # The hook is gone after the block.
+    assert fn_runner.ProgressRequester.__name__ == "ProgressRequester"
+
+
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory):
+    from pipeline.sample_data import generate_dataset
+
+    root = tmp_path_factory.mktemp("progress_in")
+    generate_dataset(str(root), images_per_class=IMAGES // 4, seed=5, min_side=48, max_side=96)
+    return root
+
+
+def _run_on_terminal(argv, columns=100, rows=30, timeout=300):
+    """Run a command with stdout and stderr on a pseudo-terminal; returns (exit code, everything printed)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_terminal_shows_a_live_bar_with_count_rate_and_eta(small_tree, tmp_path):
+    code, text = _run_on_terminal([sys.executable, "-m", "pipeline.main", f"--input_dir={small_tree}",
+                                   f"--output_dir={tmp_path / 'out'}"])
+    assert code == 0, text
+    frames = [f for f in re.split(r"[\r\n]+", text) if f"/{IMAGES} [" in f]
+    assert len(frames) >= 3, text  # redrawn while running, not printed once at the end
+    assert all(re.search(rf"\d+/{IMAGES} \[\d\d:\d\d<", f) for f in frames)  # count/total [elapsed<ETA
+    assert any(re.search(rf"\b{IMAGES}/{IMAGES} .*img/s\]", f) for f in frames), frames
+    assert any("Converting" in f for f in frames) or any("Writing" in f for f in frames)
+    assert f"Found {IMAGES} files:" in text.split(f"{IMAGES}/{IMAGES}")[-1]  # the summary follows the bar
+
+
+def test_pipes_get_plain_progress_lines_and_quiet_gets_none(small_tree, tmp_path):
+    argv = [sys.executable, "-m", "pipeline.main", f"--input_dir={small_tree}"]
+    piped = subprocess.run([*argv, f"--output_dir={tmp_path / 'a'}"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    for stream in (piped.stdout, piped.stderr):
+        assert "\r" not in stream and "\x1b" not in stream and "█" not in stream and "img/s" not in stream
+    assert f"Converted {IMAGES}/{IMAGES} images (100%)" in piped.stderr
+    assert "Converted" not in piped.stdout  # stdout holds the summary only
+    assert f"Found {IMAGES} files:" in piped.stdout
+
+    code, text = _run_on_terminal([*argv, f"--output_dir={tmp_path / 'b'}", "--quiet",
+                                   "--direct_running_mode=multi_threading"])
+    assert code == 0, text
+    assert f"/{IMAGES} [" not in text and "Converted" not in text
+    assert f"Found {IMAGES} files:" in text
