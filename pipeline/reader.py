@@ -82,6 +82,27 @@ def parse_example(serialized, schema: str = "default", decode: bool = True, imag
     return out
 
 
+def image_label_keys(schema: str = "default") -> tuple[str, str]:
+    """The stored keys of the image bytes and the label id under `schema`."""
+    return SCHEMAS[schema]["image"][0], SCHEMAS[schema]["label"][0]
+
+
+def parse_image_label(serialized, image_key: str = "image", label_key: str | None = "label") -> dict:
+    """Parse only what a training step reads: {'image': encoded bytes, 'label': int64}.
+
+    Other keys may be absent, so this also reads TFRecords written by other
+    tools. With `label_key` None the result has no 'label'.
+    """
+    spec = {image_key: tf.io.FixedLenFeature([], tf.string)}
+    if label_key:
+        spec[label_key] = tf.io.FixedLenFeature([], tf.int64)
+    parsed = tf.io.parse_single_example(serialized, spec)
+    out = {"image": parsed[image_key]}
+    if label_key:
+        out["label"] = parsed[label_key]
+    return out
+
+
 def make_dataset(
     dataset_dir: str,
     split: str = "train",
