@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from dataclasses import dataclass
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -56,7 +57,9 @@ class ConvertOptions(PipelineOptions):
                  "<input_dir>/<split>/<class>/<image> with split folders train/, validation/ (or val/), test/. "
                  "Required.")
         add("--output_dir", default=None,
-            help="Folder for the TFRecord shards and dataset_info.json, local or gs://. Required.")
+            help="Folder for the TFRecord shards and dataset_info.json, local or gs://. {date} and {timestamp} in "
+                 "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs. "
+                 "Required.")
         add("--labels_file", default=None,
             help="Text file with one class name per line; line i gets label id i, so ids stay fixed across "
                  "runs. Default: none, ids are 0..K-1 in sorted order of the class folder names.")
@@ -174,6 +177,24 @@ def parse_colour(text: str) -> tuple[int, int, int]:
     raise UserError(f"--background={text!r} is not a colour: use white, black, grey, #rrggbb or r,g,b (0-255)")
 
 
+def expand_placeholders(path: str, flag: str, now: float | None = None) -> str:
+    """`{date}` and `{timestamp}` in `path` become the UTC date and time of the launch.
+
+    A scheduled job (Flex Template, Cloud Scheduler) passes the same parameters every
+    time; these placeholders give each run its own dated output folder.
+    """
+    stamp = time.gmtime(now)
+    values = {"date": time.strftime("%Y-%m-%d", stamp), "timestamp": time.strftime("%Y%m%d-%H%M%S", stamp)}
+
+    def substitute(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise UserError(f"{flag} {path} has the unknown placeholder {{{name}}}: use {{date}} or {{timestamp}}")
+        return values[name]
+
+    return re.sub(r"\{([^{}]*)\}", substitute, path)
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -218,7 +239,7 @@ def validate(options: PipelineOptions) -> Settings:
     )
     return Settings(
         input_dir=o.input_dir.rstrip("/") or "/",
-        output_dir=o.output_dir.rstrip("/") or "/",
+        output_dir=expand_placeholders(o.output_dir, "--output_dir").rstrip("/") or "/",
         labels_file=o.labels_file,
         validation_split=o.validation_split,
         test_split=o.test_split,
