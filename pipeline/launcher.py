@@ -15,8 +15,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from pipeline import cloud
 from pipeline.errors import UserError
+from pipeline import cloud, report
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
@@ -88,6 +88,8 @@ def format_summary(info: dict) -> str:
             f"  {split:<10} {split_info['records']:>8} images in {len(split_info['shards'])} shard(s), "
             f"{split_info['bytes'] / 1e6:.1f} MB"
         )
+    lines.append(report.shard_size_line(info))
+    lines.extend(report.class_count_lines(info))
     for title, key in (("Rejected", "rejected_by_reason"), ("Skipped", "skipped_by_reason")):
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())

@@ -1,0 +1,59 @@
+"""Lines of the final report printed after a conversion: images per class and shard sizes.
+
+Everything printed here is also in dataset_info.json (`splits.*.class_counts`,
+`shard_bytes`, `total_bytes`), which is where scripts should read it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+# Up to this many classes the report shows every class; beyond, a summary per split.
+MAX_LISTED_CLASSES = 20
+
+
+def human_bytes(size: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def class_count_lines(info: dict) -> list[str]:
+    """Images per class and split: a table for a few classes, the spread and the smallest for many."""
+    names = info["class_names"]
+    splits = {split: s.get("class_counts", {}) for split, s in info["splits"].items()}
+    if not names or not splits:
+        return []
+    if len(names) <= MAX_LISTED_CLASSES:
+        title = "Images per class:"
+        id_width = len(str(len(names) - 1))
+        first = max(len(title), 2 + id_width + 1 + max(len(n) for n in names))
+        widths = [max(len(split), 6) for split in splits]
+        lines = [title.ljust(first) + "".join("  " + split.rjust(w) for split, w in zip(splits, widths, strict=True))]
+        for label, name in enumerate(names):
+            counts = "".join("  " + str(c.get(name, 0)).rjust(w) for c, w in zip(splits.values(), widths, strict=True))
+            lines.append(f"  {str(label).rjust(id_width)} {name}".ljust(first) + counts)
+        return lines
+    lines = [f"Images per class ({len(names)} classes; every count is in dataset_info.json):"]
+    for split, counts in splits.items():
+        values = sorted((counts.get(name, 0), name) for name in names)
+        fewest = ", ".join(f"{name} {count}" for count, name in values[:3])
+        lines.append(
+            f"  {split:<10} {values[0][0]} to {values[-1][0]} (median {statistics.median(v for v, _ in values):g}); "
+            f"fewest: {fewest}"
+        )
+    return lines
+
+
+def shard_size_line(info: dict) -> str:
+    """e.g. 'Shards: 6 files of 148.2 MB to 151.0 MB (median 150.3 MB), 901.1 MB in all.'"""
+    count = sum(len(s["shards"]) for s in info["splits"].values())
+    sizes = info.get("shard_bytes") or {}
+    total = info["total_bytes"] if "total_bytes" in info else sum(s["bytes"] for s in info["splits"].values())
+    if not count:
+        return "Shards: none written."
+    if count == 1:
+        return f"Shards: 1 file, {human_bytes(total)}."
+    return (f"Shards: {count} files of {human_bytes(sizes['min'])} to {human_bytes(sizes['max'])} "
+            f"(median {human_bytes(sizes['median'])}), {human_bytes(total)} in all.")
