@@ -90,6 +90,9 @@ class ConvertOptions(PipelineOptions):
         add("--max_pixels", type=int, default=ImageSettings.max_pixels,
             help="Images declaring more pixels than this are rejected as decompression bombs before "
                  f"decoding. Default: {ImageSettings.max_pixels}.")
+        add("--image_timeout_s", type=float, default=ImageSettings.timeout_s,
+            help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
+                 f"Default: {ImageSettings.timeout_s:g}.")
         add("--schema", default="default", choices=tuple(SCHEMAS),
             help="Example keys: default (image, label, class_name, height, width, source_path) or tf_slim "
                  "(image/encoded, image/class/label, ...). Default: default.")
@@ -147,6 +150,7 @@ class Settings:
             "chroma_subsampling": image.chroma_subsampling,
             "background": "#{:02x}{:02x}{:02x}".format(*image.background),
             "max_pixels": image.max_pixels,
+            "image_timeout_s": image.timeout_s,
             "schema": self.schema,
             "num_shards": self.num_shards,
             "shard_size_mb": self.shard_size_mb,
@@ -220,6 +224,8 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--jpeg_quality={o.jpeg_quality} is out of range: give 1 to 100")
     if o.max_pixels < 1:
         raise UserError(f"--max_pixels={o.max_pixels} must be a positive number of pixels")
+    if not o.image_timeout_s >= 0:
+        raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
     if o.num_shards < 0:
         raise UserError(f"--num_shards={o.num_shards} must be 0 (automatic) or a positive count")
     if o.shard_size_mb < 1:
@@ -236,6 +242,7 @@ def validate(options: PipelineOptions) -> Settings:
         chroma_subsampling=o.chroma_subsampling,
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
+        timeout_s=o.image_timeout_s,
     )
     return Settings(
         input_dir=o.input_dir.rstrip("/") or "/",

@@ -1,7 +1,8 @@
 """ConvertImages: read, decode, resize and encode each image, and wrap it in a tf.train.Example.
 
 Bad images never fail the job: they leave on the REJECTED output with the
-reason from the image layer, and are counted.
+reason from the image layer, and are counted. Each image gets at most
+--image_timeout_s seconds (see `imaging.TimedConverter`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
 from transforms.examples import build_example
-from transforms.imaging import READ_ERROR, ImageRejected, ImageSettings, convert_image
+from transforms.imaging import DECODE_ERROR, READ_ERROR, ImageRejected, ImageSettings, TimedConverter
 from transforms.records import ExampleRecord, ImageRef, Rejection
 
 REJECTED = "rejected"
@@ -27,21 +28,30 @@ class _ConvertImage(beam.DoFn):
     def __init__(self, settings: ImageSettings, schema: str):
         self._settings = settings
         self._schema = schema
+        self._convert = None
+
+    def setup(self):
+        # The time limit runs each conversion on a helper thread: Beam calls
+        # process() on its own worker threads, where SIGALRM cannot reach.
+        self._convert = TimedConverter(self._settings)
+
+    def _reject(self, ref: ImageRef, reason: str, detail: str):
+        counters.inc(f"rejected_{reason}")
+        return beam.pvalue.TaggedOutput(REJECTED, Rejection(ref.relpath, "rejected", reason, detail))
 
     def process(self, ref: ImageRef):
         try:
             data = read_bytes(ref.path)
         except Exception as e:  # a vanished or unreadable file is this file's problem only
-            counters.inc(f"rejected_{READ_ERROR}")
-            yield beam.pvalue.TaggedOutput(
-                REJECTED, Rejection(ref.relpath, "rejected", READ_ERROR, f"{type(e).__name__}: {e}")
-            )
+            yield self._reject(ref, READ_ERROR, f"{type(e).__name__}: {e}")
             return
         try:
-            image = convert_image(data, self._settings)
+            image = self._convert(data)
         except ImageRejected as e:
-            counters.inc(f"rejected_{e.reason}")
-            yield beam.pvalue.TaggedOutput(REJECTED, Rejection(ref.relpath, "rejected", e.reason, e.detail))
+            yield self._reject(ref, e.reason, e.detail)
+            return
+        except Exception as e:  # convert_image maps every decoder error; this is a last line of defence
+            yield self._reject(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
             return
         serialized = build_example(
             image=image.data,

@@ -573,8 +573,9 @@ class TimedConverter:
 
     def __call__(self, data: bytes) -> EncodedImage:
         limit = self._settings.timeout_s
-        if not limit or limit <= 0:
+        if not limit or limit <= 0 or not math.isfinite(limit):
             return convert_image(data, self._settings)
+        limit = min(limit, threading.TIMEOUT_MAX)
         self._abandoned = [t for t in self._abandoned if t.is_alive()]
         while len(self._abandoned) >= self._max_abandoned:
             self._abandoned.pop(0).join()
