@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import re
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from transforms.layout import (
     split_folder_layout,
 )
 from transforms.listing import list_files
+from transforms.write import TEMP_DIR
 
 _LOG = logging.getLogger(__name__)
 
@@ -229,6 +231,7 @@ _OWN_NAME = re.compile(
             _DESCRIPTIONS,
             r"\.(?:" + _DESCRIPTIONS + r")\.tmp-[0-9a-f]{32}",  # describe.write_text's temporary names
             _BEAM_TEMP_DIR + r"/.+",  # WriteToTFRecord's and WriteToText's temporary folders
+            re.escape(TEMP_DIR) + r"/.+",  # WriteShards' pieces and partial shards
         ]
     )
 )
@@ -267,4 +270,5 @@ def prepare_output(settings: Settings, dry_run: bool = False) -> list[str]:
             path = os.path.join(settings.output_dir, name)
             if re.fullmatch(_BEAM_TEMP_DIR, name) and os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
+        shutil.rmtree(os.path.join(settings.output_dir, TEMP_DIR), ignore_errors=True)  # wholly this tool's
     return stale

@@ -20,7 +20,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.examples import feature_description
 from transforms.layout import SPLITS
-from transforms.tfrecord import count_records
 
 FORMAT_VERSION = 1
 INFO_FILE = "dataset_info.json"
@@ -42,12 +41,6 @@ def write_text(path: str, text: str) -> None:
     with FileSystems.create(temp, mime_type="application/octet-stream") as f:
         f.write(text.encode("utf-8"))
     FileSystems.rename([temp], [path])
-
-
-def _shard_stats(split_and_path):
-    split, path = split_and_path
-    size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-    return split, path.rsplit("/", 1)[-1], count_records(path), size
 
 
 def _summary(values: list[int]) -> dict:
@@ -90,10 +83,6 @@ class _WriteInfo(beam.DoFn):
                     f"split {split!r}: the shards hold {written} records but {records[split]} images were "
                     "converted; the dataset is incomplete, so dataset_info.json was not written. Run again."
                 )
-            if not records[split]:
-                # Every image of this split was rejected: remove the empty shard files Beam created.
-                FileSystems.delete([FileSystems.join(self._output_dir, s["file"]) for s in shards[split]])
-                shards[split] = []
             splits[split] = {
                 "records": records[split],
                 "class_counts": {name: per_class[split][name] for name in self._class_names
@@ -154,7 +143,7 @@ class DescribeDataset(beam.PTransform):
     """Write the error report and the dataset description; outputs the info dict.
 
     Inputs (a dict): 'examples' (ExampleRecord), 'rejections' (Rejection),
-    'shards' ({split: PCollection of shard paths}), 'found' (one element per listed file).
+    'shards' (ShardInfo of every final shard), 'found' (one element per listed file).
     """
 
     def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
@@ -188,15 +177,8 @@ class DescribeDataset(beam.PTransform):
             | "CountUpscaled" >> beam.combiners.Count.Globally()
         )
         found = inputs["found"] | "CountFound" >> beam.combiners.Count.Globally()
-        shard_paths = [
-            paths | f"Tag/{split}" >> beam.Map(lambda path, split=split: (split, path))
-            for split, paths in inputs["shards"].items()
-        ]
-        shard_stats = (
-            shard_paths | "AllShards" >> beam.Flatten()
-            # (split, file name, records, bytes), reading every shard back
-            | "CountShardRecords" >> beam.Map(_shard_stats)
-        )
+        # (split, file name, records, bytes)
+        shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
         return (
             examples.pipeline
             | "Once" >> beam.Create([None])

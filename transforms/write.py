@@ -1,25 +1,161 @@
-"""WriteShards: one set of TFRecord shards per split, written with Beam's WriteToTFRecord."""
+"""WriteShards: exactly N well-mixed TFRecord shards per split, with memory flat in dataset size.
+
+Beam's WriteToTFRecord writes the records where they are converted, one piece
+per bundle, so no image bytes ever pass through a shuffle (a GroupByKey of
+image bytes holds the whole dataset in memory on the local runner). The pieces
+are then cut at record boundaries into the requested number of shards: each
+shard is a byte-range copy of consecutive records, written under a temporary
+name and renamed, so shards are balanced to one record, never empty, and a
+reader never sees a half-written shard.
+"""
 
 from __future__ import annotations
 
+import shutil
+import struct
+import uuid
+from typing import NamedTuple
+
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.layout import SPLITS
 
+# Everything temporary lives in this one folder of the output dir, which this
+# tool alone writes: an interrupted run's leftovers can be removed wholesale.
+TEMP_DIR = ".image-tfrecords-tmp"
 SHARD_NAME_TEMPLATE = "-SSSSS-of-NNNNN"
+_COPY_CHUNK = 8 << 20
+
+
+class ShardInfo(NamedTuple):
+    """One final shard: its split, file name, record count and size in bytes."""
+
+    split: str
+    file: str
+    records: int
+    bytes: int
+
+
+class Segment(NamedTuple):
+    """Consecutive records of one piece: bytes [start, end) hold `records` records."""
+
+    path: str
+    start: int
+    end: int
+    records: int
 
 
 def shard_suffix(compression: str) -> str:
     return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
 
 
-def shard_prefix(output_dir: str, split: str) -> str:
-    return FileSystems.join(output_dir, split)
+def shard_name(split: str, index: int, count: int, compression: str) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}{shard_suffix(compression)}"
+
+
+def temp_dir(output_dir: str) -> str:
+    return FileSystems.join(output_dir, TEMP_DIR)
+
+
+def record_offsets(path: str) -> list[int]:
+    """Byte offsets of every record start in an uncompressed TFRecord file, plus its end."""
+    offsets = [0]
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        position = 0
+        while True:
+            header = f.read(12)
+            if not header:
+                return offsets
+            if len(header) < 12:
+                raise ValueError(f"{path}: file ends inside a record header at byte {position}")
+            (length,) = struct.unpack("<Q", header[:8])
+            position += 12 + length + 4
+            f.seek(position)
+            offsets.append(position)
+
+
+def plan_shards(pieces: list[tuple[str, list[int]]], num_shards: int) -> list[list[Segment]]:
+    """Cut the records of `pieces` (path, offsets) into at most `num_shards` runs of consecutive records.
+
+    Shard k takes records [k*T/N, (k+1)*T/N) of the pieces laid end to end, so
+    sizes differ by at most one record and no shard is empty (N <= T).
+    """
+    pieces = sorted(pieces)
+    total = sum(len(offsets) - 1 for _, offsets in pieces)
+    count = min(num_shards, total)
+    shards: list[list[Segment]] = [[] for _ in range(count)]
+    if not count:
+        return []
+    bounds = [k * total // count for k in range(count + 1)]
+    first = 0  # global index of the current piece's first record
+    for path, offsets in pieces:
+        n = len(offsets) - 1
+        for k in range(count):
+            lo, hi = max(bounds[k], first), min(bounds[k + 1], first + n)
+            if lo < hi:
+                shards[k].append(Segment(path, offsets[lo - first], offsets[hi - first], hi - lo))
+        first += n
+    return shards
+
+
+def copy_shard(segments: list[Segment], output_dir: str, name: str, compression: str) -> int:
+    """Write `segments` to `output_dir/name` via a temporary name; returns the bytes written."""
+    destination = FileSystems.join(output_dir, name)
+    temp = FileSystems.join(temp_dir(output_dir), f"{uuid.uuid4().hex}.partial")
+    codec = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
+    with FileSystems.create(temp, mime_type="application/octet-stream", compression_type=codec) as out:
+        for segment in segments:
+            with FileSystems.open(segment.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                f.seek(segment.start)
+                remaining = segment.end - segment.start
+                while remaining:
+                    chunk = f.read(min(_COPY_CHUNK, remaining))
+                    if not chunk:
+                        raise ValueError(f"{segment.path} ended {remaining} bytes early")
+                    out.write(chunk)
+                    remaining -= len(chunk)
+    FileSystems.rename([temp], [destination])
+    return FileSystems.match([destination])[0].metadata_list[0].size_in_bytes
+
+
+class _PlanSplit(beam.DoFn):
+    def __init__(self, num_shards: int, compression: str):
+        self._num_shards = num_shards
+        self._compression = compression
+
+    def process(self, split: str, pieces):
+        shards = plan_shards(list(pieces), self._num_shards)
+        for index, segments in enumerate(shards):
+            # (split, final file name, [Segment])
+            yield split, shard_name(split, index, len(shards), self._compression), segments
+
+
+class _CopyShard(beam.DoFn):
+    def __init__(self, output_dir: str, compression: str):
+        self._output_dir = output_dir
+        self._compression = compression
+
+    def process(self, job):
+        split, name, segments = job
+        size = copy_shard(segments, self._output_dir, name, self._compression)
+        yield ShardInfo(split, name, sum(s.records for s in segments), size)
+
+
+def _remove_pieces(_, output_dir: str, shards, pieces):
+    """Delete the pieces once every shard is final; pass the shards on."""
+    paths = [path for path, _ in pieces]
+    if paths:
+        FileSystems.delete(paths)
+    local = FileSystems.join(output_dir, TEMP_DIR)
+    if "://" not in local:
+        shutil.rmtree(local, ignore_errors=True)
+    yield from shards
 
 
 class WriteShards(beam.PTransform):
-    """ExampleRecord -> {split: PCollection of written shard paths}.
+    """ExampleRecord -> ShardInfo of every final shard.
 
     `num_shards` maps each split that may hold records to its shard count;
     splits not in it are not written.
@@ -35,21 +171,39 @@ class WriteShards(beam.PTransform):
         splits = [s for s in SPLITS if s in self._num_shards]
         index = {split: i for i, split in enumerate(splits)}
         # ExampleRecord, one PCollection per split
-        by_split = records | "PartitionBySplit" >> beam.Partition(
-            lambda record, _n: index[record.split], len(splits)
-        )
-        written = {}
+        by_split = records | "PartitionBySplit" >> beam.Partition(lambda record, _n: index[record.split], len(splits))
+        pieces, shards = [], []
         for split, part in zip(splits, by_split, strict=True):
-            written[split] = (
+            piece_paths = (
                 part
                 # serialized tf.train.Example bytes
                 | f"Serialize/{split}" >> beam.Map(lambda record: record.serialized).with_output_types(bytes)
+                # one piece per bundle, written where the records were made
                 | f"WriteToTFRecord/{split}" >> beam.io.WriteToTFRecord(
-                    shard_prefix(self._output_dir, split),
-                    file_name_suffix=shard_suffix(self._compression),
-                    num_shards=self._num_shards[split],
+                    FileSystems.join(temp_dir(self._output_dir), split),
+                    file_name_suffix=".tfrecord",
+                    num_shards=0,
                     shard_name_template=SHARD_NAME_TEMPLATE,
-                    compression_type="gzip" if self._compression == "gzip" else "uncompressed",
+                    compression_type=CompressionTypes.UNCOMPRESSED,
                 )
             )
-        return written
+            # (piece path, [record offsets])
+            indexed = piece_paths | f"IndexPieces/{split}" >> beam.Map(lambda path: (path, record_offsets(path)))
+            pieces.append(indexed)
+            shards.append(
+                records.pipeline
+                | f"Split/{split}" >> beam.Create([split])
+                # (split, shard file name, [Segment])
+                | f"PlanShards/{split}" >> beam.ParDo(
+                    _PlanSplit(self._num_shards[split], self._compression), beam.pvalue.AsList(indexed))
+                | f"SpreadShards/{split}" >> beam.Reshuffle()
+                | f"CopyShards/{split}" >> beam.ParDo(_CopyShard(self._output_dir, self._compression))
+            )
+        all_shards = shards | "AllShards" >> beam.Flatten()
+        all_pieces = pieces | "AllPieces" >> beam.Flatten()
+        return (
+            records.pipeline
+            | "Once" >> beam.Create([None])
+            | "RemovePieces" >> beam.FlatMap(
+                _remove_pieces, self._output_dir, beam.pvalue.AsList(all_shards), beam.pvalue.AsList(all_pieces))
+        )
