@@ -218,8 +218,7 @@ def _truncation(data: bytes) -> str | None:
     return None
 
 
-_TRUNCATION_WORDS = ("truncated", "premature end", "unexpected end", "broken data stream", "not enough data",
-                     "read error", "ran out of data")
+_TRUNCATION_WORDS = ("truncated", "premature end", "unexpected end", "not enough data", "ran out of data")
 
 
 def _classify(error: BaseException, stage: str, data: bytes) -> ImageRejected:
