@@ -1,0 +1,309 @@
+"""Look at a converted dataset: a contact sheet of sample images per class and a chart of class counts.
+
+    python -m pipeline.preview tfrecords/ --contact_sheet=sheet.png [--per_class 8] [--split train]
+    python -m pipeline.preview tfrecords/ --class_chart=classes.png
+    python -m pipeline.preview gs://bucket/tfrecords/ --contact_sheet=sheet.png --class_chart=classes.png
+
+The images are decoded back from the TFRecords with the reader helper, exactly
+as a training job reads them, and each tile is captioned with the label id and
+class name stored next to it: a person sees at a glance that labels,
+orientation and colours are right. Records are read in shard order, so the same
+dataset always gives the same sheet; the shards are shuffled, so the first
+images of a class are a random sample of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from pipeline.cli import main_of
+from pipeline.errors import UserError
+from pipeline.tf_quiet import import_tensorflow
+from transforms.examples import SCHEMAS
+
+_LOG = logging.getLogger("pipeline.preview")
+
+MARGIN = 12
+GAP = 6
+FONT_SIZE = 14
+CAPTION_HEIGHT = FONT_SIZE + 8
+HEADER_HEIGHT = FONT_SIZE + 16
+SHEET_BACKGROUND = (24, 24, 24)
+TILE_BACKGROUND = (64, 64, 64)
+CAPTION_BACKGROUND = (0, 0, 0)
+CAPTION_TEXT = (255, 255, 255)
+# Bars of the class chart per split, in the same colour on every chart.
+SPLIT_COLOURS = {"train": "#4C72B0", "validation": "#DD8452", "test": "#55A868"}
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One image placed on the sheet: which record it is and where its pixels are."""
+
+    row: int
+    column: int
+    label: int
+    class_name: str
+    source_path: str
+    record_index: int  # position of the record in the split, in shard order
+    box: tuple[int, int, int, int]  # (left, top, right, bottom) of the image pixels on the sheet
+    caption_box: tuple[int, int, int, int]
+
+
+def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, OSError):  # a Pillow without FreeType has only the small bitmap font
+        return ImageFont.load_default()
+
+
+def caption_text(label: int, class_name: str) -> str:
+    return f"{label}  {class_name}"
+
+
+def caption_image(text: str, width: int, height: int = CAPTION_HEIGHT) -> Image.Image:
+    """White text on black, cut with an ellipsis when it does not fit the tile."""
+    font = _font()
+    image = Image.new("RGB", (width, height), CAPTION_BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    shown = text
+    while shown and draw.textlength(shown, font=font) > width - 8:
+        shown = shown[:-1]
+    if shown != text:
+        shown = shown[:-1].rstrip() + "…"
+    draw.text((4, height // 2), shown, fill=CAPTION_TEXT, font=font, anchor="lm")
+    return image
+
+
+def fit_tile(pixels: np.ndarray, tile_size: int) -> Image.Image:
+    """The image scaled to fit a tile_size square, keeping its aspect ratio (never enlarged past the tile)."""
+    image = Image.fromarray(pixels)
+    scale = min(tile_size / image.width, tile_size / image.height)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.LANCZOS) if size != image.size else image
+
+
+def sample_records(dataset_dir: str, info: dict, split: str, per_class: int,
+                   max_records: int) -> tuple[dict, int]:
+    """The first `per_class` records of each class in shard order, reading at most `max_records`.
+
+    Returns ({label: [(record_index, decoded example dict)]}, records read).
+    """
+    import tensorflow as tf
+
+    from pipeline import reader
+
+    files = reader.shard_paths(dataset_dir, split, info)
+    schema = info["schema"]
+    label_key = SCHEMAS[schema]["label"][0]
+    label_spec = {label_key: reader.feature_spec(schema)[label_key]}
+    compression = "GZIP" if info["compression"] == "gzip" else ""
+    # Sequential reads (no interleave) keep the order, and so the sheet, the same on every run.
+    records = tf.data.TFRecordDataset(files, compression_type=compression).take(max_records)
+    labeled = records.map(lambda s: (s, tf.io.parse_single_example(s, label_spec)[label_key])).batch(1024)
+    wanted = {label: per_class for label in range(len(info["class_names"]))}
+    chosen: dict[int, list] = {label: [] for label in wanted}
+    read = 0
+    for serialized, labels in labeled:
+        for offset, label in enumerate(labels.numpy().tolist()):
+            if wanted.get(label, 0) > 0:
+                wanted[label] -= 1
+                example = reader.parse_example(serialized[offset], schema, decode=True)
+                chosen[label].append((read + offset, {k: v.numpy() for k, v in example.items()}))
+        read += int(serialized.shape[0])
+        if not any(wanted.values()):
+            break
+    return chosen, read
+
+
+def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, tile_size: int,
+                       title: str = "") -> tuple[Image.Image, list[Tile]]:
+    """One row per class, `per_class` captioned tiles per row; returns the sheet and where each record went."""
+    names = info["class_names"]
+    cell_w, cell_h = tile_size, tile_size + CAPTION_HEIGHT
+    width = 2 * MARGIN + per_class * cell_w + (per_class - 1) * GAP
+    height = HEADER_HEIGHT + MARGIN + len(names) * cell_h + (len(names) - 1) * GAP
+    sheet = Image.new("RGB", (width, height), SHEET_BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    draw.text((MARGIN, HEADER_HEIGHT // 2 + 2), title, fill=CAPTION_TEXT, font=_font(), anchor="lm")
+    tiles = []
+    for row, name in enumerate(names):
+        top = HEADER_HEIGHT + row * (cell_h + GAP)
+        records = chosen.get(row, [])
+        for column in range(per_class):
+            left = MARGIN + column * (cell_w + GAP)
+            sheet.paste(TILE_BACKGROUND, (left, top, left + cell_w, top + tile_size))
+            caption_box = (left, top + tile_size, left + cell_w, top + cell_h)
+            if column >= len(records):
+                if column == len(records):  # say why the row ends early
+                    sheet.paste(caption_image(f"{row}  {name}: no more in {split}", cell_w), caption_box[:2])
+                continue
+            index, example = records[column]
+            label = int(example["label"])
+            class_name = example["class_name"].decode("utf-8")
+            image = fit_tile(example["image"], tile_size)
+            x = left + (tile_size - image.width) // 2
+            y = top + (tile_size - image.height) // 2
+            sheet.paste(image, (x, y))
+            # The caption shows what the record says, so a wrong label in the data is visible as such.
+            sheet.paste(caption_image(caption_text(label, class_name), cell_w), caption_box[:2])
+            tiles.append(Tile(row, column, label, class_name, example["source_path"].decode("utf-8"), index,
+                              (x, y, x + image.width, y + image.height), caption_box))
+    return sheet, tiles
+
+
+def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: int = 8, tile_size: int = 128,
+                       max_records: int = 100_000) -> tuple[Image.Image, list[Tile]]:
+    """Read samples of every class from `split` (default: train, else the first split) and draw the sheet.
+
+    Raises:
+        DatasetError: when `dataset_dir` holds no complete dataset or has no such split.
+    """
+    from pipeline import reader
+
+    info = reader.load_info(dataset_dir)
+    split = split or ("train" if "train" in info["splits"] else next(iter(info["splits"]), "train"))
+    chosen, read = sample_records(dataset_dir, info, split, per_class, max_records)
+    short = [f"{info['class_names'][label]} ({len(records)})" for label, records in chosen.items()
+             if len(records) < per_class]
+    if short:
+        _LOG.warning("Fewer than %d images of %s in the first %d records of %s", per_class, ", ".join(short), read,
+                     split)
+    title = f"{dataset_dir.rstrip('/')}  |  {split}: {info['splits'][split]['records']} images, " \
+            f"{len(info['class_names'])} classes  |  label id and class name as stored"
+    return draw_contact_sheet(info, chosen, split, per_class, tile_size, title)
+
+
+def class_chart(info: dict):
+    """A matplotlib Figure of images per class, one bar per split; many classes are sorted and unlabelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    names = info["class_names"]
+    splits = list(info["splits"])
+    counts = {s: [info["splits"][s].get("class_counts", {}).get(n, 0) for n in names] for s in splits}
+    many = len(names) > 60
+    order = list(range(len(names)))
+    if many:
+        order.sort(key=lambda i: -sum(counts[s][i] for s in splits))
+    width = min(max(6.0, 0.25 * len(names) * max(len(splits), 1) + 2), 16.0)
+    fig = Figure(figsize=(width, 4.5), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(names))
+    bar_width = 0.8 / max(len(splits), 1)
+    for i, split in enumerate(splits):
+        heights = [counts[split][j] for j in order]
+        if many:  # stacked: side-by-side bars of hundreds of classes would be hairlines
+            bottom = [sum(counts[s][j] for s in splits[:i]) for j in order]
+            ax.bar(x, heights, 1.0, bottom=bottom, label=split, color=SPLIT_COLOURS.get(split))
+        else:
+            bars = ax.bar(x + (i - (len(splits) - 1) / 2) * bar_width, heights, bar_width, label=split,
+                          color=SPLIT_COLOURS.get(split))
+            if len(names) <= 20:
+                ax.bar_label(bars, fontsize=8, padding=2)
+    if many:
+        ax.set_xticks([])
+        ax.set_xlabel(f"{len(names)} classes, sorted by count (names and counts in dataset_info.json)")
+    else:
+        ax.set_xticks(x, [f"{i} {names[i]}" for i in order], rotation=45 if len(names) > 6 else 0, ha="right"
+                      if len(names) > 6 else "center")
+    ax.set_ylabel("images")
+    ax.set_title("Images per class and split")
+    ax.margins(y=0.15)  # room above the tallest bar for its count and the legend
+    ax.legend(loc="upper right", ncols=len(splits))
+    return fig
+
+
+_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+
+
+def _check_image_path(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in _FORMATS:
+        raise UserError(f"cannot write {path}: give a file name ending in .png, .jpg or .webp")
+    return ext
+
+
+def _save(image_or_figure, path: str) -> None:
+    """Save a PIL image or a matplotlib figure to a local path or gs:// (format from the extension)."""
+    import io
+
+    from apache_beam.io.filesystems import FileSystems
+
+    ext = _check_image_path(path)
+    image = image_or_figure
+    if not isinstance(image, Image.Image):  # a figure: rendered by Agg, then encoded like a sheet
+        rendered = io.BytesIO()
+        image.savefig(rendered, format="png")
+        image = Image.open(io.BytesIO(rendered.getvalue())).convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format=_FORMATS[ext], **({"optimize": True} if ext == ".png" else {"quality": 90}))
+    if "://" not in path:
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise UserError(f"cannot write {path}: the folder {directory} does not exist")
+    with FileSystems.create(path, mime_type="application/octet-stream") as f:
+        f.write(buffer.getvalue())
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.preview",
+        description="Draw a contact sheet of sample images per class, decoded back from the TFRecords, and/or a "
+                    "bar chart of images per class and split.")
+    add = parser.add_argument
+    add("dataset_dir", help="the dataset folder (--output_dir of the conversion), local or gs://")
+    add("--contact_sheet", default=None, metavar="FILE.png",
+        help="write the contact sheet here (.png, .jpg or .webp; local or gs://). Default: none.")
+    add("--class_chart", default=None, metavar="FILE.png",
+        help="write the bar chart of images per class and split here. Default: none.")
+    add("--per_class", type=int, default=8, help="images per class on the contact sheet. Default: 8.")
+    add("--split", default=None, help="split to sample the contact sheet from. Default: train (else the first).")
+    add("--tile_size", type=int, default=128, help="side of each tile in pixels. Default: 128.")
+    add("--max_records", type=int, default=100_000,
+        help="read at most this many records looking for images of every class. Default: 100000.")
+    add("--verbose", action="store_true", help="show TensorFlow's own logs. Default: off.")
+    args = parser.parse_args(argv)
+    if not args.contact_sheet and not args.class_chart:
+        raise UserError("nothing to draw: give --contact_sheet=FILE.png and/or --class_chart=FILE.png")
+    if not 1 <= args.per_class <= 100:
+        raise UserError(f"--per_class={args.per_class} is out of range: give 1 to 100")
+    if not 16 <= args.tile_size <= 1024:
+        raise UserError(f"--tile_size={args.tile_size} is out of range: give 16 to 1024 pixels")
+    if args.max_records < 1:
+        raise UserError(f"--max_records={args.max_records} must be at least 1")
+    for path in filter(None, (args.contact_sheet, args.class_chart)):
+        _check_image_path(path)
+    _configure_logging(args.verbose)
+    import_tensorflow(args.verbose)  # before the reader imports it, so that it loads quietly
+    from pipeline import reader
+
+    info = reader.load_info(args.dataset_dir)
+    if args.contact_sheet:
+        sheet, tiles = make_contact_sheet(args.dataset_dir, args.split, args.per_class, args.tile_size,
+                                          args.max_records)
+        _save(sheet, args.contact_sheet)
+        print(f"Wrote {args.contact_sheet}: {len(tiles)} images of {len(info['class_names'])} classes "
+              f"({sheet.width}x{sheet.height} px)")
+    if args.class_chart:
+        _save(class_chart(info), args.class_chart)
+        print(f"Wrote {args.class_chart}: images per class for {', '.join(info['splits'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_of(run))
