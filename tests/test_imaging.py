@@ -533,6 +533,14 @@ def test_known_but_unsupported_formats_say_so(data):
     assert "supported: JPEG, PNG" in error.detail
 
 
+def test_a_12_bit_jpeg_is_unsupported_with_the_decoders_reason():
+    data = bytearray(cases.jpeg(QUADRANTS))
+    data[data.find(b"\xff\xc0") + 4] = 12  # the frame header's sample precision
+    error = rejection(bytes(data))
+    assert error.reason == "unsupported_format"
+    assert "12-bit" in error.detail
+
+
 def test_decompression_bomb_is_rejected_before_decoding(monkeypatch):
     loads = []
     monkeypatch.setattr(imaging, "_load", lambda image, data: loads.append(image) or image)

@@ -240,6 +240,16 @@ def _classify(error: BaseException, stage: str, data: bytes) -> ImageRejected:
     return ImageRejected(DECODE_ERROR, detail)
 
 
+def _header_error(data: bytes, claimed: str) -> Exception | None:
+    """The format plugin's own error for a header it cannot read (Image.open hides it)."""
+    try:
+        factory = Image.OPEN[claimed][0]
+        factory(io.BytesIO(data), "")
+    except Exception as e:
+        return e
+    return None
+
+
 def _open(data: bytes, settings: ImageSettings) -> Image.Image:
     if not data:
         raise ImageRejected(EMPTY_FILE, "the file is empty (0 bytes)")
@@ -248,7 +258,7 @@ def _open(data: bytes, settings: ImageSettings) -> Image.Image:
     except UnidentifiedImageError as e:
         claimed = _format_by_magic(data)
         if claimed:  # the right signature, but Pillow could not read the header
-            raise _classify(e, f"{claimed} header", data) from None
+            raise _classify(_header_error(data, claimed) or e, f"{claimed} header", data) from None
         other = _sniff_other_format(data)
         if other:
             raise ImageRejected(
