@@ -71,7 +71,7 @@ def configure(options: PipelineOptions, input_dir: str, output_dir: str) -> None
     # Launcher-side listing and output checks use the same options (project, impersonation) as the job.
     FileSystems.set_options(options)
     if options.view_as(GoogleCloudOptions).no_auth:
-        _skip_credential_lookup()
+        skip_credential_lookup()
     test = options.view_as(TestOptions)
     # Beam's --dry_run takes any string, and "False" would count as true.
     test.dry_run = _as_bool(test.dry_run) if test.dry_run is not None else False
@@ -79,7 +79,7 @@ def configure(options: PipelineOptions, input_dir: str, output_dir: str) -> None
         check_dataflow_options(options, input_dir, output_dir)
 
 
-def _skip_credential_lookup() -> None:
+def skip_credential_lookup() -> None:
     """Make --no_auth apply to Beam's GCS file system too.
 
     Beam 2.77 honours --no_auth for the Dataflow API client but not for
@@ -112,10 +112,9 @@ def check_dataflow_options(options: PipelineOptions, input_dir: str, output_dir:
         raise UserError("--region is required with --runner=DataflowRunner: give a Dataflow region such as "
                         "--region=us-central1")
     if not is_gcs(cloud.temp_location):
-        raise UserError(
-            f"--temp_location={cloud.temp_location} must be a gs:// folder with --runner=DataflowRunner: "
-            "give one in a bucket the job can write, e.g. --temp_location=gs://BUCKET/tmp"
-        )
+        given = f"--temp_location={cloud.temp_location} is not a gs:// folder" if cloud.temp_location else (
+            "--temp_location is required with --runner=DataflowRunner")
+        raise UserError(f"{given}: give a folder in a bucket the job can write, e.g. --temp_location=gs://BUCKET/tmp")
     if cloud.staging_location and not is_gcs(cloud.staging_location):
         raise UserError(f"--staging_location={cloud.staging_location} must be a gs:// folder: "
                         "give one in a bucket, or leave it out to use --temp_location")

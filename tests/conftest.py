@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.gcs_fixtures import gcs_emulator  # noqa: F401  (session fixture: GCS emulator on loopback)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,298 @@
+"""The Dataflow path, offline: run_dataflow.sh --dry_run against the GCS emulator, the Flex Template files."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+import apache_beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import pipeline
+from pipeline.errors import UserError
+from pipeline.options import ConvertOptions, check_flags, validate
+from tests.conftest import REPO, convert
+
+BUCKET = "dataflow-dry"
+SCRIPT = os.path.join(REPO, "run_dataflow.sh")
+BUILD_SCRIPT = os.path.join(REPO, "dataflow", "build_template.sh")
+METADATA = os.path.join(REPO, "dataflow", "metadata.json")
+JOB_ENV = {
+    "PROJECT": "test-project",
+    "REGION": "europe-west4",
+    "BUCKET": BUCKET,
+    "SERVICE_ACCOUNT": "converter@test-project.iam.gserviceaccount.com",
+    "MACHINE_TYPE": "n2-standard-8",
+    "MAX_WORKERS": "7",
+    "PYTHON": sys.executable,
+}
+
+
+def run_script(script, *args, env=None, timeout=300):
+    return subprocess.run(["bash", script, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env if env is not None else dict(os.environ))
+
+
+def convert_options() -> dict[str, argparse.Action]:
+    parser = argparse.ArgumentParser()
+    ConvertOptions._add_argparse_args(parser)
+    return {action.dest: action for action in parser._actions if action.dest != "help"}
+
+
+@pytest.fixture(scope="module")
+def dry_run(gcs_emulator, tmp_path_factory):
+    """run_dataflow.sh --dry_run on a tiny gs:// tree; returns (result, staging folder, staged names)."""
+    from pipeline.sample_data import generate_dataset
+
+    bucket = gcs_emulator.create_bucket(BUCKET)
+    tree = tmp_path_factory.mktemp("dataflow-photos")
+    generate_dataset(str(tree), images_per_class=3, seed=2, min_side=32, max_side=64)
+    gcs_emulator.upload_tree(tree, f"{bucket}/photos")
+    result = run_script(SCRIPT, f"--input_dir={bucket}/photos", f"--output_dir={bucket}/tfrecords/{{date}}",
+                        "--dry_run", "--image_size=64", "--resize_mode=crop",
+                        env=dict(os.environ, **gcs_emulator.env, **JOB_ENV))
+    assert result.returncode == 0, result.stderr
+    match = re.search(r"staged to (gs://\S+): (.*)$", result.stdout, re.MULTILINE)
+    assert match, result.stdout
+    return result, match.group(1), match.group(2).split(", ")
+
+
+def test_dry_run_stages_the_package_built_from_setup_py(gcs_emulator, dry_run):
+    result, staging, staged = dry_run
+    assert "was built and staged, not submitted" in result.stdout
+    assert staging.startswith(f"gs://{BUCKET}/dataflow/staging/image-tfrecords-")
+    # What the workers get: this package (sdist of setup.py), the graph, the launcher's package list.
+    assert {"workflow.tar.gz", "pipeline.pb", "submission_environment_dependencies.txt",
+            "dataflow_job.json"} <= set(staged)
+    assert set(staged) == set(gcs_emulator.list_names(staging))
+
+    sdist = tarfile.open(fileobj=io.BytesIO(gcs_emulator.read(f"{staging}/workflow.tar.gz")))
+    root = f"image-tfrecords-{pipeline.__version__}"
+    names = {name.removeprefix(root + "/") for name in sdist.getnames()}
+    assert {"setup.py", "pipeline/__init__.py", "pipeline/launcher.py", "pipeline/cloud.py", "pipeline/graph.py",
+            "transforms/__init__.py", "transforms/convert.py", "transforms/imaging.py",
+            "transforms/write.py"} <= names
+    assert not any(name.startswith(("tests/", ".venv/")) for name in names)
+    requires = sdist.extractfile(f"{root}/image_tfrecords.egg-info/requires.txt").read().decode()
+    runtime = requires.split("\n[", 1)[0]  # before the first extra
+    assert "apache-beam[gcp]" in runtime and "pillow" in runtime
+    assert "tensorflow" not in runtime  # workers start without TensorFlow
+    assert "tensorflow" in requires.split("[tf]", 1)[1]
+
+    # Nothing ran: the output folder was not created, let alone written.
+    assert gcs_emulator.list_names(f"gs://{BUCKET}/tfrecords") == []
+
+
+def test_dry_run_job_has_the_scripts_settings(gcs_emulator, dry_run):
+    result, staging, _ = dry_run
+    job = json.loads(gcs_emulator.read(f"{staging}/dataflow_job.json"))
+    assert re.fullmatch(r"image-tfrecords-\d{8}-\d{6}-[0-9a-f]{4}", job["name"])
+    assert job["type"] == "JOB_TYPE_BATCH"
+    options = job["environment"]["sdkPipelineOptions"]["options"]
+    assert options["project"] == "test-project"
+    assert options["region"] == "europe-west4"
+    assert options["setup_file"] == os.path.join(REPO, "setup.py")
+    assert options["temp_location"].startswith(f"gs://{BUCKET}/dataflow/temp/{job['name']}")
+    assert options["staging_location"] == staging
+    assert options["service_account_email"] == JOB_ENV["SERVICE_ACCOUNT"]
+    assert options["machine_type"] == "n2-standard-8"
+    assert int(options["max_num_workers"]) == 7
+    assert options["input_dir"] == f"gs://{BUCKET}/photos"
+    assert options["image_size"] == "64" and options["resize_mode"] == "crop"  # passed through
+    assert "STORAGE_EMULATOR_HOST" in result.stderr  # says plainly that it did not talk to Google
+
+
+def _pipeline_proto(gcs_emulator, staging):
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    return beam_runner_api_pb2.Pipeline.FromString(gcs_emulator.read(f"{staging}/pipeline.pb"))
+
+
+def test_translated_job_has_the_graphs_steps(gcs_emulator, dry_run):
+    proto = _pipeline_proto(gcs_emulator, dry_run[1])
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert {"ListImages", "AssignLabels", "ShuffleImages", "ConvertImages", "WriteShards", "DescribeDataset"} <= names
+    # Only the splits that have images get a writer.
+    writers = {n for n in names if re.fullmatch(r"WriteShards/WriteToTFRecord/\w+", n)}
+    assert writers == {"WriteShards/WriteToTFRecord/train", "WriteShards/WriteToTFRecord/validation"}
+
+
+def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_run):
+    """The GroupByKey in ShuffleImages breaks fusion: listing one folder does not pin conversion to one worker."""
+    from apache_beam.portability import common_urns
+    from apache_beam.runners.portability.fn_api_runner import translations as t
+
+    proto = _pipeline_proto(gcs_emulator, dry_run[1])
+    _, stages = t.create_and_optimize_stages(
+        copy.deepcopy(proto),
+        phases=[t.annotate_downstream_side_inputs, t.fix_side_input_pcoll_coders, t.pack_combiners,
+                t.lift_combiners, t.expand_sdf, t.expand_gbk, t.sink_flattens, t.greedily_fuse],
+        known_runner_urns=frozenset([common_urns.primitives.FLATTEN.urn, common_urns.primitives.GROUP_BY_KEY.urn]),
+    )
+
+    def stages_of(prefix):
+        return {i for i, stage in enumerate(stages) if any(x.unique_name.startswith(prefix) for x in stage.transforms)}
+
+    listing, shuffle, conversion = (stages_of("ListImages/FilterByName"), stages_of("ShuffleImages/GroupImages"),
+                                    stages_of("ConvertImages/ConvertImage"))
+    assert listing and shuffle and conversion
+    assert listing.isdisjoint(conversion)
+    assert not any("ConvertImages/" in x.unique_name for i in listing for x in stages[i].transforms)
+
+
+def test_script_reports_every_missing_prerequisite_at_once():
+    env = {k: v for k, v in os.environ.items() if k not in ("PROJECT", "REGION", "BUCKET", "MAX_WORKERS")}
+    result = run_script(SCRIPT, "--input_dir=photos/", env=dict(env, PYTHON="/nonexistent/python",
+                                                                MAX_WORKERS="many"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "error: no Python at /nonexistent/python: run 'make venv' in " + REPO + " first, or set PYTHON to the "
+        "interpreter that has this package installed",
+        "error: set PROJECT, REGION, BUCKET in the environment, e.g. export PROJECT=my-project "
+        "REGION=us-central1 BUCKET=my-bucket",
+        "error: --input_dir photos/ is not a gs:// path; Dataflow workers cannot read local files: copy it first "
+        "with gcloud storage cp -r photos/ gs://$BUCKET/",
+        "error: --output_dir is required: the gs:// folder to write the dataset to",
+        "error: MAX_WORKERS=many is not a positive number of workers",
+    ]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--benchmark", "--dry_run"], "--benchmark needs a finished job, and --dry_run submits none"),
+    (["--benchmark", "--no_wait"], "--benchmark needs to wait for the job, and --no_wait does not"),
+    (["--temp_location=gs://elsewhere/tmp"], "--temp_location is set by this script"),
+])
+def test_script_refuses_contradictory_flags(args, message):
+    result = run_script(SCRIPT, "--input_dir=gs://b/photos", "--output_dir=gs://b/out", *args,
+                        env=dict(os.environ, **JOB_ENV))
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_script_help_lists_its_environment():
+    result = run_script(SCRIPT, "--help")
+    assert result.returncode == 0
+    for word in ("PROJECT", "REGION", "BUCKET", "SERVICE_ACCOUNT", "MACHINE_TYPE", "MAX_WORKERS", "--dry_run",
+                 "--benchmark"):
+        assert word in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_scripts_are_shellcheck_clean():
+    result = subprocess.run(["shellcheck", SCRIPT, BUILD_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input_dir=photos", "--output_dir=gs://b/out"], "--input_dir photos is not a gs:// path"),
+    (["--input_dir=gs://b/in", "--output_dir=gs://b/out", "--temp_location=gs://b/tmp"], "--region is required"),
+    (["--input_dir=gs://b/in", "--output_dir=gs://b/out", "--region=us-east1"],
+     "--temp_location is required with --runner=DataflowRunner"),
+    (["--input_dir=gs://b/in", "--output_dir=gs://b/out", "--region=us-east1", "--temp_location=/tmp/x"],
+     "--temp_location=/tmp/x is not a gs:// folder"),
+    (["--input_dir=gs://b/in", "--output_dir=gs://b/out", "--region=us-east1", "--temp_location=gs://b/t",
+      "--setup_file=/nonexistent/setup.py"], "--setup_file /nonexistent/setup.py does not exist"),
+])
+def test_launcher_checks_dataflow_prerequisites_before_anything_else(args, message):
+    argv = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args}
+    with pytest.raises(UserError, match=re.escape(message)):
+        convert(argv.pop("--input_dir"), argv.pop("--output_dir"), "--runner=DataflowRunner", "--project=p",
+                *(f"{k}={v}" for k, v in argv.items()))
+
+
+def test_flex_template_metadata_lists_exactly_the_pipeline_options():
+    with open(METADATA) as f:
+        metadata = json.load(f)
+    names = [p["name"] for p in metadata["parameters"]]
+    assert len(names) == len(set(names))
+    assert set(names) == set(convert_options())
+
+
+def test_flex_template_metadata_is_valid_for_the_dataflow_api():
+    from google.cloud.dataflow_v1beta3.types import templates
+
+    with open(METADATA) as f:
+        text = f.read()
+    parsed = templates.TemplateMetadata.from_json(text)  # rejects unknown fields and bad enum values
+    assert parsed.name == "image-tfrecords" and not parsed.streaming
+    required = {p.name for p in parsed.parameters if not p.is_optional}
+    assert required == {"input_dir", "output_dir"}
+    assert all(p.label and p.help_text for p in parsed.parameters)
+
+
+def _as_parameter(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_flex_template_regexes_accept_every_default_and_choice():
+    options = convert_options()
+    with open(METADATA) as f:
+        parameters = {p["name"]: p for p in json.load(f)["parameters"]}
+    for name, action in options.items():
+        parameter = parameters[name]
+        patterns = [re.compile(r) for r in parameter.get("regexes", [])]
+        values = [action.default] if action.default is not None else []
+        values += list(action.choices or [])
+        for value in values:
+            assert all(p.fullmatch(_as_parameter(value)) for p in patterns), (name, value)
+        if action.choices:
+            assert [o["value"] for o in parameter["enumOptions"]] == list(action.choices), name
+        if action.default is not None:
+            assert "Default:" in parameter["helpText"], name
+    assert not re.fullmatch(parameters["input_dir"]["regexes"][0], "photos/")
+    assert re.fullmatch(parameters["output_dir"]["regexes"][0], "gs://my-bucket/tfrecords/{date}")
+
+
+def test_template_style_parameters_are_accepted():
+    """A Flex Template passes every parameter as --name=value, also the on/off ones."""
+    argv = ["--input_dir=gs://b/photos", "--output_dir=gs://b/out/{timestamp}", "--overwrite=true", "--quiet=false",
+            "--verbose=false", "--no_wait=true", "--jpeg_quality=90", "--resize_mode=pad"]
+    check_flags(argv)
+    settings = validate(PipelineOptions(argv))
+    assert settings.overwrite is True and settings.quiet is False
+    assert PipelineOptions(argv).view_as(ConvertOptions).no_wait is True
+    assert re.fullmatch(r"gs://b/out/\d{8}-\d{6}", settings.output_dir)
+    with pytest.raises(UserError, match="--overwrite: 'maybe' is not true or false"):
+        check_flags(["--input_dir=x", "--output_dir=y", "--overwrite=maybe"])
+
+
+def test_output_dir_date_placeholder_makes_dated_folders():
+    before = time.strftime("%Y-%m-%d", time.gmtime())
+    settings = validate(PipelineOptions(["--input_dir=gs://b/photos", "--output_dir=gs://b/tfrecords/{date}/"]))
+    after = time.strftime("%Y-%m-%d", time.gmtime())
+    assert settings.output_dir in (f"gs://b/tfrecords/{before}", f"gs://b/tfrecords/{after}")
+    with pytest.raises(UserError, match=r"unknown placeholder \{day\}: use \{date\} or \{timestamp\}"):
+        validate(PipelineOptions(["--input_dir=gs://b/photos", "--output_dir=gs://b/{day}"]))
+
+
+def test_template_image_matches_the_tested_sdk_and_build_context():
+    with open(os.path.join(REPO, "dataflow", "Dockerfile")) as f:
+        dockerfile = f.read()
+    assert f"ARG BEAM_VERSION={apache_beam.__version__}\n" in dockerfile
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"ARG PYTHON_VERSION={python}\n" in dockerfile
+    assert f"python{python.replace('.', '')}-template-launcher-base" in dockerfile
+
+    env = dict(os.environ, PROJECT="p", REGION="us-central1", BUCKET="b", TAG="t1")
+    result = run_script(BUILD_SCRIPT, "--dry_run", env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    context = {line.strip().removeprefix("./") for line in result.stderr.splitlines() if line.startswith("  ./")}
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.MULTILINE):
+        for path in source.split():
+            assert path in context or any(c.startswith(path + "/") for c in context), path
+    assert not any("__pycache__" in c or c.startswith("tests/") for c in context)
+    image = "us-central1-docker.pkg.dev/p/image-tfrecords/image-tfrecords:t1"
+    assert "+ gcloud builds submit" in result.stderr and f"--tag={image}" in result.stderr
+    assert (f"+ gcloud dataflow flex-template build gs://b/templates/image-tfrecords.json --project=p "
+            f"--image={image} --sdk-language=PYTHON --metadata-file={METADATA}") in result.stderr
