@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -104,14 +105,33 @@ def connect_tpu(tpu: str | None, resolver_factory: Callable | None = None,
         resolver = factory(tpu=tpu)
         if tpu != "local":
             _probe_grpc(resolver.master(), timeout_s)
-    tf.config.experimental_connect_to_cluster(resolver)
+    try:
+        tf.config.experimental_connect_to_cluster(resolver)
+    except Exception:
+        if tpu != "local":
+            _reset_runtime()  # a failed remote connection leaves TensorFlow unusable for local devices
+        raise
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".strip().rstrip(":")
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """'Type: first sentence' of an error, without TensorFlow's node names."""
+    text = re.sub(r"\{\{[^}]*\}\}", "", str(error)).strip()
+    text = text.splitlines()[0] if text else ""
+    text = re.split(r"(?<=[a-z])\. ", text)[0]
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(error).__name__}: {text}".strip().rstrip(":")
+
+
+def _reset_runtime() -> None:
+    """Undo a failed experimental_connect_to_cluster, which leaves TensorFlow unusable for local devices."""
+    try:
+        from tensorflow.python.eager import context
+
+        context._reset_context()
+    except (ImportError, AttributeError):  # a TensorFlow without this private helper: nothing to undo with
+        pass
 
 
 def fallback_strategy(notes: list[str] | None = None) -> StrategyChoice:
@@ -136,10 +156,10 @@ def select_strategy(tpu: str | None = None, *, environ=None, device_paths: list[
         try:
             strategy = connect_tpu(tpu, resolver_factory)
         except Exception as e:  # the resolver and TensorFlow raise many unrelated types
-            raise UserError(
-                f"could not connect to the TPU {tpu!r} ({_first_line(e)}); on a TPU VM pass --tpu=local, "
-                "otherwise check the TPU name and zone, or leave --tpu out to use the GPUs or the CPU"
-            ) from None
+            hint = ("is this a TPU VM? " if tpu == "local" else
+                    "on a TPU VM pass --tpu=local, otherwise check the TPU name and zone; ")
+            raise UserError(f"could not connect to the TPU {tpu!r} ({_first_line(e)}); {hint}"
+                            "leave --tpu out to use the GPUs or the CPU") from None
         return StrategyChoice(strategy, "tpu", f"TPUStrategy on {tpu} ({strategy.num_replicas_in_sync} cores)")
 
     detected = detect_tpu(environ, device_paths)

@@ -1,0 +1,194 @@
+"""The read benchmark's figures per stage, and their outputs: a table, a JSON file, a bar chart.
+
+No TensorFlow here: the figures are plain numbers measured by pipeline.bench_input.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MB = 1_000_000
+
+# Stage name -> what it adds, in the order they run.
+STAGES: dict[str, str] = {
+    "read": "raw TFRecord records, parallel reads in no fixed order",
+    "parse": "+ parse each Example (image bytes, label)",
+    "decode": "+ decode the image, cast, batch, prefetch",
+    "device": "+ feed the device(s): one strategy.run step per batch",
+    "files_decode": "image files: read each file, decode, resize, cast, batch",
+    "files_device": "image files: + feed the device(s)",
+}
+TFRECORD_STAGES = ("read", "parse", "decode", "device")
+FILE_STAGES = ("files_decode", "files_device")
+
+# The figures of each stage, in the JSON and (most of them) in the table.
+FIGURE_FIELDS = (
+    "records", "batches", "bytes", "time_to_first_batch_s", "measured_records", "measured_batches",
+    "elapsed_s", "images_per_s", "mb_per_s", "batches_per_s", "ms_per_batch_p50", "ms_per_batch_p95",
+)
+
+
+@dataclass
+class StageResult:
+    """What one stage delivered. The first batch is warm-up: it counts in `records` but not in the rates."""
+
+    stage: str
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+    time_to_first_batch_s: float | None = None
+    first_batch_records: int = 0
+    first_batch_bytes: int = 0
+    batch_intervals_s: list[float] = field(default_factory=list)  # each batch after the first
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def measured_records(self) -> int:
+        return self.records - self.first_batch_records
+
+    @property
+    def measured_batches(self) -> int:
+        return max(self.batches - 1, 0)
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds from the first batch to the last: the measured part of the stage."""
+        return float(sum(self.batch_intervals_s))
+
+    def _rate(self, amount: float) -> float | None:
+        return amount / self.elapsed_s if self.elapsed_s > 0 else None
+
+    @property
+    def images_per_s(self) -> float | None:
+        return self._rate(self.measured_records)
+
+    @property
+    def mb_per_s(self) -> float | None:
+        rate = self._rate(self.bytes - self.first_batch_bytes)
+        return None if rate is None else rate / MB
+
+    @property
+    def batches_per_s(self) -> float | None:
+        return self._rate(self.measured_batches)
+
+    def _ms_percentile(self, q: float) -> float | None:
+        if not self.batch_intervals_s:
+            return None
+        return float(np.percentile(np.asarray(self.batch_intervals_s) * 1000.0, q))
+
+    @property
+    def ms_per_batch_p50(self) -> float | None:
+        return self._ms_percentile(50)
+
+    @property
+    def ms_per_batch_p95(self) -> float | None:
+        return self._ms_percentile(95)
+
+    def to_json(self) -> dict:
+        out = {"stage": self.stage, "description": STAGES[self.stage]}
+        out.update({name: getattr(self, name) for name in FIGURE_FIELDS})
+        out["notes"] = list(self.notes)
+        return out
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def format_table(results: list[StageResult]) -> str:
+    """The stages as an aligned text table."""
+    header = ("stage", "records", "first batch s", "images/s", "MB/s", "batches/s", "ms/batch p50", "p95")
+    rows = [header]
+    for r in results:
+        rows.append((
+            r.stage, f"{r.records:,}", _number(r.time_to_first_batch_s, 2), _number(r.images_per_s),
+            _number(r.mb_per_s), _number(r.batches_per_s, 2), _number(r.ms_per_batch_p50, 1),
+            _number(r.ms_per_batch_p95, 1),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_report(setup: dict, results: list[StageResult]) -> str:
+    """The heading lines (what was measured, on what), the table and the notes."""
+    lines = [
+        f"Read benchmark of {setup['source']}"
+        + (f" (split {setup['split']})" if setup.get("split") else ""),
+        f"  {setup['files']} file(s), {setup['stored_bytes'] / MB:,.1f} MB"
+        + (f", {setup['records_per_epoch']:,} records per epoch" if setup.get("records_per_epoch") else "")
+        + f"; images {setup['image_size'][1]}x{setup['image_size'][0]} cast to {setup['dtype']}",
+        f"  {setup['strategy']}, {setup['replicas']} replica(s); global batch {setup['batch_size']}"
+        f" ({setup['per_replica_batch_size']} per replica), {setup['epochs']} epoch(s)"
+        + (f", at most {setup['steps']} batches per stage" if setup.get("steps") else ""),
+    ]
+    if setup.get("compare_files"):
+        lines.append(f"  compared with {setup['compare_files_count']:,} image files in {setup['compare_files']}")
+    lines += ["", format_table(results), ""]
+    lines.append("MB/s counts stored bytes (records or files) read; the first batch is warm-up, "
+                 "excluded from the rates.")
+    lines += [f"note: {note}" for note in setup.get("notes", [])]
+    stages_of: dict[str, list[str]] = {}
+    for r in results:
+        for note in r.notes:
+            stages_of.setdefault(note, []).append(r.stage)
+    lines += [f"note: {', '.join(stages)}: {note}" for note, stages in stages_of.items()]
+    return "\n".join(lines)
+
+
+def write_json(path: str, setup: dict, results: list[StageResult]) -> None:
+    """The setup and every stage's figures as one JSON document."""
+    doc = {"setup": setup, "stages": [r.to_json() for r in results]}
+    _write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
+
+
+def write_plot(path: str, setup: dict, results: list[StageResult]) -> None:
+    """A PNG bar chart of images/s per stage (matplotlib's Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    names = [r.stage for r in results]
+    rates = [r.images_per_s or 0.0 for r in results]
+    colours = ["#e07b39" if r.stage in FILE_STAGES else "#3b75af" for r in results]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(results)), dpi=100)
+    bars = ax.barh(names, rates, color=colours)
+    ax.invert_yaxis()
+    positive = [rate for rate in rates if rate > 0]
+    if positive and max(positive) > 20 * min(positive):
+        ax.set_xscale("log")  # raw reads are often 100x faster than decoding: keep every bar readable
+    ax.set_xlabel("images/s, warm-up excluded (blue: TFRecords, orange: image files)")
+    ax.set_title(f"{setup['source']}: batch {setup['batch_size']}, {setup['strategy']}", fontsize=9)
+    for bar, rate in zip(bars, rates, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {rate:,.0f}", va="center", fontsize=8)
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    _write_bytes(path, buffer.getvalue())
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    """Write a local file (creating its folder) or a gs:// object."""
+    if "://" in path:
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.create(path) as f:
+            f.write(data)
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
