@@ -390,7 +390,7 @@ def _to_rgb(image: Image.Image, background: tuple[int, int, int]) -> Image.Image
         return image
     try:
         if has_alpha:
-            rgba = image.convert("RGBA")
+            rgba = image if image.mode == "RGBA" else image.convert("RGBA")  # no copy of a large RGBA image
             canvas = Image.new("RGB", rgba.size, background)
             canvas.paste(rgba, mask=rgba)
             return canvas
