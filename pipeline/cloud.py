@@ -72,6 +72,9 @@ def configure(options: PipelineOptions, input_dir: str, output_dir: str) -> None
     FileSystems.set_options(options)
     if options.view_as(GoogleCloudOptions).no_auth:
         skip_credential_lookup()
+    standard = options.view_as(StandardOptions)
+    if os.environ.get(FLEX_TEMPLATE_ENV) and standard.runner is None:
+        standard.runner = "DataflowRunner"  # a Flex Template launch always means a Dataflow job
     test = options.view_as(TestOptions)
     # Beam's --dry_run takes any string, and "False" would count as true.
     test.dry_run = _as_bool(test.dry_run) if test.dry_run is not None else False
