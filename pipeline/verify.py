@@ -1,0 +1,457 @@
+"""Check a converted dataset end to end: checksums, Examples, labels, images, counts, duplicates, accounting.
+
+    python -m pipeline.verify tfrecords/                  # exit 0: all good, 1: problems listed, 2: not a dataset
+    python -m pipeline.verify gs://bucket/tfrecords/ --no_decode
+
+Every shard is read back record by record (TFRecord CRCs), every Example is
+parsed with the reader helper's feature spec and, unless --no_decode, every
+image is decoded as a training job would decode it. Counts are compared with
+dataset_info.json per shard, per split and per class, and the files section
+must satisfy found = written + rejected + skipped, with one errors.jsonl line
+per rejected or skipped file.
+
+Duplicates are found by a hash of each image's decoded pixels (with
+--no_decode, of its encoded bytes). Every image the tool writes is re-encoded
+by one deterministic encoder with one set of options, so equal pixels give
+equal bytes and both hashes find the same copies, also a PNG and a BMP of the
+same picture; the exception is --resize_mode=none, which stores a JPEG's own
+bytes, where two files that differ only in their metadata hold equal pixels
+but unequal bytes: the pixel hash finds them, the byte hash does not. Neither
+finds near-duplicates (a re-saved JPEG, a crop, a resize).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import struct
+import sys
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.cli import main_of
+from pipeline.plan import SHARD_NAME
+from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.tfrecord import CorruptRecord, masked_crc
+
+# Problems kept per shard; a systematically broken shard would otherwise list every record.
+_PROBLEMS_PER_SHARD = 50
+_MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
+
+
+def _join(directory: str, name: str) -> str:
+    return directory.rstrip("/") + "/" + name
+
+
+def scan_records(path: str):
+    """Yield (index, record bytes) of a TFRecord file; bytes are None when that record's data checksum fails.
+
+    A bad data checksum leaves the framing intact, so reading goes on. A bad
+    length checksum or a cut-off record ends the file.
+
+    Raises:
+        CorruptRecord: when the framing is broken or the file cannot be read, naming the record index.
+    """
+    index = 0
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
+            while True:
+                header = f.read(12)
+                if not header:
+                    return
+                if len(header) < 12:
+                    raise CorruptRecord(f"record {index}: the file ends inside a record header")
+                length, length_crc = struct.unpack("<QI", header)
+                if masked_crc(header[:8]) != length_crc:
+                    raise CorruptRecord(f"record {index}: length checksum mismatch; the rest of the file is unreadable")
+                body = f.read(length + 4)
+                if len(body) < length + 4:
+                    raise CorruptRecord(
+                        f"record {index}: the file ends inside the record ({len(body)} of {length + 4} bytes)")
+                data, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
+                yield index, (data if masked_crc(data) == data_crc else None)
+                index += 1
+    except CorruptRecord:
+        raise
+    except Exception as e:  # a broken gzip stream, an I/O error: the file is unreadable from here on
+        raise CorruptRecord(f"record {index}: cannot be read ({type(e).__name__}: {e})") from None
+
+
+@dataclass
+class _ShardResult:
+    """What one shard holds, as read back."""
+
+    split: str
+    name: str
+    records: int = 0
+    unread: int = 0  # records whose class is unknown: bad checksum or not an Example
+    readable: bool = True
+    class_counts: Counter = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    omitted: int = 0
+    entries: list[tuple[int, str, bytes]] = field(default_factory=list)  # (record index, source path, content hash)
+
+    def problem(self, index: int | None, text: str) -> None:
+        if len(self.problems) < _PROBLEMS_PER_SHARD:
+            where = self.name if index is None else f"{self.name} record {index}"
+            self.problems.append(f"{where}: {text}")
+        else:
+            self.omitted += 1
+
+
+class _RecordChecker:
+    """Parses and decodes records with the reader helper's own functions (TensorFlow)."""
+
+    def __init__(self, info: dict, labels: list[str], decode: bool):
+        import tensorflow as tf
+
+        from pipeline import reader
+
+        schema = info["schema"]
+        self._tf = tf
+        self._labels = labels
+        self._decode = decode
+        self._format = info["image"].get("format")
+        image = info["image"]
+        self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
+        signature = [tf.TensorSpec([], tf.string)]
+        self._parse_fn = tf.function(lambda s: reader.parse_example(s, schema, decode=False),
+                                     input_signature=signature)
+        self._decode_fn = tf.function(lambda s: reader.parse_example(s, schema, decode=True)["image"],
+                                      input_signature=signature)
+
+    def check_shard(self, split: str, path: str) -> _ShardResult:
+        result = _ShardResult(split, path.rsplit("/", 1)[-1])
+        try:
+            for index, data in scan_records(path):
+                result.records += 1
+                if data is None:
+                    result.unread += 1
+                    result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
+                    continue
+                self._check_record(result, index, data)
+        except CorruptRecord as e:
+            result.readable = False
+            result.problem(None, str(e))
+        except Exception as e:  # the file vanished or cannot be opened
+            result.readable = False
+            result.problem(None, f"cannot be read ({type(e).__name__}: {e})")
+        return result
+
+    def _check_record(self, result: _ShardResult, index: int, data: bytes) -> None:
+        tf = self._tf
+        try:
+            parsed = {k: v.numpy() for k, v in self._parse_fn(tf.constant(data)).items()}
+        except tf.errors.OpError as e:
+            result.unread += 1
+            result.problem(index, f"not a valid Example: {e.message.splitlines()[0]}")
+            return
+        label = int(parsed["label"])
+        class_name = parsed["class_name"].decode("utf-8", "replace")
+        source_path = parsed["source_path"].decode("utf-8", "replace")
+        encoded = parsed["image"]
+        if 0 <= label < len(self._labels):
+            if class_name != self._labels[label]:
+                result.problem(index, f"class_name {class_name!r} does not match label {label}, which is "
+                                      f"{self._labels[label]!r} in {LABELS_FILE}")
+            result.class_counts[self._labels[label]] += 1
+        else:
+            result.problem(index, f"label {label} is out of range: {LABELS_FILE} has {len(self._labels)} classes "
+                                  f"(ids 0..{len(self._labels) - 1})")
+            result.class_counts[f"<label {label}>"] += 1
+        stored_format = parsed["format"].decode("utf-8", "replace") if "format" in parsed else self._format
+        if self._format in _MAGIC and (stored_format != self._format or not encoded.startswith(_MAGIC[self._format])):
+            result.problem(index, f"the image is not {self._format.upper()} as dataset_info.json says")
+        height, width = int(parsed["height"]), int(parsed["width"])
+        if self._fixed and (height, width) != self._fixed:
+            result.problem(index, f"height x width {height}x{width} is not the dataset's fixed size "
+                                  f"{self._fixed[0]}x{self._fixed[1]}")
+        digest = hashlib.blake2b(encoded, digest_size=16)
+        if self._decode:
+            try:
+                pixels = self._decode_fn(tf.constant(data)).numpy()
+            except tf.errors.OpError as e:
+                result.problem(index, f"the image cannot be decoded: {e.message.splitlines()[0]}")
+            else:
+                if pixels.shape[:2] != (height, width):
+                    result.problem(index, f"the decoded image is {pixels.shape[0]}x{pixels.shape[1]} but the "
+                                          f"record says {height}x{width}")
+                digest = hashlib.blake2b(str(pixels.shape).encode() + pixels.tobytes(), digest_size=16)
+        result.entries.append((index, source_path, digest.digest()))
+
+
+@dataclass
+class Report:
+    """The outcome of one verification: problems fail it, warnings do not."""
+
+    dataset_dir: str
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    split_records: dict[str, int] = field(default_factory=dict)
+    split_shards: dict[str, int] = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    error_lines: int = 0
+    decoded: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self, max_lines: int = 100) -> str:
+        lines = []
+        for kind, items in (("warning", self.warnings), ("problem", self.problems)):
+            lines.extend(f"{kind}: {text}" for text in items[:max_lines])
+            if len(items) > max_lines:
+                lines.append(f"{kind}: ... and {len(items) - max_lines} more")
+        total = sum(self.split_records.values())
+        lines.append(f"Read {total} records in {sum(self.split_shards.values())} shards of {self.dataset_dir}"
+                     f"{'' if self.decoded else ' (images not decoded: --no_decode)'}:")
+        for split, records in self.split_records.items():
+            lines.append(f"  {split:<10} {records:>8} records in {self.split_shards[split]} shard(s)")
+        if self.files:
+            f = self.files
+            lines.append(f"Files: {f.get('found')} found = {f.get('written')} written + {f.get('rejected')} rejected"
+                         f" + {f.get('skipped')} skipped; {ERRORS_FILE} has {self.error_lines} line(s).")
+        if self.ok:
+            lines.append("OK: checksums, Examples, labels, images, counts and accounting match "
+                         f"{INFO_FILE}; no record is written twice and no image is in two splits.")
+        else:
+            lines.append(f"FAILED: {len(self.problems)} problem(s) in {self.dataset_dir}.")
+        return "\n".join(lines)
+
+
+def _read_text(path: str) -> str | None:
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read().decode("utf-8")
+
+
+def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
+    """labels.txt's lines, which must be dataset_info.json's class names; falls back to those names."""
+    class_names = list(info.get("class_names", []))
+    text = _read_text(_join(dataset_dir, LABELS_FILE))
+    if text is None:
+        report.problems.append(f"{LABELS_FILE}: missing; the label ids cannot be checked against it")
+        return class_names
+    labels = text.splitlines()
+    if labels != class_names:
+        pairs = zip(labels, class_names, strict=False)
+        differ = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(labels), len(class_names)))
+        report.problems.append(
+            f"{LABELS_FILE}: {len(labels)} classes, but {INFO_FILE} lists {len(class_names)}; they differ first "
+            f"at id {differ}")
+    if info.get("num_classes") != len(labels):
+        report.problems.append(f"{INFO_FILE}: num_classes is {info.get('num_classes')} but {LABELS_FILE} has "
+                               f"{len(labels)} lines")
+    return labels
+
+
+def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tuple[str, str, dict]]:
+    """The listed shards that exist, as (split, path, listed entry); missing, misnamed and stale ones are problems."""
+    present = {}
+    for metadata in FileSystems.match([_join(dataset_dir, "*")])[0].metadata_list:
+        name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
+        if SHARD_NAME.fullmatch(name):
+            present[name] = metadata.size_in_bytes
+    listed, to_read = set(), []
+    for split, split_info in info["splits"].items():
+        shards = split_info.get("shards", [])
+        for number, shard in enumerate(shards):
+            name = shard["file"]
+            listed.add(name)
+            match = SHARD_NAME.fullmatch(name)
+            if not match or match["split"] != split or int(match["index"]) != number \
+                    or int(match["count"]) != len(shards):
+                report.problems.append(f"{name}: listed as shard {number} of {len(shards)} of split {split!r} in "
+                                       f"{INFO_FILE}, but its name does not say so")
+            if name not in present:
+                report.problems.append(f"{name}: listed in {INFO_FILE} but missing")
+                continue
+            if present[name] != shard.get("bytes"):
+                report.problems.append(f"{name}: {present[name]} bytes, but {INFO_FILE} says {shard.get('bytes')}")
+            to_read.append((split, _join(dataset_dir, name), shard))
+    for name in sorted(set(present) - listed):
+        report.problems.append(f"{name}: a shard file not listed in {INFO_FILE} (stale, from another run?); "
+                               "readers of this folder by glob would read it")
+    return to_read
+
+
+def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: Report) -> None:
+    by_split = defaultdict(list)
+    for listed, result in results:
+        by_split[result.split].append((listed, result))
+        if result.readable and result.records != listed.get("records"):
+            report.problems.append(f"{result.name}: holds {result.records} records, but {INFO_FILE} says "
+                                   f"{listed.get('records')}")
+    for split, split_info in info["splits"].items():
+        expected = split_info.get("records")
+        listed_sum = sum(s.get("records", 0) for s in split_info.get("shards", []))
+        if listed_sum != expected:
+            report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but its shards list "
+                                   f"{listed_sum}")
+        class_sum = sum(split_info.get("class_counts", {}).values())
+        if class_sum != expected:
+            report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but its class counts add "
+                                   f"up to {class_sum}")
+        shards = by_split.get(split, [])
+        if len(shards) != len(split_info.get("shards", [])) or not all(r.readable for _, r in shards):
+            continue  # a missing or unreadable shard is already a problem; its counts would only repeat it
+        found = sum(r.records for _, r in shards)
+        if found != expected:
+            report.problems.append(f"split {split!r}: the shards hold {found} records, but {INFO_FILE} says "
+                                   f"{expected}")
+        if any(r.unread for _, r in shards):
+            continue  # the class of an unreadable record is unknown; that record is already a problem
+        counted = sum((r.class_counts for _, r in shards), Counter())
+        listed_counts = split_info.get("class_counts", {})
+        for name in sorted(set(counted) | set(listed_counts)):
+            if counted[name] != listed_counts.get(name, 0):
+                report.problems.append(f"split {split!r} class {name!r}: {counted[name]} records, but {INFO_FILE} "
+                                       f"says {listed_counts.get(name, 0)}")
+
+
+def _check_duplicates(results: list[tuple[dict, _ShardResult]], report: Report) -> set[str]:
+    """Report source paths written twice and images in two splits; returns every source path read."""
+    first_path: dict[str, str] = {}
+    first_image: dict[bytes, tuple[str, str, str]] = {}
+    same_split = Counter()
+    for _, result in results:
+        for index, source_path, digest in result.entries:
+            where = f"{result.name} record {index}"
+            if source_path in first_path:
+                report.problems.append(f"{where}: source path {source_path!r} is written twice (also in "
+                                       f"{first_path[source_path]})")
+            else:
+                first_path[source_path] = where
+            seen = first_image.get(digest)
+            if seen is None:
+                first_image[digest] = (result.split, where, source_path)
+            elif seen[0] != result.split:
+                report.problems.append(
+                    f"{where}: the same image as {seen[1]}: {source_path!r} in {result.split} and {seen[2]!r} in "
+                    f"{seen[0]} (leakage between splits)")
+            else:
+                same_split[result.split] += 1
+                if same_split[result.split] <= 10:
+                    report.warnings.append(f"{where}: the same image as {seen[1]} in split {result.split!r} "
+                                           f"({source_path!r} and {seen[2]!r})")
+    for split, count in same_split.items():
+        if count > 10:
+            report.warnings.append(f"split {split!r}: {count} records in all repeat an image of the same split")
+    return set(first_path)
+
+
+def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], report: Report) -> None:
+    """found = written + rejected + skipped, and errors.jsonl holds exactly the rejected and skipped files."""
+    files = info.get("files", {})
+    report.files = files
+    found, written = files.get("found"), files.get("written")
+    rejected, skipped = files.get("rejected"), files.get("skipped")
+    if None in (found, written, rejected, skipped):
+        report.problems.append(f"{INFO_FILE}: the files section lacks found/written/rejected/skipped")
+        return
+    if found != written + rejected + skipped:
+        report.problems.append(f"{INFO_FILE}: {found} files found but {written} written + {rejected} rejected + "
+                               f"{skipped} skipped = {written + rejected + skipped}; files are unaccounted for")
+    split_total = sum(s.get("records", 0) for s in info["splits"].values())
+    if written != split_total:
+        report.problems.append(f"{INFO_FILE}: {written} files written but its splits hold {split_total} records")
+    listed_reasons = {"rejected": Counter(info.get("rejected_by_reason", {})),
+                      "skipped": Counter(info.get("skipped_by_reason", {}))}
+    for stage, total in (("rejected", rejected), ("skipped", skipped)):
+        if sum(listed_reasons[stage].values()) != total:
+            report.problems.append(f"{INFO_FILE}: {total} files {stage} but {stage}_by_reason adds up to "
+                                   f"{sum(listed_reasons[stage].values())}")
+    text = _read_text(_join(dataset_dir, ERRORS_FILE))
+    if text is None:
+        report.problems.append(f"{ERRORS_FILE}: missing; {rejected + skipped} rejected and skipped files are not "
+                               "reported")
+        return
+    reasons = {"rejected": Counter(), "skipped": Counter()}
+    reported = Counter()
+    lines = [line for line in text.splitlines() if line.strip()]
+    report.error_lines = len(lines)
+    for number, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+            relpath, stage, reason = entry["relpath"], entry["stage"], entry["reason"]
+        except (ValueError, KeyError, TypeError):
+            report.problems.append(f"{ERRORS_FILE} line {number}: not a JSON object with relpath, stage and reason")
+            continue
+        if stage not in reasons:
+            report.problems.append(f"{ERRORS_FILE} line {number}: unknown stage {stage!r}")
+            continue
+        reasons[stage][reason] += 1
+        reported[relpath] += 1
+        if relpath in written_paths:
+            report.problems.append(f"{ERRORS_FILE} line {number}: {relpath!r} is reported as {stage} but is also "
+                                   "in the dataset")
+    for relpath, count in sorted(reported.items()):
+        if count > 1:
+            report.problems.append(f"{ERRORS_FILE}: {relpath!r} is reported {count} times")
+    if len(lines) != rejected + skipped:
+        report.problems.append(f"{ERRORS_FILE}: {len(lines)} lines, but {INFO_FILE} counts {rejected} rejected + "
+                               f"{skipped} skipped = {rejected + skipped} files")
+    for stage in ("rejected", "skipped"):
+        for reason in sorted(set(reasons[stage]) | set(listed_reasons[stage])):
+            if reasons[stage][reason] != listed_reasons[stage][reason]:
+                report.problems.append(f"{ERRORS_FILE}: {reasons[stage][reason]} files {stage} as {reason!r}, but "
+                                       f"{INFO_FILE} says {listed_reasons[stage][reason]}")
+
+
+def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None) -> Report:
+    """Read a whole dataset back and compare it with its dataset_info.json.
+
+    Raises:
+        DatasetError: when `dataset_dir` holds no dataset_info.json (not a complete dataset).
+    """
+    from pipeline import reader
+
+    info = reader.load_info(dataset_dir)
+    report = Report(dataset_dir, decoded=decode)
+    labels = _check_labels(dataset_dir, info, report)
+    to_read = _check_shard_files(dataset_dir, info, report)
+    checker = _RecordChecker(info, labels, decode)
+    # TensorFlow's ops release the GIL, so threads read and decode shards in parallel.
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        shard_results = list(pool.map(lambda item: checker.check_shard(item[0], item[1]), to_read))
+    results = [(listed, result) for (_, _, listed), result in zip(to_read, shard_results, strict=True)]
+    for _, result in results:
+        report.problems.extend(result.problems)
+        if result.omitted:
+            report.problems.append(f"{result.name}: ... and {result.omitted} more problems in this shard")
+    for split, split_info in info["splits"].items():
+        report.split_records[split] = sum(r.records for _, r in results if r.split == split)
+        report.split_shards[split] = len(split_info.get("shards", []))
+    _check_counts(info, results, report)
+    written_paths = _check_duplicates(results, report)
+    _check_accounting(dataset_dir, info, written_paths, report)
+    return report
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.verify",
+        description="Check a converted dataset against its dataset_info.json. Exit code 0: everything matches; "
+                    "1: problems (listed one per line); 2: not a complete dataset.")
+    parser.add_argument("dataset_dir", help="the dataset folder (--output_dir of the conversion), local or gs://")
+    parser.add_argument("--no_decode", action="store_true",
+                        help="skip decoding the images (checksums, Examples, labels, counts are still checked)")
+    parser.add_argument("--max_problems", type=int, default=100,
+                        help="print at most this many problem lines (default: 100)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    report = verify_dataset(args.dataset_dir, decode=not args.no_decode)
+    print(report.format(args.max_problems))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main_of(run))

@@ -1,0 +1,444 @@
+"""python -m pipeline.verify: every kind of damage is caught and named, a sound dataset passes.
+
+A converted tree mixing good, bad and non-image files is the sound dataset;
+each test damages a copy of it (or writes a small crafted dataset) and checks
+that verify names the damage, and only it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import struct
+
+import pytest
+from PIL import Image
+
+from pipeline import verify
+from pipeline.cli import main_of
+from pipeline.errors import DatasetError
+from tests.conftest import cli, convert
+from transforms.describe import FORMAT_VERSION, DatasetIncomplete, _WriteInfo
+from transforms.examples import build_example, feature_description
+from transforms.layout import hash_split
+from transforms.tfrecord import masked_crc
+
+GOOD_PER_CLASS = 8
+CLASSES = ("cat", "dog", "fox")
+
+
+def _jpeg(colour, size=(20, 16)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def _write_tree(root) -> dict[str, int]:
+    """Good images, bad images and non-image files; returns the counts the accounting must show."""
+    for c, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(GOOD_PER_CLASS):
+            image = Image.new("RGB", (24 + i, 20 + c), (80 * c % 256, 20 * i % 256, 200))
+            image.save(root / name / f"{name}_{i}.{'png' if i % 3 == 0 else 'jpg'}")
+    good = _jpeg((1, 2, 3), (64, 64))
+    (root / "cat" / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (root / "cat" / "text.png").write_text("this is not a picture")
+    (root / "dog" / "empty.jpg").write_bytes(b"")
+    (root / "notes.txt").write_text("notes")
+    (root / "dog" / "readme.md").write_text("readme")
+    (root / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (root / "fox" / ".hidden.jpg").write_bytes(good)
+    written = GOOD_PER_CLASS * len(CLASSES)
+    return {"found": written + 3 + 4, "written": written, "rejected": 3, "skipped": 4}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """(dataset folder, expected file counts) of a converted tree of good, bad and non-image files."""
+    root = tmp_path_factory.mktemp("verify")
+    expected = _write_tree(root / "in")
+    assert convert(root / "in", root / "out", "--num_shards=2", "--image_size=32", "--validation_split=0.4") == 0
+    return root / "out", expected
+
+
+@pytest.fixture
+def damaged(mixed, tmp_path):
+    """A private copy of the sound dataset, to damage."""
+    target = tmp_path / "copy"
+    shutil.copytree(mixed[0], target)
+    return target
+
+
+def _info(path) -> dict:
+    return json.loads((path / "dataset_info.json").read_text())
+
+
+def _save_info(path, info: dict) -> None:
+    (path / "dataset_info.json").write_text(json.dumps(info, indent=2))
+
+
+def _record_spans(path) -> list[tuple[int, int]]:
+    """(offset of the data, length) of every record of an uncompressed TFRecord file."""
+    blob, spans, pos = path.read_bytes(), [], 0
+    while pos < len(blob):
+        (length,) = struct.unpack("<Q", blob[pos:pos + 8])
+        spans.append((pos + 12, length))
+        pos += 12 + length + 4
+    return spans
+
+
+def _problems(path, decode=True) -> list[str]:
+    return verify.verify_dataset(str(path), decode=decode).problems
+
+
+# --- the sound dataset ------------------------------------------------------------------------------------------
+
+
+def test_mixed_tree_accounts_for_every_file(mixed):
+    dataset, expected = mixed
+    info = _info(dataset)
+    assert {k: info["files"][k] for k in expected} == expected
+    errors = [json.loads(line) for line in (dataset / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["relpath"], e["stage"]) for e in errors) == [
+        (".DS_Store", "skipped"), ("cat/text.png", "rejected"), ("cat/truncated.jpg", "rejected"),
+        ("dog/empty.jpg", "rejected"), ("dog/readme.md", "skipped"), ("fox/.hidden.jpg", "skipped"),
+        ("notes.txt", "skipped"),
+    ]
+    report = verify.verify_dataset(str(dataset))
+    assert report.problems == [] and report.warnings == []
+    assert sum(report.split_records.values()) == expected["written"]
+
+
+def test_verify_command_passes_a_sound_dataset_and_prints_the_accounting(mixed, capsys):
+    dataset, expected = mixed
+    assert main_of(verify.run, [str(dataset)]) == 0
+    out = capsys.readouterr().out
+    assert (f"Files: {expected['found']} found = {expected['written']} written + 3 rejected + 4 skipped; "
+            "errors.jsonl has 7 line(s).") in out
+    assert out.splitlines()[-1].startswith("OK: ")
+    assert "problem:" not in out
+
+
+def test_a_default_conversion_verifies(sample_output):
+    report = verify.verify_dataset(str(sample_output))
+    assert report.ok, report.problems
+    assert sum(report.split_records.values()) == _info(sample_output)["files"]["written"]
+
+
+def test_a_folder_without_dataset_info_is_refused(mixed, tmp_path, capsys):
+    shutil.copytree(mixed[0], tmp_path / "partial")
+    os.remove(tmp_path / "partial" / "dataset_info.json")
+    assert main_of(verify.run, [str(tmp_path / "partial")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "has no dataset_info.json" in err[0]
+    from pipeline import reader
+
+    with pytest.raises(DatasetError, match="not a complete dataset"):
+        reader.load_info(str(tmp_path / "partial"))
+    with pytest.raises(DatasetError):
+        reader.make_dataset(str(tmp_path / "partial"), "train")
+
+
+# --- damaged shards -------------------------------------------------------------------------------------------
+
+
+def test_a_flipped_byte_in_a_record_is_caught_by_its_checksum(damaged):
+    shard = damaged / "train-00000-of-00002.tfrecord"
+    offset, length = _record_spans(shard)[1]
+    blob = bytearray(shard.read_bytes())
+    blob[offset + length - 40] ^= 0x04  # inside the JPEG's scan data: it would still decode
+    shard.write_bytes(bytes(blob))
+    assert _problems(damaged, decode=False) == [
+        "train-00000-of-00002.tfrecord record 1: data checksum mismatch (the record's bytes are corrupt)"]
+
+
+def test_a_flipped_byte_in_a_record_header_is_caught(damaged):
+    shard = damaged / "validation-00001-of-00002.tfrecord"
+    offset, _ = _record_spans(shard)[-1]
+    blob = bytearray(shard.read_bytes())
+    blob[offset - 12] ^= 0x01  # the record's length field
+    shard.write_bytes(bytes(blob))
+    problems = _problems(damaged)
+    assert len(problems) == 1 and problems[0].startswith("validation-00001-of-00002.tfrecord: record ")
+    assert "length checksum mismatch" in problems[0]
+
+
+def test_the_verify_command_lists_the_damage_and_exits_1(damaged):
+    shard = damaged / "train-00001-of-00002.tfrecord"
+    offset, _ = _record_spans(shard)[0]
+    blob = bytearray(shard.read_bytes())
+    blob[offset + 5] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+    os.remove(damaged / "validation-00000-of-00002.tfrecord")
+    result = cli("pipeline.verify", str(damaged), "--no_decode")
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert "problem: train-00001-of-00002.tfrecord record 0: data checksum mismatch (the record's bytes are " \
+           "corrupt)" in lines
+    assert "problem: validation-00000-of-00002.tfrecord: listed in dataset_info.json but missing" in lines
+    assert lines[-1] == f"FAILED: 2 problem(s) in {damaged}."
+
+
+def test_a_missing_shard_is_caught(damaged):
+    os.remove(damaged / "validation-00001-of-00002.tfrecord")
+    assert _problems(damaged) == ["validation-00001-of-00002.tfrecord: listed in dataset_info.json but missing"]
+
+
+def test_a_stale_shard_of_another_run_is_caught(damaged):
+    shutil.copy(damaged / "train-00000-of-00002.tfrecord", damaged / "train-00002-of-00003.tfrecord")
+    (damaged / "train-notes.txt").write_text("a user's file: not a shard")
+    assert _problems(damaged) == [
+        "train-00002-of-00003.tfrecord: a shard file not listed in dataset_info.json (stale, from another run?); "
+        "readers of this folder by glob would read it"]
+
+
+def test_a_truncated_shard_is_caught(damaged):
+    shard = damaged / "train-00001-of-00002.tfrecord"
+    blob = shard.read_bytes()
+    shard.write_bytes(blob[:-10])
+    problems = _problems(damaged)
+    assert problems[0] == f"train-00001-of-00002.tfrecord: {len(blob) - 10} bytes, but dataset_info.json says " \
+                          f"{len(blob)}"
+    assert "the file ends inside the record" in problems[1]
+    assert len(problems) == 2
+
+
+def test_a_record_count_that_differs_from_dataset_info_is_caught(damaged):
+    info = _info(damaged)
+    shards = info["splits"]["train"]["shards"]
+    shards[0]["records"] += 1
+    shards[1]["records"] -= 1
+    counts = info["splits"]["train"]["class_counts"]
+    counts["cat"] += 1
+    counts["dog"] -= 1
+    _save_info(damaged, info)
+    problems = _problems(damaged, decode=False)
+    assert sorted(problems) == sorted([
+        f"train-00000-of-00002.tfrecord: holds {shards[0]['records'] - 1} records, but dataset_info.json says "
+        f"{shards[0]['records']}",
+        f"train-00001-of-00002.tfrecord: holds {shards[1]['records'] + 1} records, but dataset_info.json says "
+        f"{shards[1]['records']}",
+        f"split 'train' class 'cat': {counts['cat'] - 1} records, but dataset_info.json says {counts['cat']}",
+        f"split 'train' class 'dog': {counts['dog'] + 1} records, but dataset_info.json says {counts['dog']}",
+    ])
+
+
+# --- accounting -----------------------------------------------------------------------------------------------
+
+
+def test_an_error_report_line_lost_is_caught(damaged):
+    lines = (damaged / "errors.jsonl").read_text().splitlines()
+    dropped = json.loads(lines[0])
+    (damaged / "errors.jsonl").write_text("\n".join(lines[1:]) + "\n")
+    problems = _problems(damaged, decode=False)
+    assert "errors.jsonl: 6 lines, but dataset_info.json counts 3 rejected + 4 skipped = 7 files" in problems
+    listed = _info(damaged)[f"{dropped['stage']}_by_reason"][dropped["reason"]]
+    assert (f"errors.jsonl: {listed - 1} files {dropped['stage']} as {dropped['reason']!r}, but dataset_info.json "
+            f"says {listed}") in problems
+    assert len(problems) == 2
+
+
+def test_files_found_but_not_accounted_for_are_caught(damaged):
+    info = _info(damaged)
+    info["files"]["found"] += 1
+    _save_info(damaged, info)
+    found, written = info["files"]["found"], info["files"]["written"]
+    assert _problems(damaged, decode=False) == [
+        f"dataset_info.json: {found} files found but {written} written + 3 rejected + 4 skipped = {found - 1}; "
+        "files are unaccounted for"]
+
+
+def test_a_file_both_written_and_reported_rejected_is_caught(damaged):
+    info = _info(damaged)
+    info["files"]["found"] += 1
+    info["files"]["rejected"] += 1
+    info["rejected_by_reason"]["truncated"] = info["rejected_by_reason"].get("truncated", 0) + 1
+    _save_info(damaged, info)
+    with open(damaged / "errors.jsonl", "a") as f:
+        f.write(json.dumps({"relpath": "dog/dog_1.jpg", "stage": "rejected", "reason": "truncated",
+                            "detail": "x"}) + "\n")
+    assert _problems(damaged, decode=False) == [
+        "errors.jsonl line 8: 'dog/dog_1.jpg' is reported as rejected but is also in the dataset"]
+
+
+def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tmp_path):
+    """The in-job invariant: no dataset_info.json unless found = written + rejected + skipped."""
+    fn = _WriteInfo(str(tmp_path), ["cat", "dog"], "default", {"compression": "none"}, {}, 0.0, "test")
+    inputs = dict(class_counts=[(("train", 0), 2), (("train", 1), 1)],
+                  shard_stats=[("train", "train-00000-of-00001.tfrecord", 3, 100)],
+                  reasons=[(("rejected", "truncated"), 1), (("skipped", "hidden_file"), 1)], upscaled=0,
+                  error_files=[])
+    with pytest.raises(DatasetIncomplete, match="accounting mismatch: 6 files found but 3 written"):
+        list(fn.process(None, found=6, **inputs))
+    assert not (tmp_path / "dataset_info.json").exists()
+    short = dict(inputs, shard_stats=[("train", "train-00000-of-00001.tfrecord", 2, 100)])
+    with pytest.raises(DatasetIncomplete, match="the shards hold 2 records but 3 images were converted"):
+        list(fn.process(None, found=5, **short))
+    assert not (tmp_path / "dataset_info.json").exists()
+    (info,) = fn.process(None, found=5, **inputs)
+    assert info["files"] == {"found": 5, "written": 3, "rejected": 1, "skipped": 1, "upscaled": 0}
+    assert (tmp_path / "dataset_info.json").exists()
+
+
+# --- crafted datasets: labels, images, duplicates ---------------------------------------------------------------
+
+
+def _frame(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc(header)) + data + struct.pack("<I", masked_crc(data))
+
+
+def craft_dataset(root, splits: dict[str, list[list[dict]]], class_names=CLASSES, compression="none"):
+    """Write a dataset by hand: splits maps a split to its shards, each a list of build_example kwargs.
+
+    dataset_info.json agrees with what is written (class counts follow the class_name fields), so
+    that only the damage a test puts in the records is wrong.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    info_splits, written = {}, 0
+    for split, shards in splits.items():
+        listed, counts = [], {}
+        for number, records in enumerate(shards):
+            name = f"{split}-{number:05d}-of-{len(shards):05d}{suffix}"
+            blob = b"".join(_frame(build_example(**record)) for record in records)
+            (root / name).write_bytes(gzip.compress(blob) if compression == "gzip" else blob)
+            listed.append({"file": name, "records": len(records), "bytes": (root / name).stat().st_size})
+            for record in records:
+                counts[record["class_name"]] = counts.get(record["class_name"], 0) + 1
+        total = sum(len(records) for records in shards)
+        written += total
+        info_splits[split] = {"records": total, "class_counts": counts, "shards": listed,
+                              "bytes": sum(s["bytes"] for s in listed)}
+    info = {
+        "format_version": FORMAT_VERSION, "schema": "default", "features": feature_description("default"),
+        "image": {"height": 16, "width": 20, "channels": 3, "format": "jpeg", "fixed_size": True},
+        "compression": compression, "class_names": list(class_names), "num_classes": len(class_names),
+        "splits": info_splits,
+        "files": {"found": written, "written": written, "rejected": 0, "skipped": 0, "upscaled": 0},
+        "rejected_by_reason": {}, "skipped_by_reason": {}, "error_report": "errors.jsonl",
+    }
+    (root / "labels.txt").write_text("".join(f"{name}\n" for name in class_names))
+    (root / "errors.jsonl").write_text("")
+    _save_info(root, info)
+    return root
+
+
+def rec(label: int, source_path: str, colour=(10, 20, 30), class_name: str | None = None, image=None) -> dict:
+    return dict(image=image if image is not None else _jpeg(colour), image_format="jpeg", label=label,
+                class_name=class_name if class_name is not None else CLASSES[label % len(CLASSES)],
+                height=16, width=20, source_path=source_path)
+
+
+def test_a_crafted_sound_dataset_passes(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {
+        "train": [[rec(0, "cat/a.jpg", (1, 2, 3)), rec(1, "dog/b.jpg", (200, 2, 3))],
+                  [rec(2, "fox/c.jpg", (1, 200, 3))]],
+        "validation": [[rec(0, "cat/d.jpg", (1, 2, 200))]],
+    })
+    report = verify.verify_dataset(str(root))
+    assert report.problems == [] and report.warnings == []
+    assert report.split_records == {"train": 3, "validation": 1}
+
+
+def test_an_out_of_range_label_is_caught(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {"train": [[
+        rec(0, "cat/a.jpg", (1, 2, 3)), rec(3, "cat/b.jpg", (9, 9, 9), class_name="cat"),
+        rec(-1, "dog/c.jpg", (50, 9, 9), class_name="dog")]]})
+    problems = _problems(root)
+    assert ("train-00000-of-00001.tfrecord record 1: label 3 is out of range: labels.txt has 3 classes "
+            "(ids 0..2)") in problems
+    assert ("train-00000-of-00001.tfrecord record 2: label -1 is out of range: labels.txt has 3 classes "
+            "(ids 0..2)") in problems
+
+
+def test_a_class_name_that_disagrees_with_labels_txt_is_caught(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg"), rec(1, "dog/b.jpg", (90, 9, 9),
+                                                                                class_name="cat")]]})
+    problems = _problems(root)
+    assert ("train-00000-of-00001.tfrecord record 1: class_name 'cat' does not match label 1, which is 'dog' in "
+            "labels.txt") in problems
+
+
+def test_labels_txt_that_disagrees_with_dataset_info_is_caught(damaged):
+    (damaged / "labels.txt").write_text("cat\nfox\ndog\n")
+    problems = _problems(damaged, decode=False)
+    assert problems[0] == "labels.txt: 3 classes, but dataset_info.json lists 3; they differ first at id 1"
+
+
+def test_an_image_that_does_not_decode_is_caught_and_no_decode_skips_it(tmp_path):
+    broken = _jpeg((1, 2, 3))[:-60]
+    root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg"), rec(1, "dog/b.jpg", image=broken)]]})
+    problems = _problems(root)
+    assert len(problems) == 1
+    assert problems[0].startswith("train-00000-of-00001.tfrecord record 1: the image cannot be decoded: ")
+    assert _problems(root, decode=False) == []
+
+
+def test_a_source_path_written_twice_is_caught(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {
+        "train": [[rec(0, "cat/a.jpg", (1, 2, 3))], [rec(1, "dog/b.jpg", (90, 2, 3))]],
+        "validation": [[rec(0, "cat/a.jpg", (1, 2, 90))]],
+    })
+    assert _problems(root) == [
+        "validation-00000-of-00001.tfrecord record 0: source path 'cat/a.jpg' is written twice (also in "
+        "train-00000-of-00002.tfrecord record 0)"]
+
+
+def test_gzip_shards_are_read_and_a_damaged_one_is_caught(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg", (1, 2, 3)), rec(1, "dog/b.jpg")]]},
+                         compression="gzip")
+    assert _problems(root) == []
+    shard = root / "train-00000-of-00001.tfrecord.gz"
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x10
+    shard.write_bytes(bytes(blob))
+    problems = _problems(root)
+    assert problems and all(p.startswith("train-00000-of-00001.tfrecord.gz") for p in problems)
+
+
+# --- leakage between splits -----------------------------------------------------------------------------------
+
+
+def _name_in_split(folder: str, stem: str, extension: str, split: str) -> str:
+    """A file name in `folder` that the default split hash (seed 42, 20% validation) puts in `split`."""
+    for i in range(1000):
+        relpath = f"{folder}/{stem}_{i}.{extension}"
+        if hash_split(relpath, 42, 0.2, 0.0) == split:
+            return relpath
+    raise AssertionError("no name found")
+
+
+def test_the_same_image_in_train_and_validation_is_caught(tmp_path):
+    """Two copies of one photo under different names: converted twice, they give identical records."""
+    source = tmp_path / "in"
+    for c, name in enumerate(("cat", "dog")):
+        (source / name).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (30, 20), (40 * c, 30 * i, 90)).save(source / name / f"{name}_{i}.jpg", quality=90)
+    photo = Image.new("RGB", (40, 30), (200, 100, 50))
+    photo.paste((10, 10, 10), (5, 5, 20, 20))
+    in_train = _name_in_split("cat", "photo", "png", "train")
+    in_validation = _name_in_split("cat", "copy", "bmp", "validation")
+    photo.save(source / in_train)
+    photo.save(source / in_validation)  # the same pixels in another format
+    assert convert(source, tmp_path / "out", "--image_size=32") == 0
+    for decode in (True, False):
+        problems = _problems(tmp_path / "out", decode=decode)
+        assert len(problems) == 1, problems
+        assert problems[0].startswith("validation-00000-of-00001.tfrecord record ")
+        assert problems[0].endswith(f"{in_validation!r} in validation and {in_train!r} in train (leakage between "
+                                    "splits)")
+
+
+def test_the_same_image_twice_in_one_split_is_only_a_warning(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg", (1, 2, 3)), rec(0, "cat/b.jpg",
+                                                                                            (1, 2, 3))]]})
+    report = verify.verify_dataset(str(root))
+    assert report.ok
+    assert report.warnings == ["train-00000-of-00001.tfrecord record 1: the same image as "
+                               "train-00000-of-00001.tfrecord record 0 in split 'train' ('cat/b.jpg' and "
+                               "'cat/a.jpg')"]
