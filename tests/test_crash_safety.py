@@ -1,0 +1,266 @@
+"""Crash safety: a killed run leaves no dataset_info.json; the same command again gives a complete dataset.
+
+Also: the output folder's hygiene. Only the names this tool writes are ever
+removed, never a user's file, not even one whose name looks like a shard's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline import verify
+from pipeline.cli import main_of
+from pipeline.errors import UserError
+from pipeline.options import validate
+from pipeline.plan import SHARD_NAME, own_outputs, prepare_output
+from pipeline.sample_data import generate_dataset
+from tests.conftest import REPO, convert
+from transforms.describe import INFO_FILE
+from transforms.write import TEMP_DIR
+
+HEX = "0123456789abcdef0123456789abcdef"
+
+# A user's own files in the output folder, several named like this tool's: every one must survive.
+USER_FILES = {
+    "notes.txt": "my notes",
+    "train-notes.txt": "looks like a split's file",
+    "train-00000-of-00001.tfrecord.bak": "a backup the user made",
+    "my-train-00000-of-00001.tfrecord": "another tool's shard",
+    "train-1-of-2.tfrecord": "not this tool's shard name",
+    "labels.txt.orig": "the user's labels",
+    ".notes.tmp-1": "an editor's temporary file",
+    ".hidden": "hidden",
+    "beam-temp-mine/keep.txt": "a folder named like Beam's",
+    "beam-temp-train-notes/keep.txt": "not Beam's uuid",
+    ".image-tfrecords-tmp-old/keep.txt": "named like this tool's temporary folder",
+    "keep/train-00000-of-00001.tfrecord": "a shard in a subfolder: not this run's",
+    "keep/dataset_info.json": "{}",
+}
+
+# An interrupted run's leftovers, of every kind this tool and Beam write, from runs with other shard counts.
+LEFTOVERS = [
+    "train-00000-of-00007.tfrecord",
+    "train-00006-of-00007.tfrecord",
+    "validation-00000-of-00002.tfrecord.gz",
+    "test-00000-of-00001.tfrecord",
+    "labels.txt",
+    "features.json",
+    "errors.jsonl",
+    f".{INFO_FILE}.tmp-{HEX}",
+    f".labels.txt.tmp-{HEX}",
+    f"beam-temp-errors-{HEX}/a1b2.errors.jsonl",
+    f"beam-temp-train-{HEX}/c3d4.train.tfrecord",
+    f"{TEMP_DIR}/beam-temp-train-{HEX}/e5f6.train.tfrecord",
+    f"{TEMP_DIR}/validation-00000-of-00003.tfrecord",
+    f"{TEMP_DIR}/{HEX}.partial",
+]
+
+
+def write_files(folder, names) -> None:
+    for name in names:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(USER_FILES.get(name, "leftover"))
+
+
+def all_files(folder) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def run_files(folder) -> set[str]:
+    """Files of a run in progress (the folder changes while it is listed)."""
+    try:
+        return all_files(folder) - set(USER_FILES)
+    except OSError:
+        return set()
+
+
+def assert_user_files_intact(folder) -> None:
+    for name, text in USER_FILES.items():
+        assert (folder / name).read_text() == text, name
+
+
+def settings_for(output_dir, *args):
+    return validate(PipelineOptions([f"--input_dir={REPO}", f"--output_dir={output_dir}", *args]))
+
+
+# --- output-folder hygiene ------------------------------------------------------------------------------------
+
+
+def test_prepare_output_removes_every_leftover_and_no_user_file(tmp_path):
+    out = tmp_path / "out"
+    write_files(out, [*USER_FILES, *LEFTOVERS])
+    (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam, not removed
+
+    assert sorted(os.path.relpath(p, out) for p in own_outputs(str(out))) == sorted(LEFTOVERS)
+    removed = prepare_output(settings_for(out))
+
+    assert sorted(os.path.relpath(p, out) for p in removed) == sorted(LEFTOVERS)
+    assert all_files(out) == set(USER_FILES)
+    assert_user_files_intact(out)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
+
+
+def test_a_complete_dataset_is_kept_without_overwrite_and_replaced_with_it(tmp_path):
+    out = tmp_path / "out"
+    write_files(out, [*USER_FILES, "train-00000-of-00001.tfrecord", "labels.txt"])
+    (out / INFO_FILE).write_text("{}")
+    with pytest.raises(UserError, match="already holds a dataset"):
+        prepare_output(settings_for(out))
+    assert all_files(out) == {*USER_FILES, "train-00000-of-00001.tfrecord", "labels.txt", INFO_FILE}
+
+    prepare_output(settings_for(out, "--overwrite"))
+    assert all_files(out) == set(USER_FILES)
+    assert_user_files_intact(out)
+
+
+# --- the completion marker ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("crash") / "in"
+    generate_dataset(str(root), images_per_class=6, seed=7, min_side=24, max_side=48)
+    return root
+
+
+def test_dataset_info_is_the_last_file_written(small_tree, tmp_path, monkeypatch):
+    """Every shard, labels.txt, features.json and errors.jsonl is final before dataset_info.json appears."""
+    out = tmp_path / "out"
+    events = []
+    real_create, real_rename, real_delete = FileSystems.create, FileSystems.rename, FileSystems.delete
+
+    def create(path, *args, **kwargs):
+        events.append(("create", path))
+        return real_create(path, *args, **kwargs)
+
+    def rename(sources, destinations):
+        real_rename(sources, destinations)
+        events.extend(("rename", d) for d in destinations)
+
+    def delete(paths):
+        events.extend(("delete", p) for p in paths)
+        real_delete(paths)
+
+    monkeypatch.setattr(FileSystems, "create", create)
+    monkeypatch.setattr(FileSystems, "rename", rename)
+    monkeypatch.setattr(FileSystems, "delete", delete)
+    assert convert(small_tree, out, "--num_shards=2", "--image_size=16") == 0
+
+    in_output = [(kind, path) for kind, path in events if path.startswith(str(out))]
+    assert in_output[-1] == ("rename", str(out / INFO_FILE))
+    assert [e for e in in_output if e[1].endswith(INFO_FILE)] == [("rename", str(out / INFO_FILE))]
+    final = {os.path.basename(path) for kind, path in in_output if kind == "rename" and
+             os.path.dirname(path) == str(out)}
+    assert {"labels.txt", "features.json", "errors.jsonl"} <= final
+    assert sum(bool(SHARD_NAME.fullmatch(name)) for name in final) == 4  # 2 train + 2 validation
+
+
+class CrashAtMarker(Exception):
+    """Stands for the process dying just before dataset_info.json would be renamed into place."""
+
+
+def crash_before_the_marker(monkeypatch):
+    real_rename = FileSystems.rename
+
+    def rename(sources, destinations):
+        if any(d.endswith("/" + INFO_FILE) for d in destinations):
+            raise CrashAtMarker("killed")
+        real_rename(sources, destinations)
+
+    monkeypatch.setattr(FileSystems, "rename", rename)
+
+
+def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_it(small_tree, tmp_path,
+                                                                                 monkeypatch, capsys):
+    out = tmp_path / "out"
+    write_files(out, USER_FILES)
+    with monkeypatch.context() as patch:
+        crash_before_the_marker(patch)
+        with pytest.raises(Exception, match="killed"):
+            convert(small_tree, out, "--num_shards=3", "--image_size=16")
+    # Everything but the marker is there, even the marker's temporary file: still not a dataset.
+    assert not (out / INFO_FILE).exists()
+    assert any(name.startswith(f".{INFO_FILE}.tmp-") for name in os.listdir(out))
+    assert sum(bool(SHARD_NAME.fullmatch(name)) for name in os.listdir(out)) == 6
+    assert main_of(verify.run, [str(out)]) == 2
+    assert "has no dataset_info.json" in capsys.readouterr().err
+
+    # The same command again, with another shard count: complete, exact, nothing stale.
+    assert convert(small_tree, out, "--num_shards=2", "--image_size=16") == 0
+    assert_complete(out, images=24, shards=2)
+
+    # Replacing it with --overwrite and crashing again: the old marker is gone, not left over new shards.
+    with monkeypatch.context() as patch:
+        crash_before_the_marker(patch)
+        with pytest.raises(Exception, match="killed"):
+            convert(small_tree, out, "--num_shards=1", "--image_size=16", "--overwrite")
+    assert not (out / INFO_FILE).exists()
+    assert_user_files_intact(out)
+
+
+def assert_complete(out, images: int, shards: int) -> None:
+    """A verified dataset of `images` records in `shards` shards per split, no stale file, user files intact."""
+    report = verify.verify_dataset(str(out), decode=False)
+    assert report.problems == []
+    info = json.loads((out / INFO_FILE).read_text())
+    assert info["files"]["written"] == images == sum(s["records"] for s in info["splits"].values())
+    listed = {shard["file"] for split in info["splits"].values() for shard in split["shards"]}
+    assert {name for name in os.listdir(out) if SHARD_NAME.fullmatch(name)} == listed
+    assert all(name.endswith(f"-of-{shards:05d}.tfrecord") for name in listed)
+    leftovers = [name for name in os.listdir(out) if name.startswith((".", "beam-temp-"))
+                 and name not in {n.split("/")[0] for n in USER_FILES}]
+    assert leftovers == []
+    assert_user_files_intact(out)
+
+
+# --- SIGKILL, end to end --------------------------------------------------------------------------------------
+
+
+def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_completes_it(tmp_path):
+    source = tmp_path / "in"
+    generate_dataset(str(source), images_per_class=50, seed=11, min_side=24, max_side=64)
+    out = tmp_path / "out"
+    write_files(out, USER_FILES)
+    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
+               "--num_shards=3", "--compression=gzip", "--image_size=16", "--quiet"]
+    # Its own session, so that the kill reaches Beam's worker processes too, as a machine's death would.
+    process = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    try:
+        while process.poll() is None and not run_files(out):
+            time.sleep(0.01)  # until the run's first file (a piece of a shard, usually) appears
+        assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()!r}"
+        workers = psutil.Process(process.pid).children(recursive=True)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert alive == [], "a worker process survived the kill"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not (out / INFO_FILE).exists()
+    assert own_outputs(str(out)), "the kill left nothing behind: it did not happen mid-run"
+
+    from pipeline import reader
+    from pipeline.errors import DatasetError
+
+    with pytest.raises(DatasetError, match="not a complete dataset"):
+        reader.load_info(str(out))
+
+    # The same command (other shard count, no compression), with no --overwrite needed.
+    assert convert(source, out, "--num_shards=2", "--image_size=16") == 0
+    assert_complete(out, images=200, shards=2)
