@@ -194,6 +194,15 @@ def stage_dry_run(job, options: PipelineOptions) -> tuple[str, list[str]]:
     return staging, sorted(m.path.rsplit("/", 1)[-1] for m in matched)
 
 
+def _submission_errors() -> tuple[type[BaseException], ...]:
+    """What a failed upload or job creation raises: the service said no, or could not be reached."""
+    import requests
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+
+    return GoogleAPIError, GoogleAuthError, requests.exceptions.RequestException, OSError
+
+
 def run_on_dataflow(pipeline, options: PipelineOptions, settings) -> int:
     """Submit the built pipeline; wait for it and print the summary unless told not to.
 
@@ -204,8 +213,16 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings) -> int:
     from pipeline.launcher import format_summary, read_info
     from pipeline.options import ConvertOptions
 
-    result = pipeline.run()
     cloud = options.view_as(GoogleCloudOptions)
+    try:
+        result = pipeline.run()
+    except _submission_errors() as e:
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UserError(
+            f"the Dataflow job could not be staged or submitted ({type(e).__name__}: {first_line}): check "
+            f"--project={cloud.project} and --region={cloud.region}, that the Dataflow API is enabled, and that "
+            "your credentials may write to the bucket and create jobs (gcloud auth application-default login)"
+        ) from None
     if is_dry_run(options):
         staging, staged = stage_dry_run(result.job, options)
         print(f"Dry run: job {result.job.proto.name} was built and staged, not submitted.")

@@ -22,6 +22,7 @@ import pipeline
 from pipeline.errors import UserError
 from pipeline.options import ConvertOptions, check_flags, validate
 from tests.conftest import REPO, convert
+from tests.gcs_fixtures import NO_AUTH
 
 BUCKET = "dataflow-dry"
 SCRIPT = os.path.join(REPO, "run_dataflow.sh")
@@ -296,3 +297,48 @@ def test_template_image_matches_the_tested_sdk_and_build_context():
     assert "+ gcloud builds submit" in result.stderr and f"--tag={image}" in result.stderr
     assert (f"+ gcloud dataflow flex-template build gs://b/templates/image-tfrecords.json --project=p "
             f"--image={image} --sdk-language=PYTHON --metadata-file={METADATA}") in result.stderr
+
+
+@pytest.fixture
+def refusing_dataflow_api():
+    """An HTTP endpoint on loopback that answers every request as the Dataflow API does without permission."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def _refuse(self):
+            body = json.dumps({"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                         "message": "Permission 'dataflow.jobs.create' denied"}}).encode()
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _refuse
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://localhost:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_refused_submission_is_a_one_line_user_error(gcs_emulator, dry_run, refusing_dataflow_api):
+    with pytest.raises(UserError) as error:
+        convert(f"gs://{BUCKET}/photos", f"gs://{BUCKET}/refused", NO_AUTH, "--runner=DataflowRunner",
+                "--project=test-project", "--region=us-central1", f"--temp_location=gs://{BUCKET}/tmp",
+                f"--dataflow_endpoint={refusing_dataflow_api}",
+                "--sdk_container_image=europe-docker.pkg.dev/test-project/r/image-tfrecords:1")  # no sdist: faster
+    message = str(error.value)
+    assert message.startswith("the Dataflow job could not be staged or submitted (Forbidden: 403 POST ")
+    assert "dataflow.jobs.create" in message and "--project=test-project" in message and "\n" not in message
+    # It got as far as staging the job to the bucket, and wrote no output.
+    staged = gcs_emulator.list_names(f"gs://{BUCKET}/tmp")
+    assert any(name.endswith("/pipeline.pb") for name in staged)
+    assert not any(name.endswith("/workflow.tar.gz") for name in staged)  # the image has the package
+    assert gcs_emulator.list_names(f"gs://{BUCKET}/refused") == []
