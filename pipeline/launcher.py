@@ -15,12 +15,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from pipeline.errors import UserError
 from pipeline import cloud, report
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
 from pipeline.progress import REQUEST_SECONDS, show_progress
+from pipeline.quiet import quiet_workers
 from transforms.describe import INFO_FILE
 
 _LOG = logging.getLogger("pipeline")
@@ -137,7 +137,9 @@ def run(argv: list[str] | None = None) -> int:
         build_pipeline(p, settings, plan, start_time)
         return cloud.run_on_dataflow(p, options, settings)
     runner = make_runner(options, argv)
-    with show_progress(runner, plan.total_images, enabled=not settings.quiet):
+    worker_processes = options.view_as(DirectOptions).direct_running_mode == "multi_processing"
+    with quiet_workers(enabled=worker_processes and not settings.verbose), \
+            show_progress(runner, plan.total_images, enabled=not settings.quiet):
         with beam.Pipeline(runner=runner, options=options) as p:
             build_pipeline(p, settings, plan, start_time)
     info = read_info(settings.output_dir)

@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from pipeline.cli import main_of
 from pipeline.errors import UserError
-from pipeline.tf_quiet import import_tensorflow
+from pipeline.quiet import import_tensorflow
 from transforms.examples import SCHEMAS
 
 _LOG = logging.getLogger("pipeline.preview")

@@ -6,6 +6,7 @@ import fcntl
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -148,3 +149,34 @@ def test_pipes_get_plain_progress_lines_and_quiet_gets_none(small_tree, tmp_path
     assert code == 0, text
     assert f"/{IMAGES} [" not in text and "Converted" not in text
     assert f"Found {IMAGES} files:" in text
+
+
+def test_ctrl_c_ends_with_one_line_not_every_workers_traceback(small_tree, tmp_path):
+    """Ctrl-C reaches the launcher and its worker processes at once; only the launcher's message shows."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.main", f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'out'}"],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell's foreground job
+    os.close(slave)
+    text, sent = "", False
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        text += data.decode("utf-8", "replace")
+        if not sent and "Converting" in text:  # workers are converting: the moment a user would press Ctrl-C
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal does for ^C: the whole foreground group
+            sent = True
+    os.close(master)
+    code = proc.wait(timeout=60)
+    if code == 0:
+        pytest.skip("the conversion finished before the interrupt arrived")
+    after = text.split("Converting")[-1]
+    assert code == 130, text
+    assert "error: interrupted; no dataset_info.json was written" in after
+    assert "Traceback" not in after and "CRITICAL" not in after and "Exception in thread" not in after, after
+    assert not (tmp_path / "out" / "dataset_info.json").exists()
