@@ -78,6 +78,9 @@ def configure(options: PipelineOptions, input_dir: str, output_dir: str) -> None
     test = options.view_as(TestOptions)
     # Beam's --dry_run takes any string, and "False" would count as true.
     test.dry_run = _as_bool(test.dry_run) if test.dry_run is not None else False
+    if test.dry_run and not is_dataflow(options):
+        raise UserError("--dry_run only applies with --runner=DataflowRunner, where it builds and stages the job "
+                        "without submitting it; leave it out for a local run")
     if is_dataflow(options):
         check_dataflow_options(options, input_dir, output_dir)
 

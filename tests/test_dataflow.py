@@ -212,6 +212,12 @@ def test_launcher_checks_dataflow_prerequisites_before_anything_else(args, messa
                 *(f"{k}={v}" for k, v in argv.items()))
 
 
+def test_dry_run_without_dataflow_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(UserError, match=r"--dry_run only applies with --runner=DataflowRunner"):
+        convert(tmp_path / "photos", tmp_path / "out", "--dry_run=True")
+    assert not (tmp_path / "out").exists()
+
+
 def test_flex_template_metadata_lists_exactly_the_pipeline_options():
     with open(METADATA) as f:
         metadata = json.load(f)
