@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench fuzz clean
 
 # The virtual environment is created once and reused; it is rebuilt when setup.py changes.
 $(STAMP): setup.py
@@ -27,6 +27,11 @@ lint: venv
 
 bench: venv
 	$(PY) -m benchmarks.convert_bench
+
+# A long, random fuzzing run of the image layer (make test runs 200 reproducible examples).
+FUZZ_EXAMPLES ?= 20000
+fuzz: venv
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_imaging.py -q --timeout=0
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo_output

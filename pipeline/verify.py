@@ -37,6 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import main_of
 from pipeline.plan import SHARD_NAME
+from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.tfrecord import CorruptRecord, masked_crc
 
@@ -447,7 +448,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--max_problems", type=int, default=100,
                         help="print at most this many problem lines (default: 100)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import_tensorflow()  # quietly: TensorFlow's native start-up messages are not problems
     report = verify_dataset(args.dataset_dir, decode=not args.no_decode)
     print(report.format(args.max_problems))
     return 0 if report.ok else 1

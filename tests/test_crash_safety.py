@@ -260,6 +260,10 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
 
     with pytest.raises(DatasetError, match="not a complete dataset"):
         reader.load_info(str(out))
+    from pipeline import benchmark
+
+    assert main_of(benchmark.run, [f"--dataset_dir={out}"]) == 2
+    assert main_of(verify.run, [str(out)]) == 2
 
     # The same command (other shard count, no compression), with no --overwrite needed.
     assert convert(source, out, "--num_shards=2", "--image_size=16") == 0

@@ -9,7 +9,7 @@ duplicates their bytes, favouring the headers, where the parsers live.
 CI runs a bounded, reproducible sample (derandomized, about 200 examples).
 A longer, random run, e.g. overnight:
 
-    FUZZ_EXAMPLES=20000 .venv/bin/python -m pytest tests/test_fuzz_imaging.py     # or: make fuzz
+    FUZZ_EXAMPLES=20000 .venv/bin/python -m pytest tests/test_fuzz_imaging.py --timeout=0    # or: make fuzz
 """
 
 from __future__ import annotations
