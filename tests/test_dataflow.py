@@ -348,3 +348,20 @@ def test_refused_submission_is_a_one_line_user_error(gcs_emulator, dry_run, refu
     assert any(name.endswith("/pipeline.pb") for name in staged)
     assert not any(name.endswith("/workflow.tar.gz") for name in staged)  # the image has the package
     assert gcs_emulator.list_names(f"gs://{BUCKET}/refused") == []
+
+
+def test_readme_scheduler_body_is_a_valid_launch_request():
+    """The Cloud Scheduler body in the README parses as the Flex Template launch API's request."""
+    from google.cloud.dataflow_v1beta3.types import templates
+
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    body = re.search(r"cat > launch.json <<JSON\n(.*?)\n\s*JSON\n", readme, re.DOTALL).group(1)
+    body = body.replace("$BUCKET", "my-bucket").replace("$IMAGE", "europe-docker.pkg.dev/p/r/image-tfrecords:1")
+    launch = templates.LaunchFlexTemplateRequest.from_json(body).launch_parameter
+    assert launch.container_spec_gcs_path == "gs://my-bucket/templates/image-tfrecords.json"
+    assert launch.environment.sdk_container_image.endswith("image-tfrecords:1")
+    with open(METADATA) as f:
+        known = {p["name"] for p in json.load(f)["parameters"]}
+    assert set(launch.parameters) <= known
+    assert launch.parameters["output_dir"].endswith("/{date}")
