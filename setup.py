@@ -37,7 +37,7 @@ setuptools.setup(
         "dev": [
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
-            "gcp-storage-emulator>=2024.8",
+            "gcp-storage-emulator>=2024.8,<2027",  # GCS on loopback for tests/test_gcs.py, test_dataflow.py
             "hypothesis>=6.100,<7",
             "psutil>=5.9,<8",
             "ruff>=0.6,<1",
