@@ -1,0 +1,223 @@
+"""Conversion benchmark: the pipeline against the all-core Pillow floor and the seed notebook's method.
+
+    python -m benchmarks.convert_bench                       # 2,000 generated photos, 512x512, quality 95
+    python -m benchmarks.convert_bench --images 20000 --skip_notebook
+    python -m benchmarks.convert_bench --input_dir=my_photos/ --json=result.json
+
+Every figure is measured in the same run on the same files, and reported as a
+ratio against the floor, so a busy machine shifts all of them together:
+  (a) floor: the project's own convert_image over every core with a process pool, no Beam;
+  (b) pipeline: `python -m pipeline.main` with its default options, as a user runs it (wall time
+      of the whole command, start-up included), with the peak memory of its whole process tree;
+  (c) notebook: the seed notebook's method, image_dataset_from_directory then one
+      TFRecordWriter per shard with one Dataset.shard() pass per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import psutil
+
+from transforms.imaging import ImageSettings, convert_image
+
+CLASSES = ("apple", "banana", "cherry", "grape")
+
+
+def generate_photos(root: str, count: int, seed: int = 0) -> None:
+    """Photo-like JPEGs around the median size of real photo folders (about 450x375)."""
+    from pipeline.sample_data import photo_like
+
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        class_name = CLASSES[i % len(CLASSES)]
+        os.makedirs(os.path.join(root, class_name), exist_ok=True)
+        width = int(np.clip(rng.normal(450, 90), 200, 1200))
+        height = int(np.clip(width * rng.uniform(0.65, 1.0), 150, 1200))
+        image = photo_like(width, height, rng, hue=CLASSES.index(class_name) / len(CLASSES))
+        image.save(os.path.join(root, class_name, f"{i:06d}.jpg"), quality=90)
+
+
+def image_files(root: str) -> list[str]:
+    return sorted(
+        os.path.join(dirpath, name)
+        for dirpath, _, names in os.walk(root)
+        for name in names
+        if name.lower().endswith((".jpg", ".jpeg", ".png"))
+    )
+
+
+class PeakMemory:
+    """Peak summed RSS of a process and all its children, sampled every 0.1 s."""
+
+    def __init__(self, pid: int):
+        self._process = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.is_set():
+            try:
+                tree = [self._process, *self._process.children(recursive=True)]
+                total = 0
+                for p in tree:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                return
+            self._stop.wait(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+_SETTINGS = None
+
+
+def _init_worker(settings):
+    global _SETTINGS
+    _SETTINGS = settings
+
+
+def _convert_file(path: str) -> int:
+    with open(path, "rb") as f:
+        return len(convert_image(f.read(), _SETTINGS).data)
+
+
+def measure_floor(files: list[str], settings: ImageSettings) -> dict:
+    """(a) convert_image over every core with nothing else: read, decode, resize, encode."""
+    start = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(os.cpu_count(), _init_worker, (settings,)) as pool:
+        total_bytes = sum(pool.imap_unordered(_convert_file, files, chunksize=8))
+    elapsed = time.perf_counter() - start
+    return {"images": len(files), "seconds": elapsed, "images_per_second": len(files) / elapsed,
+            "output_bytes": total_bytes}
+
+
+def measure_pipeline(input_dir: str, output_dir: str, extra: list[str]) -> dict:
+    """(b) the real command line, default options, timed from launch to exit."""
+    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={input_dir}", f"--output_dir={output_dir}",
+               "--overwrite", "--quiet", *extra]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakMemory(process.pid) as memory:
+        stdout, stderr = process.communicate()
+    elapsed = time.perf_counter() - start
+    if process.returncode:
+        raise SystemExit(f"pipeline failed ({process.returncode}):\n{stderr[-3000:]}")
+    with open(os.path.join(output_dir, "dataset_info.json")) as f:
+        info = json.load(f)
+    written = info["files"]["written"]
+    return {"images": written, "seconds": elapsed, "images_per_second": written / elapsed,
+            "in_job_seconds": info["elapsed_seconds"], "peak_rss_bytes": memory.peak,
+            "output_bytes": info["total_bytes"], "shards": sum(len(s["shards"]) for s in info["splits"].values())}
+
+
+def measure_notebook(input_dir: str, output_dir: str, image_size: int, quality: int, shards: int) -> dict:
+    """(c) the seed notebook: decode/resize/encode in one TF loop, one Dataset.shard() pass per file."""
+    code = f"""
+import os, time, tensorflow as tf
+start = time.perf_counter()
+ds = tf.keras.utils.image_dataset_from_directory({input_dir!r}, image_size=({image_size}, {image_size}),
+                                                 batch_size=None, shuffle=False)
+count = 0
+for shard in range({shards}):
+    path = os.path.join({output_dir!r}, f"notebook-{{shard:05d}}.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for image, label in ds.shard({shards}, shard):
+            encoded = tf.io.encode_jpeg(tf.cast(image, tf.uint8), quality={quality})
+            example = tf.train.Example(features=tf.train.Features(feature={{
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded.numpy()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            }}))
+            writer.write(example.SerializeToString())
+            count += 1
+print(count, time.perf_counter() - start)
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    os.makedirs(output_dir, exist_ok=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise SystemExit(f"notebook method failed:\n{result.stderr[-3000:]}")
+    count, seconds = result.stdout.split()[-2:]
+    count, seconds = int(count), float(seconds)
+    return {"images": count, "seconds": seconds, "images_per_second": count / seconds, "shards": shards}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.convert_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--input_dir", help="A folder of class folders to use instead of generated photos.")
+    parser.add_argument("--images", type=int, default=2000, help="Photos to generate. Default: 2000.")
+    parser.add_argument("--notebook_images", type=int, default=400,
+                        help="Photos the (slow) notebook method converts, a subset. Default: 400.")
+    parser.add_argument("--skip_notebook", action="store_true", help="Do not run the notebook method.")
+    parser.add_argument("--workdir", default=None, help="Scratch folder. Default: a temporary folder.")
+    parser.add_argument("--json", help="Write the figures to this file.")
+    parser.add_argument("--pipeline_args", default="", help="Extra flags for pipeline.main, space-separated.")
+    args = parser.parse_args(argv)
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="convert_bench-")
+    input_dir = args.input_dir
+    if not input_dir:
+        input_dir = os.path.join(workdir, f"photos-{args.images}")
+        if not os.path.isdir(input_dir) or len(image_files(input_dir)) != args.images:
+            shutil.rmtree(input_dir, ignore_errors=True)
+            print(f"generating {args.images} photo-like JPEGs in {input_dir} ...", flush=True)
+            generate_photos(input_dir, args.images)
+    files = image_files(input_dir)
+    settings = ImageSettings()  # the pipeline's defaults: 512x512 stretch, bilinear, JPEG quality 95
+    sizes = [os.path.getsize(f) for f in files]
+    print(f"{len(files)} images, median file {np.median(sizes) / 1e3:.0f} kB; {os.cpu_count()} cores", flush=True)
+
+    results = {"images": len(files), "cores": os.cpu_count()}
+    results["floor"] = measure_floor(files, settings)
+    print(f"(a) floor     {results['floor']['images_per_second']:8.1f} images/s", flush=True)
+    results["pipeline"] = measure_pipeline(input_dir, os.path.join(workdir, "out"), args.pipeline_args.split())
+    print(f"(b) pipeline  {results['pipeline']['images_per_second']:8.1f} images/s, "
+          f"peak memory {results['pipeline']['peak_rss_bytes'] / 1e6:.0f} MB", flush=True)
+    if not args.skip_notebook:
+        subset_dir = os.path.join(workdir, "notebook-subset")
+        shutil.rmtree(subset_dir, ignore_errors=True)
+        for path in files[:: max(1, len(files) // args.notebook_images)][: args.notebook_images]:
+            target = os.path.join(subset_dir, os.path.relpath(path, input_dir))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy(path, target)
+        results["notebook"] = measure_notebook(subset_dir, os.path.join(workdir, "notebook-out"), 512, 95,
+                                               results["pipeline"]["shards"])
+        print(f"(c) notebook  {results['notebook']['images_per_second']:8.1f} images/s "
+              f"({results['notebook']['images']} images)", flush=True)
+
+    floor = results["floor"]["images_per_second"]
+    pipeline = results["pipeline"]["images_per_second"]
+    results["pipeline_vs_floor"] = pipeline / floor
+    print(f"\npipeline / floor    = {results['pipeline_vs_floor']:.2f}  (target >= 0.90)")
+    if "notebook" in results:
+        results["pipeline_vs_notebook"] = pipeline / results["notebook"]["images_per_second"]
+        print(f"pipeline / notebook = {results['pipeline_vs_notebook']:.1f}  (target >= 10)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
