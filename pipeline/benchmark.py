@@ -275,14 +275,14 @@ def run(argv: list[str]) -> int:
                                         "tf.io.decode_image reads and were left out"] if files and files.skipped
                                        else []),
     }
-    print(format_report(setup, results))
     for path, write in ((settings.json_path, write_json), (settings.plot_path, write_plot)):
         if path:
             try:
                 write(path, setup, results)
             except OSError as e:
                 raise UserError(f"cannot write {path} ({e.strerror or e}); choose another path") from None
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=sys.stderr)
+    print(format_report(setup, results))  # last, so that a run ends with its table
     return 0
 
 

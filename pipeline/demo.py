@@ -1,4 +1,4 @@
-"""`make demo`: generate a small labeled photo dataset, convert it on the local runner, read it back.
+"""`make demo`: generate a small labeled photo dataset, convert it on the local runner, read it back, benchmark it.
 
     python -m pipeline.demo [--workdir demo_output] [--images_per_class 60]
 """
@@ -25,14 +25,14 @@ def run(argv: list[str]) -> int:
     dataset = os.path.join(args.workdir, "tfrecords")
     shutil.rmtree(images, ignore_errors=True)
     paths = generate_dataset(images, images_per_class=args.images_per_class, seed=0)
-    print(f"1/3 Generated {len(paths)} photo-like images in {len(DEFAULT_CLASSES)} class folders under {images}")
+    print(f"1/4 Generated {len(paths)} photo-like images in {len(DEFAULT_CLASSES)} class folders under {images}")
 
-    print(f"2/3 Converting to TFRecords in {dataset} on the local runner")
+    print(f"2/4 Converting to TFRecords in {dataset} on the local runner")
     code = convert([f"--input_dir={images}", f"--output_dir={dataset}", "--overwrite"])
     if code:
         return code
 
-    print("3/3 Reading the dataset back with tf.data")
+    print("3/4 Reading the dataset back with tf.data")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from pipeline import reader
 
@@ -47,7 +47,13 @@ def run(argv: list[str]) -> int:
         print(f"    {split:<10} read {seen} of {split_info['records']} records, images {shape}: {status}")
         if seen != split_info["records"]:
             return 1
-    return 0
+
+    print("4/4 Benchmarking how fast the train split feeds the device, beside the original files")
+    from pipeline import benchmark
+
+    return benchmark.run([f"--dataset_dir={dataset}", "--batch_size=16", f"--compare_files={images}",
+                          f"--json={os.path.join(args.workdir, 'benchmark.json')}",
+                          f"--plot={os.path.join(args.workdir, 'benchmark.png')}"])
 
 
 if __name__ == "__main__":
