@@ -12,6 +12,7 @@ import sys
 
 from pipeline.cli import main_of
 from pipeline.launcher import run as convert
+from pipeline.quiet import import_tensorflow
 from pipeline.sample_data import DEFAULT_CLASSES, generate_dataset
 
 
@@ -33,7 +34,7 @@ def run(argv: list[str]) -> int:
         return code
 
     print("3/4 Reading the dataset back with tf.data")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import_tensorflow()  # quietly: no CUDA probing chatter between the demo's lines
     from pipeline import reader
 
     info = reader.load_info(dataset)

@@ -73,13 +73,16 @@ def caption_image(text: str, width: int, height: int = CAPTION_HEIGHT) -> Image.
     font = _font()
     image = Image.new("RGB", (width, height), CAPTION_BACKGROUND)
     draw = ImageDraw.Draw(image)
-    shown = text
-    while shown and draw.textlength(shown, font=font) > width - 8:
-        shown = shown[:-1]
-    if shown != text:
-        shown = shown[:-1].rstrip() + "…"
-    draw.text((4, height // 2), shown, fill=CAPTION_TEXT, font=font, anchor="lm")
+    draw.text((4, height // 2), _fit_text(draw, text, font, width - 8), fill=CAPTION_TEXT, font=font, anchor="lm")
     return image
+
+
+def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
+    """`text`, cut with an ellipsis to at most `width` pixels."""
+    shown = text
+    while shown and draw.textlength(shown, font=font) > width:
+        shown = shown[:-1]
+    return text if shown == text else shown[:-1].rstrip() + "…"
 
 
 def fit_tile(pixels: np.ndarray, tile_size: int) -> Image.Image:
@@ -132,7 +135,9 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
     height = HEADER_HEIGHT + MARGIN + len(names) * cell_h + (len(names) - 1) * GAP
     sheet = Image.new("RGB", (width, height), SHEET_BACKGROUND)
     draw = ImageDraw.Draw(sheet)
-    draw.text((MARGIN, HEADER_HEIGHT // 2 + 2), title, fill=CAPTION_TEXT, font=_font(), anchor="lm")
+    font = _font()
+    draw.text((MARGIN, HEADER_HEIGHT // 2 + 2), _fit_text(draw, title, font, width - 2 * MARGIN), fill=CAPTION_TEXT,
+              font=font, anchor="lm")
     tiles = []
     for row, name in enumerate(names):
         top = HEADER_HEIGHT + row * (cell_h + GAP)
@@ -260,7 +265,7 @@ def _configure_logging(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-def run(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.preview",
         description="Draw a contact sheet of sample images per class, decoded back from the TFRecords, and/or a "
@@ -277,7 +282,11 @@ def run(argv: list[str]) -> int:
     add("--max_records", type=int, default=100_000,
         help="read at most this many records looking for images of every class. Default: 100000.")
     add("--verbose", action="store_true", help="show TensorFlow's own logs. Default: off.")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if not args.contact_sheet and not args.class_chart:
         raise UserError("nothing to draw: give --contact_sheet=FILE.png and/or --class_chart=FILE.png")
     if not 1 <= args.per_class <= 100:
