@@ -71,12 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=0,
         help="At most this many batches per stage, the warm-up batch included; 0 for no limit. Default: 0.")
     add("--stages", default=",".join(TFRECORD_STAGES),
-        help=f"Comma-separated stages to run, of {','.join(TFRECORD_STAGES)}. Default: all.")
+        help=f"Comma-separated stages to run, of {','.join(TFRECORD_STAGES)}. Default: {','.join(TFRECORD_STAGES)}.")
     add("--dtype", default="float32", choices=DTYPE_NAMES,
         help="Type the decoded images are cast to before batching. Default: float32.")
     add("--tpu", default=None,
-        help="TPU to use: a TPU name, a grpc:// address, or local on a TPU VM. Default: detect a TPU (from "
-             "TPU_NAME or TPU devices), else all GPUs (MirroredStrategy), else the CPU.")
+        help="TPU to use: a TPU name, a grpc:// address, or local on a TPU VM. Default: auto (a TPU detected "
+             "from TPU_NAME or TPU devices, else all GPUs with MirroredStrategy, else the CPU).")
     add("--compare_files", default=None,
         help="Folder of the original image files (e.g. the conversion's --input_dir): run the decode and device "
              "stages over them too, resized to the same size. Default: none.")
