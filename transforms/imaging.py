@@ -372,7 +372,7 @@ def _wide_to_8bit(image: Image.Image) -> Image.Image:
     grey = Image.fromarray(out, "L")
     transparent = image.info.get("transparency")
     if isinstance(transparent, int):  # tRNS of a 16-bit greyscale PNG: one grey value is transparent
-        alpha = Image.fromarray(np.where(pixels == transparent, 0, 255).astype(np.uint8), "L")
+        alpha = Image.fromarray((pixels != transparent).astype(np.uint8) * np.uint8(255), "L")
         grey = Image.merge("LA", (grey, alpha))
     return grey
 
