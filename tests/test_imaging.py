@@ -378,6 +378,29 @@ def test_stretch_flags_an_image_enlarged_along_one_side_only():
     assert encoded.upscaled
 
 
+def test_every_mode_converts_any_size_to_the_promised_size():
+    # Sizes whose scale factors are not exact in floating point once broke the crop box.
+    rng = random.Random(5)
+    sizes = [(1336, 386), (386, 1336), (1, 1), (1, 300), (300, 1), (997, 13)]
+    sizes += [(rng.randint(1, 700), rng.randint(1, 700)) for _ in range(10)]
+    for i, (width, height) in enumerate(sizes):
+        source = Image.new("RGB", (width, height), GREEN)
+        for data in (cases.jpeg(source), cases.encode(source, "PNG")):
+            target_w, target_h = (224, 224) if i < 2 else rng.choice([(224, 224), (17, 31), (64, 48), (500, 3)])
+            for mode in imaging.RESIZE_MODES:
+                settings = ImageSettings(width=target_w, height=target_h, resize_mode=mode)
+                encoded = convert_image(data, settings)
+                size = (encoded.width, encoded.height)
+                if mode in ("stretch", "crop", "pad"):
+                    assert size == (target_w, target_h), (width, height, mode)
+                elif mode == "none":
+                    assert size == (width, height)
+                else:
+                    assert size[0] <= max(target_w, width) and size[1] <= max(target_h, height)
+                    assert size[0] == min(width, target_w) or size[1] == min(height, target_h)
+                assert Image.open(io.BytesIO(encoded.data)).size == size
+
+
 # --- Output options --------------------------------------------------------------------------------
 
 
@@ -588,6 +611,16 @@ def test_corrupt_data_is_a_decode_error_with_the_decoders_message():
     error = rejection(bytes(data))
     assert error.reason == "decode_error"
     assert "broken data stream" in error.detail  # Pillow's own words
+
+
+def test_a_failure_after_decoding_is_reported_as_an_internal_error(monkeypatch):
+    def broken(image, box, upright_size, settings):
+        raise ValueError("box offset can't be negative")
+
+    monkeypatch.setattr(imaging, "_resize", broken)
+    error = rejection(cases.encode(QUADRANTS, "PNG"), ImageSettings())
+    assert error.reason == "internal_error"
+    assert "box offset" in error.detail and "please report" in error.detail
 
 
 def test_no_mangled_file_escapes_as_anything_but_a_rejection():

@@ -58,6 +58,7 @@ DECOMPRESSION_BOMB = "decompression_bomb"
 DECODE_ERROR = "decode_error"
 READ_ERROR = "read_error"
 TIMEOUT = "timeout"
+INTERNAL_ERROR = "internal_error"  # a bug here, not a problem of the file: report it
 
 # Draft-decode a JPEG to at least this many times the pixels the output needs
 # along each side, then let resize() reduce by whole factors until it is within
@@ -380,7 +381,10 @@ def _wide_to_8bit(image: Image.Image) -> Image.Image:
 def _to_rgb(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     """RGB with alpha composited onto the background, never dropped to black."""
     if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-        image = _wide_to_8bit(image)
+        try:
+            image = _wide_to_8bit(image)
+        except (ValueError, TypeError) as e:
+            raise ImageRejected(UNSUPPORTED_FORMAT, f"pixel mode {image.mode} cannot become 8-bit ({e})") from None
     if image.mode == "CMYK" and image.format in ("JPEG", "MPO") and "adobe" not in image.info:
         # Pillow reads every CMYK JPEG with Adobe's inverted polarity; without an
         # Adobe marker the samples are plain ink amounts (as Chrome and libvips assume).
@@ -446,7 +450,10 @@ def _resize(image: Image.Image, box, upright_size: tuple[int, int], settings: Im
     def resized(size, src_box):
         # Source box (x0, y0, x1, y1) in source pixels -> decoded pixels.
         x0, y0, x1, y1 = src_box
-        decoded_box = (bx0 + x0 * kx, by0 + y0 * ky, bx0 + x1 * kx, by0 + y1 * ky)
+        decoded_box = (  # clamped: float rounding must not step outside the image
+            max(0.0, bx0 + x0 * kx), max(0.0, by0 + y0 * ky),
+            min(float(image.width), bx0 + x1 * kx), min(float(image.height), by0 + y1 * ky),
+        )
         if size == image.size and decoded_box == (0, 0, *image.size):
             return image
         return image.resize(size, resample, box=decoded_box, reducing_gap=REDUCING_GAP)
@@ -455,7 +462,7 @@ def _resize(image: Image.Image, box, upright_size: tuple[int, int], settings: Im
     if mode == "stretch":
         return resized((target_w, target_h), (0, 0, w, h)), sx > 1 or sy > 1
     if mode == "crop":
-        crop_w, crop_h = target_w / sx, target_h / sy
+        crop_w, crop_h = min(w, target_w / sx), min(h, target_h / sy)
         left, top = (w - crop_w) / 2, (h - crop_h) / 2
         return resized((target_w, target_h), (left, top, left + crop_w, top + crop_h)), sx > 1
     content = (min(target_w, max(1, round(w * sx))), min(target_h, max(1, round(h * sy))))
@@ -551,12 +558,20 @@ def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> En
         orientation = _orientation(image)  # PNG and WebP may keep EXIF after the pixels
     if _passes_through(image, data, orientation, settings):
         return EncodedImage(data, image.width, image.height, "jpeg", False)
-    image = _to_rgb(image, settings.background)
-    image, box = _orient(image, orientation, box)
-    upright_size = stored_size[::-1] if _transposes(orientation) else stored_size
-    image, upscaled = _resize(image, box, upright_size, settings)
-    _check_deadline(deadline, "resizing")
-    return EncodedImage(_encode(image, settings), image.width, image.height, settings.image_format, upscaled)
+    try:
+        image = _to_rgb(image, settings.background)
+        image, box = _orient(image, orientation, box)
+        upright_size = stored_size[::-1] if _transposes(orientation) else stored_size
+        image, upscaled = _resize(image, box, upright_size, settings)
+        _check_deadline(deadline, "resizing")
+        encoded = _encode(image, settings)
+    except (ImageRejected, MemoryError):
+        raise
+    except Exception as e:  # the pixels are decoded: what fails now is this code, not the file
+        raise ImageRejected(
+            INTERNAL_ERROR, f"{type(e).__name__} after decoding: {e} (a bug in the converter: please report it)"
+        ) from None
+    return EncodedImage(encoded, image.width, image.height, settings.image_format, upscaled)
 
 
 # ---------------------------------------------------------------------------
