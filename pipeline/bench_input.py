@@ -22,7 +22,6 @@ from pipeline import reader
 from pipeline.bench_report import StageResult
 from pipeline.errors import DatasetError, UserError
 from transforms.describe import INFO_FILE
-from transforms.tfrecord import CorruptRecord, iter_records
 
 AUTOTUNE = tf.data.AUTOTUNE
 DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "uint8": tf.uint8}
@@ -53,7 +52,6 @@ class ImageFiles:
     root: str
     paths: list[str]
     labels: list[int]
-    sizes: list[int]
     skipped: int  # files without an extension tf.io.decode_image reads
 
 
@@ -69,7 +67,7 @@ def _file_sizes(files: list[str], expected: dict[str, int] | None = None) -> lis
             raise DatasetError(f"{path} is listed in {INFO_FILE} but does not exist; copy or convert the "
                                "dataset again") from None
         except tf.errors.OpError as e:
-            raise DatasetError(f"{path} cannot be read ({_tf_message(e)})") from None
+            raise DatasetError(f"{path} cannot be read ({tf_message(e)})") from None
         if size == 0:
             raise DatasetError(f"{path} is empty (0 bytes): a shard from an interrupted copy or conversion; "
                                "copy or convert it again")
@@ -116,7 +114,7 @@ def pattern_source(pattern: str, image_key: str, label_key: str | None,
     try:
         matches = sorted(tf.io.gfile.glob(pattern))
     except tf.errors.OpError as e:
-        raise DatasetError(f"cannot list --file_pattern {pattern} ({_tf_message(e)})") from None
+        raise DatasetError(f"cannot list --file_pattern {pattern} ({tf_message(e)})") from None
     files = [path for path in matches if not tf.io.gfile.isdir(path)]
     if not files:
         raise DatasetError(f"no files match --file_pattern {pattern}; check the path, and quote the pattern so "
@@ -163,8 +161,7 @@ def image_files(root: str) -> ImageFiles:
     found.sort()
     classes = sorted({path.rsplit("/", 2)[-2] for path in found})
     ids = {name: i for i, name in enumerate(classes)}
-    return ImageFiles(root, found, [ids[path.rsplit("/", 2)[-2]] for path in found],
-                      [tf.io.gfile.stat(path).length for path in found], skipped)
+    return ImageFiles(root, found, [ids[path.rsplit("/", 2)[-2]] for path in found], skipped)
 
 
 # ---- Input pipelines -------------------------------------------------------------------------
@@ -203,7 +200,7 @@ def tfrecord_dataset(source: Source, stage: str, batch_size: int, dtype: str = "
                      context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
     """The pipeline of a TFRecord stage ('read', 'parse', 'decode' or 'device').
 
-    Elements are dicts of batches: 'record_bytes' always (stored size of each
+    Elements are dicts of batches: 'record_bytes' always (the size of each
     record); 'image' and 'label' from 'parse' on ('image' is decoded and cast
     from 'decode' on). `batch_size` is this pipeline's batch: per replica when
     `context` is given.
@@ -266,7 +263,7 @@ def files_dataset(files: ImageFiles, image_size: tuple[int, int], batch_size: in
 # ---- The device step and the timing loop ----------------------------------------------------------
 
 def device_batches(strategy: tf.distribute.Strategy, dataset_fn: Callable) -> Iterable:
-    """Run a step on the device(s) for each batch; yields (records, stored bytes) the devices received.
+    """Run a step on the device(s) for each batch; yields (records, record bytes) the devices received.
 
     `dataset_fn(input_context)` builds each input pipeline (one per host) with
     the per-replica batch; `distribute_datasets_from_function` hands each
@@ -294,7 +291,7 @@ def device_batches(strategy: tf.distribute.Strategy, dataset_fn: Callable) -> It
 
 
 def host_batches(make_dataset: Callable[[], tf.data.Dataset]) -> Iterable:
-    """Yield (records, stored bytes) of each batch a host pipeline delivers; built on the first pull."""
+    """Yield (records, record bytes) of each batch a host pipeline delivers; built on the first pull."""
     for batch in make_dataset():
         record_bytes = batch["record_bytes"].numpy()
         yield int(record_bytes.shape[0]), int(np.sum(record_bytes, dtype=np.int64))
@@ -323,7 +320,7 @@ def time_stage(stage: str, batches: Iterable, max_batches: int = 0) -> StageResu
 
 # ---- Errors ------------------------------------------------------------------------------------
 
-def _tf_message(error: tf.errors.OpError) -> str:
+def tf_message(error: tf.errors.OpError) -> str:
     """TensorFlow's message without its node names and context: one line."""
     text = re.sub(r"\{\{[^}]*\}\}", "", error.message or str(error))
     text = re.sub(r"^.*Iterator::[\w:]+: ", "", text.strip().splitlines()[0] if text.strip() else "")
@@ -332,6 +329,8 @@ def _tf_message(error: tf.errors.OpError) -> str:
 
 def find_corrupt_record(files: list[str]) -> tuple[str, str] | None:
     """The first (file, problem) whose TFRecord framing or checksums are broken, checked without TensorFlow."""
+    from transforms.tfrecord import CorruptRecord, iter_records
+
     for path in files:
         try:
             for _ in iter_records(path):
@@ -343,7 +342,7 @@ def find_corrupt_record(files: list[str]) -> tuple[str, str] | None:
 
 def explain_error(error: tf.errors.OpError, source: Source | None, files: list[str]) -> UserError:
     """A one-line user error for a failure while reading `files`, naming the file where it can."""
-    message = _tf_message(error)
+    message = tf_message(error)
     where = files[0] if len(files) == 1 else (source.name if source else "the input")
     if isinstance(error, tf.errors.DataLossError):
         path, problem = find_corrupt_record(files) or (where, message)

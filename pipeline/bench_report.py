@@ -135,7 +135,7 @@ def format_report(setup: dict, results: list[StageResult]) -> str:
     if setup.get("compare_files"):
         lines.append(f"  compared with {setup['compare_files_count']:,} image files in {setup['compare_files']}")
     lines += ["", format_table(results), ""]
-    lines.append("MB/s counts stored bytes (records or files) read; the first batch is warm-up, "
+    lines.append("MB/s counts record bytes (file bytes in files_ rows); the first batch is warm-up, "
                  "excluded from the rates.")
     lines += [f"note: {note}" for note in setup.get("notes", [])]
     stages_of: dict[str, list[str]] = {}

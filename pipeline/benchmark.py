@@ -6,7 +6,7 @@
     python -m pipeline.benchmark --file_pattern='other/train-*' --schema=tf_slim --image_size=224
 
 Stages, each a separate pass over the same files in one run:
-    read     raw records, files read in parallel in no fixed order (stored MB/s)
+    read     raw records, files read in parallel in no fixed order
     parse    + parse each Example with the reader helper (image bytes, label)
     decode   + decode the image, cast, batch with drop_remainder, prefetch
     device   + every batch handed to the device(s): a strategy.run step reduces it to one number
@@ -163,8 +163,12 @@ def _quiet_stderr(quiet: bool):
 def _import_tensorflow(verbose: bool):
     if not verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    with _quiet_stderr(not verbose and "tensorflow" not in sys.modules):
-        import tensorflow as tf
+    try:
+        with _quiet_stderr(not verbose and "tensorflow" not in sys.modules):
+            import tensorflow as tf
+    except ImportError as e:
+        raise UserError(f"TensorFlow cannot be imported ({e}); install it with pip install -e '.[tf]' (on a TPU VM "
+                        "use the image's TensorFlow)") from None
     if not verbose:
         tf.get_logger().setLevel("ERROR")
     return tf
@@ -200,6 +204,8 @@ def run_stages(settings: Settings, source, files, choice) -> list[StageResult]:
         try:
             result = bi.time_stage(stage, batches_of(stage), settings.steps)
         except tf.errors.OpError as e:
+            if stage in FILE_STAGES:
+                raise UserError(f"reading the image files under {files.root} failed: {bi.tf_message(e)}") from None
             raise bi.explain_error(e, source, source.files) from None
         _check_counts(result, settings, source, files)
         results.append(result)
@@ -229,6 +235,15 @@ def _check_counts(result: StageResult, settings: Settings, source, files) -> Non
 
 
 def run(argv: list[str]) -> int:
+    """The command: options, the source, the strategy, every stage, then the report. Returns the exit code."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # nothing to clean up: the benchmark only reads
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str]) -> int:
     settings = validate(build_parser().parse_args(argv))
     tf = _import_tensorflow(settings.verbose)
     from pipeline import bench_input as bi
@@ -267,7 +282,6 @@ def run(argv: list[str]) -> int:
         "replicas": replicas,
         "compare_files": settings.compare_files,
         "compare_files_count": len(files.paths) if files else 0,
-        "compare_files_bytes": sum(files.sizes) if files else 0,
         "tensorflow_version": tf.__version__,
         "host": socket.gethostname(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

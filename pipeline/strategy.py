@@ -59,14 +59,15 @@ def detect_tpu(environ=None, device_paths: list[str] | None = None) -> tuple[str
     Returns (tpu, reason): tpu is None to let the resolver read the environment
     variable itself, or 'local' for TPU devices attached to this VM.
     """
+    # Chips attached to this machine come first: a TPU VM is 'local' whatever its environment says.
+    devices = tpu_devices() if device_paths is None else device_paths
+    if devices:
+        return "local", f"TPU devices {', '.join(devices[:2])}{' ...' if len(devices) > 2 else ''}"
     environ = os.environ if environ is None else environ
     for name in TPU_ENV_VARS:
         if environ.get(name):
             value = environ[name]
             return ("local" if value == "local" else None), f"{name}={value}"
-    devices = tpu_devices() if device_paths is None else device_paths
-    if devices:
-        return "local", f"TPU devices {', '.join(devices[:2])}{' ...' if len(devices) > 2 else ''}"
     return None
 
 
@@ -93,6 +94,25 @@ def _probe_grpc(master: str, timeout_s: float) -> None:
         raise ConnectionError(f"{master} does not answer ({e})") from None
 
 
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """'Type: first sentence' of an error, without TensorFlow's node names."""
+    text = re.sub(r"\{\{[^}]*\}\}", "", str(error)).strip()
+    text = text.splitlines()[0] if text else ""
+    text = re.split(r"(?<=[a-z])\. ", text)[0]
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(error).__name__}: {text}".strip().rstrip(":")
+
+
+def _reset_runtime() -> None:
+    """Undo a failed experimental_connect_to_cluster, which leaves TensorFlow unusable for local devices."""
+    try:
+        from tensorflow.python.eager import context
+
+        context._reset_context()
+    except (ImportError, AttributeError):  # a TensorFlow without this private helper: nothing to undo with
+        pass
+
+
 def connect_tpu(tpu: str | None, resolver_factory: Callable | None = None,
                 timeout_s: float = CONNECT_TIMEOUT_S) -> tf.distribute.Strategy:
     """Connect to and initialise a TPU the standard way; returns its TPUStrategy.
@@ -113,25 +133,6 @@ def connect_tpu(tpu: str | None, resolver_factory: Callable | None = None,
         raise
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
-
-
-def _first_line(error: BaseException, limit: int = 160) -> str:
-    """'Type: first sentence' of an error, without TensorFlow's node names."""
-    text = re.sub(r"\{\{[^}]*\}\}", "", str(error)).strip()
-    text = text.splitlines()[0] if text else ""
-    text = re.split(r"(?<=[a-z])\. ", text)[0]
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return f"{type(error).__name__}: {text}".strip().rstrip(":")
-
-
-def _reset_runtime() -> None:
-    """Undo a failed experimental_connect_to_cluster, which leaves TensorFlow unusable for local devices."""
-    try:
-        from tensorflow.python.eager import context
-
-        context._reset_context()
-    except (ImportError, AttributeError):  # a TensorFlow without this private helper: nothing to undo with
-        pass
 
 
 def fallback_strategy(notes: list[str] | None = None) -> StrategyChoice:

@@ -73,14 +73,14 @@ def test_tpu_name_without_a_metadata_server_falls_back(monkeypatch):
     # The real TPUClusterResolver asks the GCE metadata server for the project: nobody answers here.
     monkeypatch.setenv("TPU_NAME", "my-tpu")
     monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{_closed_port()}")
-    choice = strategy.select_strategy(None)
+    choice = strategy.select_strategy(None, device_paths=[])
     assert choice.kind == "cpu"
     assert "TPU_NAME=my-tpu" in choice.notes[0] and "falling back" in choice.notes[0]
 
 
 def test_unreachable_tpu_address_falls_back_without_waiting_for_retries(monkeypatch):
     monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{_closed_port()}")
-    choice = strategy.select_strategy(None)
+    choice = strategy.select_strategy(None, device_paths=[])
     assert choice.kind == "cpu"
     assert "does not answer" in choice.notes[0]
 
@@ -98,10 +98,11 @@ def test_a_tpu_asked_for_by_name_must_connect():
         strategy.select_strategy("local")
 
 
-def test_tpu_detection_reads_env_vars_then_devices():
+def test_tpu_detection_prefers_attached_chips_then_env_vars():
+    assert strategy.detect_tpu({"TPU_NAME": "v3"}, ["/dev/accel0"]) == ("local", "TPU devices /dev/accel0")
+    assert strategy.detect_tpu({}, ["/dev/vfio/0"]) == ("local", "TPU devices /dev/vfio/0")
     assert strategy.detect_tpu({"TPU_NAME": "v3"}, []) == (None, "TPU_NAME=v3")
     assert strategy.detect_tpu({"TPU_NAME": "local"}, []) == ("local", "TPU_NAME=local")
-    assert strategy.detect_tpu({}, ["/dev/vfio/0"]) == ("local", "TPU devices /dev/vfio/0")
     assert strategy.detect_tpu({}, []) is None
 
 
