@@ -23,6 +23,7 @@ import io
 import math
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -31,6 +32,10 @@ from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
 
 # Truncated files are rejected, never padded with grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
+# A broken EXIF block is ignored (see `_orientation`); Pillow's warning about it
+# would only print noise on the user's terminal, once per such file.
+warnings.filterwarnings("ignore", message="(Corrupt EXIF data|Truncated File Read)", category=UserWarning,
+                        module="PIL.TiffImagePlugin")
 # Pillow's own process-wide bomb check warns at 89 MP and refuses at 179 MP
 # whatever --max_pixels says; `_open` applies --max_pixels instead.
 Image.MAX_IMAGE_PIXELS = None
