@@ -10,8 +10,8 @@ dataset_info.json per shard, per split and per class, and the files section
 must satisfy found = written + rejected + skipped, with one errors.jsonl line
 per rejected or skipped file.
 
-Duplicates are found by a hash of each image's decoded pixels (with
---no_decode, of its encoded bytes). Every image the tool writes is re-encoded
+Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
+--no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded
 by one deterministic encoder with one set of options, so equal pixels give
 equal bytes and both hashes find the same copies, also a PNG and a BMP of the
 same picture; the exception is --resize_mode=none, which stores a JPEG's own
@@ -23,7 +23,6 @@ finds near-duplicates (a re-saved JPEG, a crop, a resize).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import struct
@@ -43,6 +42,7 @@ from transforms.tfrecord import CorruptRecord, masked_crc
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
+_CHUNK = 256  # records per tf.data pass
 _MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
 
 
@@ -96,39 +96,69 @@ class _ShardResult:
     class_counts: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     omitted: int = 0
-    entries: list[tuple[int, str, bytes]] = field(default_factory=list)  # (record index, source path, content hash)
+    # (record index, source path, content key or None when the image cannot be read)
+    entries: list[tuple[int, str, bytes | None]] = field(default_factory=list)
+    _numbered: list[tuple[int, str]] = field(default_factory=list)
 
     def problem(self, index: int | None, text: str) -> None:
-        if len(self.problems) < _PROBLEMS_PER_SHARD:
+        if len(self._numbered) < _PROBLEMS_PER_SHARD:
             where = self.name if index is None else f"{self.name} record {index}"
-            self.problems.append(f"{where}: {text}")
+            self._numbered.append((-1 if index is None else index, f"{where}: {text}"))
         else:
             self.omitted += 1
 
+    def finish(self) -> None:
+        """Put the problems and entries in record order (records checked one by one come last)."""
+        self.problems = [text for _, text in sorted(self._numbered, key=lambda item: item[0])]
+        self.entries.sort(key=lambda entry: entry[0])
+
 
 class _RecordChecker:
-    """Parses and decodes records with the reader helper's own functions (TensorFlow)."""
+    """Parses and decodes records with the reader helper (TensorFlow), many at a time in tf.data.
+
+    A chunk of records goes through one parallel tf.data map that keeps only
+    small facts per record (label, names, sizes, a fingerprint of the pixels);
+    records the map cannot parse or decode are then checked one by one, for
+    the decoder's own message.
+    """
 
     def __init__(self, info: dict, labels: list[str], decode: bool):
         import tensorflow as tf
 
         from pipeline import reader
 
-        schema = info["schema"]
         self._tf = tf
         self._labels = labels
         self._decode = decode
-        self._format = info["image"].get("format")
         image = info["image"]
+        self._format = image.get("format")
         self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
-        signature = [tf.TensorSpec([], tf.string)]
-        self._parse_fn = tf.function(lambda s: reader.parse_example(s, schema, decode=False),
-                                     input_signature=signature)
-        self._decode_fn = tf.function(lambda s: reader.parse_example(s, schema, decode=True)["image"],
-                                      input_signature=signature)
+        schema = info["schema"]
+
+        def summarise(index, serialized, decode):
+            fields = reader.parse_example(serialized, schema, decode=False)
+            facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width")}
+            facts["index"] = index
+            facts["head"] = tf.strings.substr(fields["image"], 0, 8)
+            facts["format"] = fields["format"] if "format" in fields else tf.constant(self._format or "")
+            if decode:
+                pixels = reader.parse_example(serialized, schema, decode=True)["image"]
+                facts["shape"] = tf.shape(pixels, out_type=tf.int64)
+                facts["fingerprint"] = tf.fingerprint(tf.reshape(pixels, [1, -1]))[0]
+            else:
+                facts["shape"] = tf.constant([-1, -1, -1], tf.int64)
+                facts["fingerprint"] = tf.fingerprint(tf.reshape(fields["image"], [1]))[0]
+            return facts
+
+        signature = [tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.string)]
+        # Traced once, not once per chunk's tf.data map.
+        self._summarise = tf.function(lambda i, s: summarise(i, s, decode), input_signature=signature)
+        self._one_parsed = tf.function(lambda i, s: summarise(i, s, False), input_signature=signature)
+        self._one_decoded = tf.function(lambda i, s: summarise(i, s, True), input_signature=signature)
 
     def check_shard(self, split: str, path: str) -> _ShardResult:
         result = _ShardResult(split, path.rsplit("/", 1)[-1])
+        chunk = []
         try:
             for index, data in scan_records(path):
                 result.records += 1
@@ -136,27 +166,66 @@ class _RecordChecker:
                     result.unread += 1
                     result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
                     continue
-                self._check_record(result, index, data)
+                chunk.append((index, data))
+                if len(chunk) == _CHUNK:
+                    self._check_chunk(result, chunk)
+                    chunk = []
         except CorruptRecord as e:
             result.readable = False
             result.problem(None, str(e))
         except Exception as e:  # the file vanished or cannot be opened
             result.readable = False
             result.problem(None, f"cannot be read ({type(e).__name__}: {e})")
+        if chunk:  # also the records before a break in the file
+            self._check_chunk(result, chunk)
+        result.finish()
         return result
 
-    def _check_record(self, result: _ShardResult, index: int, data: bytes) -> None:
+    def _check_chunk(self, result: _ShardResult, chunk: list[tuple[int, bytes]]) -> None:
         tf = self._tf
+        indices = tf.constant([index for index, _ in chunk], tf.int64)
+        records = tf.constant([data for _, data in chunk], tf.string)
+        facts = (
+            tf.data.Dataset.from_tensor_slices((indices, records))
+            .map(self._summarise, num_parallel_calls=tf.data.AUTOTUNE)
+            .ignore_errors()  # such records are checked one by one below
+            .batch(len(chunk))
+        )
+        checked = set()
+        for batch in facts.as_numpy_iterator():
+            for j in range(len(batch["index"])):
+                row = {key: values[j] for key, values in batch.items()}
+                checked.add(int(row["index"]))
+                self._check_facts(result, row, decoded=self._decode)
+        for index, data in chunk:
+            if index not in checked:
+                self._check_one(result, index, data)
+
+    def _check_one(self, result: _ShardResult, index: int, data: bytes) -> None:
+        tf = self._tf
+        args = (tf.constant(index, tf.int64), tf.constant(data))
+        decode_error = None
+        if self._decode:
+            try:
+                row = {k: v.numpy() for k, v in self._one_decoded(*args).items()}
+                self._check_facts(result, row, decoded=True)
+                return
+            except tf.errors.OpError as e:
+                decode_error = e.message.splitlines()[0]
         try:
-            parsed = {k: v.numpy() for k, v in self._parse_fn(tf.constant(data)).items()}
+            row = {k: v.numpy() for k, v in self._one_parsed(*args).items()}
         except tf.errors.OpError as e:
             result.unread += 1
             result.problem(index, f"not a valid Example: {e.message.splitlines()[0]}")
             return
-        label = int(parsed["label"])
-        class_name = parsed["class_name"].decode("utf-8", "replace")
-        source_path = parsed["source_path"].decode("utf-8", "replace")
-        encoded = parsed["image"]
+        if decode_error:
+            result.problem(index, f"the image cannot be decoded: {decode_error}")
+        self._check_facts(result, row, decoded=False, content=not decode_error)
+
+    def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
+        index, label = int(row["index"]), int(row["label"])
+        class_name = row["class_name"].decode("utf-8", "replace")
+        source_path = row["source_path"].decode("utf-8", "replace")
         if 0 <= label < len(self._labels):
             if class_name != self._labels[label]:
                 result.problem(index, f"class_name {class_name!r} does not match label {label}, which is "
@@ -166,25 +235,20 @@ class _RecordChecker:
             result.problem(index, f"label {label} is out of range: {LABELS_FILE} has {len(self._labels)} classes "
                                   f"(ids 0..{len(self._labels) - 1})")
             result.class_counts[f"<label {label}>"] += 1
-        stored_format = parsed["format"].decode("utf-8", "replace") if "format" in parsed else self._format
-        if self._format in _MAGIC and (stored_format != self._format or not encoded.startswith(_MAGIC[self._format])):
-            result.problem(index, f"the image is not {self._format.upper()} as dataset_info.json says")
-        height, width = int(parsed["height"]), int(parsed["width"])
+        stored_format = row["format"].decode("utf-8", "replace")
+        if self._format in _MAGIC and (stored_format != self._format or not row["head"].startswith(
+                _MAGIC[self._format])):
+            result.problem(index, f"the image is not {self._format.upper()} as {INFO_FILE} says")
+        height, width = int(row["height"]), int(row["width"])
         if self._fixed and (height, width) != self._fixed:
             result.problem(index, f"height x width {height}x{width} is not the dataset's fixed size "
                                   f"{self._fixed[0]}x{self._fixed[1]}")
-        digest = hashlib.blake2b(encoded, digest_size=16)
-        if self._decode:
-            try:
-                pixels = self._decode_fn(tf.constant(data)).numpy()
-            except tf.errors.OpError as e:
-                result.problem(index, f"the image cannot be decoded: {e.message.splitlines()[0]}")
-            else:
-                if pixels.shape[:2] != (height, width):
-                    result.problem(index, f"the decoded image is {pixels.shape[0]}x{pixels.shape[1]} but the "
-                                          f"record says {height}x{width}")
-                digest = hashlib.blake2b(str(pixels.shape).encode() + pixels.tobytes(), digest_size=16)
-        result.entries.append((index, source_path, digest.digest()))
+        shape = tuple(int(n) for n in row["shape"])
+        if decoded and shape[:2] != (height, width):
+            result.problem(index, f"the decoded image is {shape[0]}x{shape[1]} but the record says {height}x{width}")
+        # The same key for the same content: the decoded pixels' shape and fingerprint, or the bytes'.
+        key = struct.pack("<3q", *shape) + row["fingerprint"].tobytes() if content else None
+        result.entries.append((index, source_path, key))
 
 
 @dataclass
@@ -331,6 +395,8 @@ def _check_duplicates(results: list[tuple[dict, _ShardResult]], report: Report) 
                                        f"{first_path[source_path]})")
             else:
                 first_path[source_path] = where
+            if digest is None:
+                continue
             seen = first_image.get(digest)
             if seen is None:
                 first_image[digest] = (result.split, where, source_path)

@@ -24,7 +24,7 @@ from pipeline.errors import UserError
 from pipeline.options import validate
 from pipeline.plan import SHARD_NAME, own_outputs, prepare_output
 from pipeline.sample_data import generate_dataset
-from tests.conftest import REPO, convert
+from tests.conftest import REPO, cli, convert
 from transforms.describe import INFO_FILE
 from transforms.write import TEMP_DIR
 
@@ -263,7 +263,11 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     from pipeline import benchmark
 
     assert main_of(benchmark.run, [f"--dataset_dir={out}"]) == 2
-    assert main_of(verify.run, [str(out)]) == 2
+    refused = cli("pipeline.verify", str(out))  # as a user would check the folder
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {out} has no dataset_info.json: it is not a complete dataset (an interrupted conversion leaves "
+        "none); convert again with python -m pipeline.main"]
 
     # The same command (other shard count, no compression), with no --overwrite needed.
     assert convert(source, out, "--num_shards=2", "--image_size=16") == 0

@@ -20,7 +20,7 @@ from PIL import Image
 from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import DatasetError
-from tests.conftest import cli, convert
+from tests.conftest import convert
 from transforms.describe import FORMAT_VERSION, DatasetIncomplete, _WriteInfo
 from transforms.examples import build_example, feature_description
 from transforms.layout import hash_split
@@ -166,16 +166,15 @@ def test_a_flipped_byte_in_a_record_header_is_caught(damaged):
     assert "length checksum mismatch" in problems[0]
 
 
-def test_the_verify_command_lists_the_damage_and_exits_1(damaged):
+def test_the_verify_command_lists_the_damage_and_exits_1(damaged, capsys):
     shard = damaged / "train-00001-of-00002.tfrecord"
     offset, _ = _record_spans(shard)[0]
     blob = bytearray(shard.read_bytes())
     blob[offset + 5] ^= 0xFF
     shard.write_bytes(bytes(blob))
     os.remove(damaged / "validation-00000-of-00002.tfrecord")
-    result = cli("pipeline.verify", str(damaged), "--no_decode")
-    assert result.returncode == 1, result.stderr
-    lines = result.stdout.splitlines()
+    assert main_of(verify.run, [str(damaged), "--no_decode"]) == 1
+    lines = capsys.readouterr().out.splitlines()
     assert "problem: train-00001-of-00002.tfrecord record 0: data checksum mismatch (the record's bytes are " \
            "corrupt)" in lines
     assert "problem: validation-00000-of-00002.tfrecord: listed in dataset_info.json but missing" in lines
