@@ -146,3 +146,20 @@ def _records(out, info) -> dict[str, Image.Image]:
                 assert relpath not in records
                 records[relpath] = Image.open(io.BytesIO(feature["image"].bytes_list.value[0])).convert("RGB")
     return records
+
+
+def test_the_time_limit_rejects_through_the_pipeline(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / "in" / "cls").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / "cls" / f"{name}.jpg").write_bytes(cases.jpeg(UPRIGHT))
+    # No conversion finishes within a microsecond: every image is rejected as timeout.
+    assert convert(tmp_path / "in", tmp_path / "out", "--image_timeout_s=0.000001") == 1
+    errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["relpath"], e["reason"]) for e in errors) == [("cls/a.jpg", "timeout"), ("cls/b.jpg", "timeout")]
+
+
+def test_a_negative_time_limit_is_a_user_error(tmp_path):
+    from pipeline.errors import UserError
+
+    with pytest.raises(UserError, match="--image_timeout_s=-1.0 must be 0"):
+        convert(tmp_path, tmp_path / "out", "--image_timeout_s=-1")
