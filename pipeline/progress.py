@@ -213,10 +213,18 @@ class ProgressDisplay:
 
     def _update_bar(self, done: int) -> None:
         bar = self._bar
+        if done and not bar.n:
+            bar.reset()  # time and rate from the first image on, not from the workers' start-up
+            bar.n = bar.last_print_n = bar.initial = done  # the rate starts with the next report, not this jump
         if done > bar.n:
             bar.update(done - bar.n)
         stage = "Writing" if self._total and done >= self._total else "Converting" if done else "Starting"
         if bar.desc != stage:
+            if stage == "Writing":
+                # Keep the conversion rate in view; the clock goes on while the shards are finished.
+                rate = bar.format_dict.get("rate") or bar.n / max(bar.format_dict["elapsed"], 1e-9)
+                bar.bar_format = "{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, " \
+                                 f"converted at {rate:.1f}img/s]"
             bar.set_description(stage, refresh=False)
         bar.refresh()
 
