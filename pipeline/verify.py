@@ -35,9 +35,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import main_of
+from pipeline.errors import DatasetError
 from pipeline.plan import SHARD_NAME
 from pipeline.quiet import import_tensorflow
-from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.describe import ERRORS_FILE, FORMAT_VERSION, INFO_FILE, LABELS_FILE
 from transforms.tfrecord import CorruptRecord, masked_crc
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
@@ -291,6 +292,31 @@ class Report:
         return "\n".join(lines)
 
 
+def load_info(dataset_dir: str) -> dict:
+    """dataset_info.json read through Beam's file systems, with reader.load_info's checks and messages.
+
+    Beam's GCS client, unlike TensorFlow's, is the one every other step of this
+    tool uses (credentials, STORAGE_EMULATOR_HOST).
+
+    Raises:
+        DatasetError: when there is no complete dataset there.
+    """
+    path = _join(dataset_dir, INFO_FILE)
+    if not FileSystems.exists(path):
+        raise DatasetError(
+            f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
+            "none); convert again with python -m pipeline.main"
+        )
+    try:
+        info = json.loads(_read_text(path))
+    except (ValueError, TypeError) as e:
+        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
+    if not isinstance(info, dict) or info.get("format_version") != FORMAT_VERSION:
+        version = info.get("format_version") if isinstance(info, dict) else None
+        raise DatasetError(f"{path} has format version {version!r}; this reader reads version {FORMAT_VERSION}")
+    return info
+
+
 def _read_text(path: str) -> str | None:
     if not FileSystems.exists(path):
         return None
@@ -479,9 +505,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     Raises:
         DatasetError: when `dataset_dir` holds no dataset_info.json (not a complete dataset).
     """
-    from pipeline import reader
-
-    info = reader.load_info(dataset_dir)
+    info = load_info(dataset_dir)
     report = Report(dataset_dir, decoded=decode)
     labels = _check_labels(dataset_dir, info, report)
     to_read = _check_shard_files(dataset_dir, info, report)
@@ -514,6 +538,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--max_problems", type=int, default=100,
                         help="print at most this many problem lines (default: 100)")
     args = parser.parse_args(argv)
+    load_info(args.dataset_dir)  # refuse a folder that is no dataset before TensorFlow's slow import
     import_tensorflow()  # quietly: TensorFlow's native start-up messages are not problems
     report = verify_dataset(args.dataset_dir, decode=not args.no_decode)
     print(report.format(args.max_problems))

@@ -142,6 +142,17 @@ def test_a_folder_without_dataset_info_is_refused(mixed, tmp_path, capsys):
         reader.make_dataset(str(tmp_path / "partial"), "train")
 
 
+def test_a_dataset_in_gcs_is_verified(gcs_emulator, mixed):
+    bucket = gcs_emulator.create_bucket("verify-gcs")
+    gcs_emulator.upload_tree(mixed[0], f"{bucket}/ds")
+    assert _problems(f"{bucket}/ds") == []
+    gcs_emulator.client().bucket("verify-gcs").blob("ds/validation-00001-of-00002.tfrecord").delete()
+    assert _problems(f"{bucket}/ds", decode=False) == [
+        "validation-00001-of-00002.tfrecord: listed in dataset_info.json but missing"]
+    with pytest.raises(DatasetError, match="has no dataset_info.json"):
+        verify.verify_dataset(f"{bucket}/nothing")
+
+
 # --- damaged shards -------------------------------------------------------------------------------------------
 
 
