@@ -510,8 +510,9 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     labels = _check_labels(dataset_dir, info, report)
     to_read = _check_shard_files(dataset_dir, info, report)
     checker = _RecordChecker(info, labels, decode)
-    # TensorFlow's ops release the GIL, so threads read and decode shards in parallel.
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    # A few shards at a time: tf.data already decodes each chunk on every core; more threads would only
+    # overlap reading (GCS latency) and hold more chunks in memory.
+    with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
         shard_results = list(pool.map(lambda item: checker.check_shard(item[0], item[1]), to_read))
     results = [(listed, result) for (_, _, listed), result in zip(to_read, shard_results, strict=True)]
     for _, result in results:
