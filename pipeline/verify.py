@@ -44,6 +44,7 @@ from transforms.tfrecord import CorruptRecord, masked_crc
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
 _CHUNK = 256  # records per tf.data pass
+_MAX_RECORD = 1 << 31  # a serialized protocol buffer is under 2 GB
 _MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
 
 
@@ -72,6 +73,8 @@ def scan_records(path: str):
                 length, length_crc = struct.unpack("<QI", header)
                 if masked_crc(header[:8]) != length_crc:
                     raise CorruptRecord(f"record {index}: length checksum mismatch; the rest of the file is unreadable")
+                if length >= _MAX_RECORD:
+                    raise CorruptRecord(f"record {index}: a length of {length} bytes is impossible for an Example")
                 body = f.read(length + 4)
                 if len(body) < length + 4:
                     raise CorruptRecord(
@@ -102,7 +105,7 @@ class _ShardResult:
     _numbered: list[tuple[int, str]] = field(default_factory=list)
 
     def problem(self, index: int | None, text: str) -> None:
-        if len(self._numbered) < _PROBLEMS_PER_SHARD:
+        if index is None or len(self._numbered) < _PROBLEMS_PER_SHARD:
             where = self.name if index is None else f"{self.name} record {index}"
             self._numbered.append((-1 if index is None else index, f"{where}: {text}"))
         else:
@@ -314,6 +317,10 @@ def load_info(dataset_dir: str) -> dict:
     if not isinstance(info, dict) or info.get("format_version") != FORMAT_VERSION:
         version = info.get("format_version") if isinstance(info, dict) else None
         raise DatasetError(f"{path} has format version {version!r}; this reader reads version {FORMAT_VERSION}")
+    expected = {"splits": dict, "image": dict, "schema": str, "class_names": list}
+    missing = [key for key, kind in expected.items() if not isinstance(info.get(key), kind)]
+    if missing:
+        raise DatasetError(f"{path} lacks {', '.join(missing)}: it was not written by this tool; convert again")
     return info
 
 
@@ -346,10 +353,10 @@ def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
 
 def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tuple[str, str, dict]]:
     """The listed shards that exist, as (split, path, listed entry); missing, misnamed and stale ones are problems."""
-    present = {}
+    present = {}  # every file directly in the folder
     for metadata in FileSystems.match([_join(dataset_dir, "*")])[0].metadata_list:
         name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
-        if SHARD_NAME.fullmatch(name):
+        if "/" not in name:
             present[name] = metadata.size_in_bytes
     listed, to_read = set(), []
     for split, split_info in info["splits"].items():
@@ -368,7 +375,7 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
             if present[name] != shard.get("bytes"):
                 report.problems.append(f"{name}: {present[name]} bytes, but {INFO_FILE} says {shard.get('bytes')}")
             to_read.append((split, _join(dataset_dir, name), shard))
-    for name in sorted(set(present) - listed):
+    for name in sorted(name for name in set(present) - listed if SHARD_NAME.fullmatch(name)):
         report.problems.append(f"{name}: a shard file not listed in {INFO_FILE} (stale, from another run?); "
                                "readers of this folder by glob would read it")
     return to_read

@@ -452,3 +452,25 @@ def test_the_same_image_twice_in_one_split_is_only_a_warning(tmp_path):
     assert report.warnings == ["train-00000-of-00001.tfrecord record 1: the same image as "
                                "train-00000-of-00001.tfrecord record 0 in split 'train' ('cat/b.jpg' and "
                                "'cat/a.jpg')"]
+
+
+def test_a_record_length_no_example_can_have_is_caught_without_reading_it(tmp_path):
+    root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg"), rec(1, "dog/b.jpg", (90, 9, 9))]]})
+    shard = root / "train-00000-of-00001.tfrecord"
+    header = struct.pack("<Q", 1 << 40)  # a terabyte, with a valid checksum
+    with open(shard, "ab") as f:
+        f.write(header + struct.pack("<I", masked_crc(header)))
+    info = _info(root)
+    info["splits"]["train"]["shards"][0]["bytes"] = shard.stat().st_size
+    _save_info(root, info)
+    assert _problems(root) == [
+        "train-00000-of-00001.tfrecord: record 2: a length of 1099511627776 bytes is impossible for an Example"]
+
+
+def test_a_dataset_info_not_written_by_the_tool_is_refused(damaged, capsys):
+    info = _info(damaged)
+    del info["splits"]
+    _save_info(damaged, info)
+    assert main_of(verify.run, [str(damaged)]) == 2
+    assert capsys.readouterr().err == (f"error: {damaged}/dataset_info.json lacks splits: it was not written by "
+                                       "this tool; convert again\n")
