@@ -111,7 +111,9 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int,
     # Sequential reads (no interleave) keep the order, and so the sheet, the same on every run.
     records = tf.data.TFRecordDataset(files, compression_type=compression).take(max_records)
     labeled = records.map(lambda s: (s, tf.io.parse_single_example(s, label_spec)[label_key])).batch(1024)
-    wanted = {label: per_class for label in range(len(info["class_names"]))}
+    # dataset_info.json says how many images each class has here: stop as soon as all of them are found.
+    counts = info["splits"][split].get("class_counts", {})
+    wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
     chosen: dict[int, list] = {label: [] for label in wanted}
     read = 0
     for serialized, labels in labeled:
@@ -176,11 +178,13 @@ def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: in
     info = reader.load_info(dataset_dir)
     split = split or ("train" if "train" in info["splits"] else next(iter(info["splits"]), "train"))
     chosen, read = sample_records(dataset_dir, info, split, per_class, max_records)
-    short = [f"{info['class_names'][label]} ({len(records)})" for label, records in chosen.items()
-             if len(records) < per_class]
-    if short:
-        _LOG.warning("Fewer than %d images of %s in the first %d records of %s", per_class, ", ".join(short), read,
-                     split)
+    counts = info["splits"][split].get("class_counts", {})
+    missed = [f"{name} ({len(chosen[label])} of {counts.get(name, 0)})"
+              for label, name in enumerate(info["class_names"])
+              if len(chosen[label]) < min(per_class, counts.get(name, 0))]
+    if missed:
+        _LOG.warning("Not every image to show was found in the first %d records of %s: %s; raise --max_records",
+                     read, split, ", ".join(missed))
     title = f"{dataset_dir.rstrip('/')}  |  {split}: {info['splits'][split]['records']} images, " \
             f"{len(info['class_names'])} classes  |  label id and class name as stored"
     return draw_contact_sheet(info, chosen, split, per_class, tile_size, title)

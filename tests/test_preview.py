@@ -130,3 +130,12 @@ def test_bad_arguments_are_one_line_errors(sample_output, tmp_path, capsys, monk
     assert main_of(run, [str(sample_output), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_short_scan_shows_what_it_found_and_says_so(sample_output, caplog):
+    from pipeline.preview import make_contact_sheet
+
+    _, tiles = make_contact_sheet(str(sample_output), "train", PER_CLASS, 32, max_records=5)
+    assert tiles and all(t.record_index < 5 for t in tiles)  # only the first five records were read
+    assert "Not every image to show was found in the first 5 records of train" in caplog.text
+    assert "raise --max_records" in caplog.text
