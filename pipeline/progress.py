@@ -125,6 +125,8 @@ def observe_bundles(counts: BundleCounts) -> Iterator[bool]:
 
 
 def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
     seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds} s"

@@ -59,6 +59,7 @@ def test_progress_line_states_count_share_rate_and_time_left():
     assert progress_line(400, 400, 50.0).endswith("; writing shards and dataset_info.json")
     assert format_duration(3725) == "1 h 02 min"
     assert format_duration(125) == "2 min 05 s"
+    assert format_duration(0.3) == "under 1 s"
 
 
 class _SlowCount(beam.DoFn):
