@@ -542,9 +542,10 @@ def run(argv: list[str]) -> int:
                     "1: problems (listed one per line); 2: not a complete dataset.")
     parser.add_argument("dataset_dir", help="the dataset folder (--output_dir of the conversion), local or gs://")
     parser.add_argument("--no_decode", action="store_true",
-                        help="skip decoding the images (checksums, Examples, labels, counts are still checked)")
+                        help="Skip decoding the images, most of the time; checksums, Examples, labels, counts, "
+                             "duplicates (by encoded bytes) and accounting are still checked. Default: off.")
     parser.add_argument("--max_problems", type=int, default=100,
-                        help="print at most this many problem lines (default: 100)")
+                        help="Print at most this many problem lines, and as many warnings. Default: 100.")
     args = parser.parse_args(argv)
     load_info(args.dataset_dir)  # refuse a folder that is no dataset before TensorFlow's slow import
     import_tensorflow()  # quietly: TensorFlow's native start-up messages are not problems
