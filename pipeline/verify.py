@@ -279,8 +279,8 @@ class Report:
             if len(items) > max_lines:
                 lines.append(f"{kind}: ... and {len(items) - max_lines} more")
         total = sum(self.split_records.values())
-        lines.append(f"Read {total} records in {sum(self.split_shards.values())} shards of {self.dataset_dir}"
-                     f"{'' if self.decoded else ' (images not decoded: --no_decode)'}:")
+        lines.append(f"Read {total} records from {self.dataset_dir} ({sum(self.split_shards.values())} shards "
+                     f"listed{'' if self.decoded else '; images not decoded: --no_decode'}):")
         for split, records in self.split_records.items():
             lines.append(f"  {split:<10} {records:>8} records in {self.split_shards[split]} shard(s)")
         if self.files:
