@@ -283,8 +283,6 @@ WIDE_GIF = base64.b64decode(
 )
 
 
-@pytest.mark.xfail(strict=True, reason="imaging: a side over JPEG's 65500-pixel limit with --resize_mode=none "
-                                       "fails in the encoder as internal_error instead of a rejection reason")
 @pytest.mark.parametrize("name", ["fuzzed_gif", "wide_png"])
 def test_an_image_wider_than_jpeg_allows_is_rejected_with_a_reason(name):
     if name == "wide_png":
@@ -295,4 +293,5 @@ def test_an_image_wider_than_jpeg_allows_is_rejected_with_a_reason(name):
                                    max_pixels=MAX_PIXELS, timeout_s=0.0)
     with pytest.raises(ImageRejected) as rejected:
         convert_image(data, image_settings)
-    assert rejected.value.reason != INTERNAL_ERROR, rejected.value.detail
+    assert rejected.value.reason == "too_large_for_jpeg", rejected.value.detail
+    assert "--image_format=png" in rejected.value.detail

@@ -65,6 +65,8 @@ DECODE_ERROR = "decode_error"
 READ_ERROR = "read_error"
 TIMEOUT = "timeout"
 INTERNAL_ERROR = "internal_error"  # a bug here, not a problem of the file: report it
+TOO_LARGE_FOR_JPEG = "too_large_for_jpeg"
+JPEG_MAX_SIDE = 65500  # the JPEG format's own limit on either side
 
 # Draft-decode a JPEG to at least this many times the pixels the output needs
 # along each side, then let resize() reduce by whole factors until it is within
@@ -518,6 +520,12 @@ def _passes_through(image: Image.Image, data: bytes, orientation: int, settings:
 
 def _encode(image: Image.Image, settings: ImageSettings) -> bytes:
     out = io.BytesIO()
+    if settings.image_format == "jpeg" and max(image.size) > JPEG_MAX_SIDE:
+        raise ImageRejected(
+            TOO_LARGE_FOR_JPEG,
+            f"{image.width}x{image.height} is over JPEG's limit of {JPEG_MAX_SIDE} pixels a side; resize it "
+            "(--resize_mode other than none) or store it losslessly with --image_format=png",
+        )
     if settings.image_format == "png":
         image.save(out, format="PNG", compress_level=1)
     else:

@@ -117,7 +117,12 @@ def copy_shard(segments: list[Segment], output_dir: str, name: str, compression:
                     out.write(chunk)
                     remaining -= len(chunk)
     FileSystems.rename([temp], [destination])
-    return FileSystems.match([destination])[0].metadata_list[0].size_in_bytes
+    size = FileSystems.match([destination])[0].metadata_list[0].size_in_bytes
+    expected = sum(segment.end - segment.start for segment in segments)
+    if compression != "gzip" and size != expected:
+        raise OSError(f"{destination} holds {size} bytes after the copy, {expected} were written: the file system "
+                      "lost data; run the conversion again")
+    return size
 
 
 class _PlanSplit(beam.DoFn):
