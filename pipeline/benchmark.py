@@ -18,8 +18,6 @@ batch, excluded from the rates.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import socket
 import sys
 import time
@@ -37,6 +35,7 @@ from pipeline.bench_report import (
 from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.options import parse_image_size
+from pipeline.quiet import import_tensorflow
 from transforms.examples import SCHEMAS
 
 DTYPE_NAMES = ("float32", "bfloat16", "uint8")
@@ -143,37 +142,6 @@ def validate(args: argparse.Namespace) -> Settings:
     )
 
 
-@contextlib.contextmanager
-def _quiet_stderr(quiet: bool):
-    """Hide what native libraries print while TensorFlow loads (CUDA probing and the like)."""
-    if not quiet:
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _import_tensorflow(verbose: bool):
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    try:
-        with _quiet_stderr(not verbose and "tensorflow" not in sys.modules):
-            import tensorflow as tf
-    except ImportError as e:
-        raise UserError(f"TensorFlow cannot be imported ({e}); install it with pip install -e '.[tf]' (on a TPU VM "
-                        "use the image's TensorFlow)") from None
-    if not verbose:
-        tf.get_logger().setLevel("ERROR")
-    return tf
-
-
 def run_stages(settings: Settings, source, files, choice) -> list[StageResult]:
     """Run every stage in order; each is timed on its own pass over the files."""
     import tensorflow as tf
@@ -245,7 +213,7 @@ def run(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     settings = validate(build_parser().parse_args(argv))
-    tf = _import_tensorflow(settings.verbose)
+    tf = import_tensorflow(settings.verbose)
     from pipeline import bench_input as bi
     from pipeline.strategy import select_strategy
 

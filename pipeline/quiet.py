@@ -25,6 +25,8 @@ import os
 import sys
 import threading
 
+from pipeline.errors import UserError
+
 
 @contextlib.contextmanager
 def silenced_stderr():
@@ -42,13 +44,17 @@ def silenced_stderr():
 
 def import_tensorflow(verbose: bool = False):
     """The tensorflow module; quiet unless `verbose`. A no-op past the first import."""
-    if verbose or "tensorflow" in sys.modules:
-        import tensorflow as tf
+    try:
+        if verbose or "tensorflow" in sys.modules:
+            import tensorflow as tf
 
-        return tf
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    with silenced_stderr():
-        import tensorflow as tf
+            return tf
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with silenced_stderr():
+            import tensorflow as tf
+    except ImportError as e:
+        raise UserError(f"TensorFlow cannot be imported ({e}); install it with pip install -e '.[tf]' (on a TPU VM "
+                        "use the image's TensorFlow)") from None
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     return tf
