@@ -123,8 +123,11 @@ def _run_on_terminal(argv, columns=100, rows=30, timeout=300):
 
 
 def test_terminal_shows_a_live_bar_with_count_rate_and_eta(small_tree, tmp_path):
+    # One worker and large, carefully resampled outputs make the conversion last several seconds even
+    # on a fast idle machine, so that the bar is redrawn with a rate while images are converted.
     code, text = _run_on_terminal([sys.executable, "-m", "pipeline.main", f"--input_dir={small_tree}",
-                                   f"--output_dir={tmp_path / 'out'}"])
+                                   f"--output_dir={tmp_path / 'out'}", "--direct_num_workers=1",
+                                   "--image_size=1024", "--resample=lanczos"])
     assert code == 0, text
     frames = [f for f in re.split(r"[\r\n]+", text) if f"/{IMAGES} [" in f]
     assert len(frames) >= 3, text  # redrawn while running, not printed once at the end
