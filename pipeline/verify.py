@@ -39,53 +39,16 @@ from pipeline.errors import DatasetError
 from pipeline.plan import SHARD_NAME
 from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, FORMAT_VERSION, INFO_FILE, LABELS_FILE
-from transforms.tfrecord import CorruptRecord, masked_crc
+from transforms.tfrecord import CorruptRecord, scan_records
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
 _CHUNK = 256  # records per tf.data pass
-_MAX_RECORD = 1 << 31  # a serialized protocol buffer is under 2 GB
 _MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
 
 
 def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name
-
-
-def scan_records(path: str):
-    """Yield (index, record bytes) of a TFRecord file; bytes are None when that record's data checksum fails.
-
-    A bad data checksum leaves the framing intact, so reading goes on. A bad
-    length checksum or a cut-off record ends the file.
-
-    Raises:
-        CorruptRecord: when the framing is broken or the file cannot be read, naming the record index.
-    """
-    index = 0
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
-            while True:
-                header = f.read(12)
-                if not header:
-                    return
-                if len(header) < 12:
-                    raise CorruptRecord(f"record {index}: the file ends inside a record header")
-                length, length_crc = struct.unpack("<QI", header)
-                if masked_crc(header[:8]) != length_crc:
-                    raise CorruptRecord(f"record {index}: length checksum mismatch; the rest of the file is unreadable")
-                if length >= _MAX_RECORD:
-                    raise CorruptRecord(f"record {index}: a length of {length} bytes is impossible for an Example")
-                body = f.read(length + 4)
-                if len(body) < length + 4:
-                    raise CorruptRecord(
-                        f"record {index}: the file ends inside the record ({len(body)} of {length + 4} bytes)")
-                data, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
-                yield index, (data if masked_crc(data) == data_crc else None)
-                index += 1
-    except CorruptRecord:
-        raise
-    except Exception as e:  # a broken gzip stream, an I/O error: the file is unreadable from here on
-        raise CorruptRecord(f"record {index}: cannot be read ({type(e).__name__}: {e})") from None
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Reading TFRecord framing without TensorFlow: count records and check their CRCs."""
+"""Reading TFRecord framing without TensorFlow: every record, with its CRCs checked."""
 
 from __future__ import annotations
 
@@ -19,33 +19,52 @@ class CorruptRecord(Exception):
     """A TFRecord file whose framing or checksums are broken."""
 
 
-def iter_records(path: str, check_crc: bool = True):
-    """Yield each record's bytes from a TFRecord file (gzip detected from the name).
+MAX_RECORD_BYTES = 1 << 31  # a serialized protocol buffer is under 2 GB
+
+
+def scan_records(path: str):
+    """Yield (index, record bytes) of a TFRecord file; bytes are None when that record's data checksum fails.
+
+    A bad data checksum leaves the framing intact, so reading goes on. A bad
+    length checksum or a cut-off record ends the file.
+
+    Raises:
+        CorruptRecord: when the framing is broken or the file cannot be read, naming the record index.
+    """
+    index = 0
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
+            while True:
+                header = f.read(12)
+                if not header:
+                    return
+                if len(header) < 12:
+                    raise CorruptRecord(f"record {index}: the file ends inside a record header")
+                length, length_crc = struct.unpack("<QI", header)
+                if masked_crc(header[:8]) != length_crc:
+                    raise CorruptRecord(f"record {index}: length checksum mismatch; the rest of the file is unreadable")
+                if length >= MAX_RECORD_BYTES:
+                    raise CorruptRecord(f"record {index}: a length of {length} bytes is impossible for an Example")
+                body = f.read(length + 4)
+                if len(body) < length + 4:
+                    raise CorruptRecord(
+                        f"record {index}: the file ends inside the record ({len(body)} of {length + 4} bytes)")
+                data, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
+                yield index, (data if masked_crc(data) == data_crc else None)
+                index += 1
+    except CorruptRecord:
+        raise
+    except Exception as e:  # a broken gzip stream, an I/O error: the file is unreadable from here on
+        raise CorruptRecord(f"record {index}: cannot be read ({type(e).__name__}: {e})") from None
+
+
+def iter_records(path: str):
+    """Yield each record's bytes from a TFRecord file (gzip detected from the name), checking every CRC.
 
     Raises:
         CorruptRecord: naming the record index and what is wrong.
     """
-    with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
-        index = 0
-        while True:
-            header = f.read(12)
-            if not header:
-                return
-            if len(header) < 12:
-                raise CorruptRecord(f"record {index}: file ends inside a record header")
-            length, length_crc = struct.unpack("<QI", header)
-            if check_crc and masked_crc(header[:8]) != length_crc:
-                raise CorruptRecord(f"record {index}: length checksum mismatch")
-            body = f.read(length + 4)
-            if len(body) < length + 4:
-                raise CorruptRecord(f"record {index}: file ends inside a record ({len(body)} of {length + 4} bytes)")
-            data, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
-            if check_crc and masked_crc(data) != data_crc:
-                raise CorruptRecord(f"record {index}: data checksum mismatch")
-            yield data
-            index += 1
-
-
-def count_records(path: str) -> int:
-    """The number of records in a TFRecord file, checking every checksum."""
-    return sum(1 for _ in iter_records(path))
+    for index, data in scan_records(path):
+        if data is None:
+            raise CorruptRecord(f"record {index}: data checksum mismatch")
+        yield data
