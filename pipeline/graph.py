@@ -29,7 +29,9 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     # ImageRef, in a reproducible random order, spread over workers
     shuffled = labeled.images | "ShuffleImages" >> ShuffleImages(plan.total_images)
     # ImageRef -> ExampleRecord (serialized tf.train.Example)
-    converted = shuffled | "ConvertImages" >> ConvertImages(settings.image, settings.schema)
+    converted = shuffled | "ConvertImages" >> ConvertImages(
+        settings.image, settings.schema, settings.conversion_threads
+    )
     # ExampleRecord -> {split: shard paths}
     shards = converted.examples | "WriteShards" >> WriteShards(
         settings.output_dir, plan.num_shards, settings.compression

@@ -21,6 +21,7 @@ from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
 from pipeline.progress import REQUEST_SECONDS, show_progress
 from pipeline.quiet import quiet_workers
+from pipeline.warm_workers import WarmWorkerPool
 from transforms.describe import INFO_FILE
 
 _LOG = logging.getLogger("pipeline")
@@ -35,13 +36,30 @@ def is_local_run(options: PipelineOptions) -> bool:
     return options.view_as(StandardOptions).runner in LOCAL_RUNNER_NAMES
 
 
-def make_runner(options: PipelineOptions, argv: list[str]):
+def start_workers(options: PipelineOptions, argv: list[str], settings: Settings) -> WarmWorkerPool | None:
+    """For a local run with worker processes (the default), start them now; None for other runs.
+
+    They import Beam while the launcher lists the files and builds the graph
+    (see `pipeline.warm_workers`).
+    """
+    if not is_local_run(options) or cloud.is_dataflow(options):
+        return None
+    direct = options.view_as(DirectOptions)
+    if _flag_given(argv, "--direct_running_mode") and direct.direct_running_mode != "multi_processing":
+        return None
+    count = direct.direct_num_workers if _flag_given(argv, "--direct_num_workers") else 0
+    return WarmWorkerPool(count or os.cpu_count() or 1, quiet=not settings.verbose)
+
+
+def make_runner(options: PipelineOptions, argv: list[str], workers: WarmWorkerPool | None = None):
     """The runner for these options; local runs use Beam's FnApiRunner on every core.
 
     Beam's DirectRunner first tries the Prism runner, which downloads a binary
     from the internet: on a machine without internet access that stalls the
     job. Local runs therefore go straight to the FnApiRunner, the Python local
-    engine that DirectRunner falls back to, with one worker process per core.
+    engine that DirectRunner falls back to, with one worker process per core:
+    the `workers` started early, or Beam's own for --direct_running_mode=multi_processing
+    without them.
     """
     if not is_local_run(options):
         return options.view_as(StandardOptions).runner
@@ -55,10 +73,19 @@ def make_runner(options: PipelineOptions, argv: list[str]):
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    provision_info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    environment = None
+    if workers is not None:
+        workers.serve(provision_info.provision_info)
+        environment = workers.environment()
+        # The runner's multi_processing mode would replace this environment by
+        # processes of its own; its in_memory mode keeps it and still runs
+        # direct_num_workers bundles in parallel, one per worker process.
+        direct.direct_running_mode = "in_memory"
+        direct.direct_num_workers = workers.count
     return fn_runner.FnApiRunner(
-        provision_info=fn_runner.ExtendedProvisionInfo(
-            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
-        ),
+        default_environment=environment,
+        provision_info=provision_info,
         progress_request_frequency=REQUEST_SECONDS,  # live counts for pipeline.progress
     )
 
@@ -119,6 +146,16 @@ def run(argv: list[str] | None = None) -> int:
     configure_logging(settings)
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
     start_time = time.time()
+    workers = start_workers(options, argv, settings)
+    try:
+        return _run(argv, options, settings, start_time, workers)
+    finally:
+        if workers is not None:
+            workers.close()
+
+
+def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_time: float,
+         workers: WarmWorkerPool | None) -> int:
     plan: Plan = plan_dataset(settings)
     for note in plan.notes:
         _LOG.warning(note)
@@ -136,8 +173,8 @@ def run(argv: list[str] | None = None) -> int:
         p = beam.Pipeline(options=options)
         build_pipeline(p, settings, plan, start_time)
         return cloud.run_on_dataflow(p, options, settings)
-    runner = make_runner(options, argv)
-    worker_processes = options.view_as(DirectOptions).direct_running_mode == "multi_processing"
+    worker_processes = workers is not None or options.view_as(DirectOptions).direct_running_mode == "multi_processing"
+    runner = make_runner(options, argv, workers)
     with quiet_workers(enabled=worker_processes and not settings.verbose), \
             show_progress(runner, plan.total_images, enabled=not settings.quiet):
         with beam.Pipeline(runner=runner, options=options) as p:

@@ -25,6 +25,7 @@ from transforms.imaging import (
 )
 
 COMPRESSIONS = ("none", "gzip")
+MAX_CONVERSION_THREADS = 32
 
 
 def parse_bool(text: str) -> bool:
@@ -93,6 +94,10 @@ class ConvertOptions(PipelineOptions):
         add("--image_timeout_s", type=float, default=ImageSettings.timeout_s,
             help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
                  f"Default: {ImageSettings.timeout_s:g}.")
+        add("--conversion_threads", type=int, default=2,
+            help="Threads reading and converting images in each worker process. Pillow works outside "
+                 "Python's lock, so two keep a core busy while the other waits, and let busy workers use the "
+                 "cores of idle ones. Default: 2.")
         add("--schema", default="default", choices=tuple(SCHEMAS),
             help="Example keys: default (image, label, class_name, height, width, source_path) or tf_slim "
                  "(image/encoded, image/class/label, ...). Default: default.")
@@ -129,6 +134,7 @@ class Settings:
     num_shards: int
     shard_size_mb: int
     compression: str
+    conversion_threads: int
     overwrite: bool
     quiet: bool
     verbose: bool
@@ -226,6 +232,9 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--max_pixels={o.max_pixels} must be a positive number of pixels")
     if not o.image_timeout_s >= 0:
         raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
+    if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
+        raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
+                        "2 suits most machines")
     if o.num_shards < 0:
         raise UserError(f"--num_shards={o.num_shards} must be 0 (automatic) or a positive count")
     if o.shard_size_mb < 1:
@@ -254,6 +263,7 @@ def validate(options: PipelineOptions) -> Settings:
         image=image,
         schema=o.schema,
         num_shards=o.num_shards,
+        conversion_threads=o.conversion_threads,
         shard_size_mb=o.shard_size_mb,
         compression=o.compression,
         overwrite=o.overwrite,

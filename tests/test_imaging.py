@@ -17,7 +17,8 @@ from tests import image_cases as cases
 from tests.conftest import REPO
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
 from transforms import imaging
-from transforms.imaging import ImageRejected, ImageSettings, TimedConverter, convert_image
+from transforms.imaging import ImageRejected, ImageSettings, convert_image
+from transforms.pool import TimedConverter
 
 # Lossless output at the source size, so pixels can be compared exactly.
 AS_IS = ImageSettings(resize_mode="none", image_format="png")

@@ -2,17 +2,24 @@
 
 Bad images never fail the job: they leave on the REJECTED output with the
 reason from the image layer, and are counted. Each image gets at most
---image_timeout_s seconds (see `imaging.TimedConverter`).
+--image_timeout_s seconds. Images are read and converted on
+--conversion_threads helper threads per DoFn instance (see `transforms.pool`);
+results leave in input order.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms import counters
+from transforms import counters, imaging
 from transforms.examples import build_example
-from transforms.imaging import DECODE_ERROR, READ_ERROR, ImageRejected, ImageSettings, TimedConverter
+from transforms.imaging import DECODE_ERROR, READ_ERROR, EncodedImage, ImageRejected, ImageSettings
+from transforms.pool import ConversionPool, time_limit
 from transforms.records import ExampleRecord, ImageRef, Rejection
 
 REJECTED = "rejected"
@@ -24,35 +31,62 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def read_and_convert(path: str, settings: ImageSettings, deadline: float | None) -> EncodedImage:
+    """Read one file and convert it.
+
+    Raises:
+        ImageRejected: `read_error` when the file cannot be read, or the image layer's reason.
+    """
+    try:
+        data = read_bytes(path)
+    except Exception as e:  # a vanished or unreadable file is this file's problem only
+        raise ImageRejected(READ_ERROR, f"{type(e).__name__}: {e}") from None
+    return imaging.convert_image(data, settings, deadline)
+
+
 class _ConvertImage(beam.DoFn):
-    def __init__(self, settings: ImageSettings, schema: str):
+    def __init__(self, settings: ImageSettings, schema: str, threads: int):
         self._settings = settings
         self._schema = schema
-        self._convert = None
+        self._threads = threads
+        self._pool: ConversionPool | None = None
+        self._pending: collections.deque = collections.deque()
 
     def setup(self):
-        # The time limit runs each conversion on a helper thread: Beam calls
-        # process() on its own worker threads, where SIGALRM cannot reach.
-        self._convert = TimedConverter(self._settings)
+        self._pool = ConversionPool(time_limit(self._settings), threads=self._threads)
 
-    def _reject(self, ref: ImageRef, reason: str, detail: str):
-        counters.inc(f"rejected_{reason}")
-        return beam.pvalue.TaggedOutput(REJECTED, Rejection(ref.relpath, "rejected", reason, detail))
+    def start_bundle(self):
+        self._pending.clear()
 
-    def process(self, ref: ImageRef):
+    def process(self, ref: ImageRef, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        job = self._pool.submit(functools.partial(read_and_convert, ref.path, self._settings))
+        self._pending.append((ref, job, timestamp, window))
+        # Keep one image queued behind every busy helper; emit finished ones in input order.
+        while len(self._pending) > 2 * self._threads or (self._pending and self._pending[0][1].done.is_set()):
+            ref, job, _, _ = self._pending.popleft()
+            yield self._outcome(ref, job)
+
+    def finish_bundle(self):
+        while self._pending:
+            ref, job, timestamp, window = self._pending.popleft()
+            output = self._outcome(ref, job)
+            if isinstance(output, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(output.tag, WindowedValue(output.value, timestamp, [window]))
+            else:
+                yield WindowedValue(output, timestamp, [window])
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.close()
+
+    def _outcome(self, ref: ImageRef, job):
+        """The ExampleRecord for `ref`, or its Rejection on the REJECTED output (counters: this thread only)."""
         try:
-            data = read_bytes(ref.path)
-        except Exception as e:  # a vanished or unreadable file is this file's problem only
-            yield self._reject(ref, READ_ERROR, f"{type(e).__name__}: {e}")
-            return
-        try:
-            image = self._convert(data)
+            image = self._pool.result(job)
         except ImageRejected as e:
-            yield self._reject(ref, e.reason, e.detail)
-            return
+            return self._reject(ref, e.reason, e.detail)
         except Exception as e:  # convert_image maps every decoder error; this is a last line of defence
-            yield self._reject(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
-            return
+            return self._reject(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
         serialized = build_example(
             image=image.data,
             image_format=image.format,
@@ -64,15 +98,20 @@ class _ConvertImage(beam.DoFn):
             schema=self._schema,
         )
         counters.inc("images_converted")
-        yield ExampleRecord(ref.split, ref.label, ref.relpath, ref.shuffle_key, image.upscaled, serialized)
+        return ExampleRecord(ref.split, ref.label, ref.relpath, ref.shuffle_key, image.upscaled, serialized)
+
+    @staticmethod
+    def _reject(ref: ImageRef, reason: str, detail: str):
+        counters.inc(f"rejected_{reason}")
+        return beam.pvalue.TaggedOutput(REJECTED, Rejection(ref.relpath, "rejected", reason, detail))
 
 
 class ConvertImages(beam.PTransform):
     """ImageRef -> ExampleRecord, plus a REJECTED output of Rejection."""
 
-    def __init__(self, settings: ImageSettings, schema: str):
+    def __init__(self, settings: ImageSettings, schema: str, threads: int = 2):
         super().__init__()
-        self._fn = _ConvertImage(settings, schema)
+        self._fn = _ConvertImage(settings, schema, threads)
 
     def expand(self, refs):
         return refs | "ConvertImage" >> beam.ParDo(self._fn).with_outputs(REJECTED, main="examples")

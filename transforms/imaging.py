@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import io
 import math
-import queue
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -125,7 +123,7 @@ class ImageSettings:
     chroma_subsampling: str = "4:2:0"
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
-    timeout_s: float = 60.0  # per image, enforced by `TimedConverter`; 0 = no limit
+    timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
 
 
 class EncodedImage(NamedTuple):
@@ -547,7 +545,7 @@ def convert_image(data: bytes, settings: ImageSettings, deadline: float | None =
     """Decode `data` by content and return it upright, RGB, resized and re-encoded.
 
     `deadline` (a `time.monotonic()` value) makes the conversion give up
-    between steps once it has passed; `TimedConverter` sets it.
+    between steps once it has passed; `transforms.pool` sets it.
 
     Raises:
         ImageRejected: for any input that cannot be converted, with its reason.
@@ -587,72 +585,3 @@ def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> En
             INTERNAL_ERROR, f"{type(e).__name__} after decoding: {e} (a bug in the converter: please report it)"
         ) from None
     return EncodedImage(encoded, image.width, image.height, settings.image_format, upscaled)
-
-
-# ---------------------------------------------------------------------------
-# The time limit per image.
-
-
-class TimedConverter:
-    """`convert_image` with a time limit per image, safe in any thread of a Beam worker.
-
-    Signals (SIGALRM) only reach a process's main thread, and Beam runs DoFns
-    on worker threads, so conversions run on a long-lived helper thread and the
-    caller waits at most `settings.timeout_s` for each result. Handing an image
-    to a waiting thread costs microseconds; starting a thread per image cost
-    about 1.3 ms, a fifth of a typical conversion. A C decoder cannot be
-    interrupted: a conversion that overruns is abandoned with its thread (the
-    image is rejected as `timeout`), stops at its next step once past its
-    deadline, and a fresh helper takes the next image. At most `max_abandoned`
-    overrunning conversions are left running; beyond that the caller waits for
-    the oldest, so a folder of pathological files cannot exhaust memory.
-    """
-
-    def __init__(self, settings: ImageSettings, max_abandoned: int = 2):
-        self._settings = settings
-        self._max_abandoned = max_abandoned
-        self._abandoned: list[threading.Thread] = []
-        self._helper: threading.Thread | None = None
-        self._jobs: queue.SimpleQueue | None = None
-
-    def _start_helper(self) -> None:
-        jobs: queue.SimpleQueue = queue.SimpleQueue()
-
-        def serve():
-            while True:
-                job = jobs.get()
-                if job is None:  # abandoned after a timeout: end quietly once free
-                    return
-                data, deadline, answer = job
-                try:
-                    answer.put(convert_image(data, self._settings, deadline))
-                except BaseException as e:  # handed to the caller's thread
-                    answer.put(e)
-
-        self._jobs = jobs
-        self._helper = threading.Thread(target=serve, name="convert-image", daemon=True)
-        self._helper.start()
-
-    def __call__(self, data: bytes) -> EncodedImage:
-        limit = self._settings.timeout_s
-        if not limit or limit <= 0 or not math.isfinite(limit):
-            return convert_image(data, self._settings)
-        limit = min(limit, threading.TIMEOUT_MAX)
-        if self._helper is None:
-            self._abandoned = [t for t in self._abandoned if t.is_alive()]
-            while len(self._abandoned) >= self._max_abandoned:
-                self._abandoned.pop(0).join()
-            self._start_helper()
-        answer: queue.SimpleQueue = queue.SimpleQueue()
-        self._jobs.put((data, time.monotonic() + limit, answer))
-        try:
-            outcome = answer.get(timeout=limit)
-        except queue.Empty:
-            # The helper is stuck in this image: leave it behind, use a new one next time.
-            self._abandoned.append(self._helper)
-            self._jobs.put(None)  # it ends once it returns from the stuck image
-            self._helper = None
-            raise ImageRejected(TIMEOUT, f"no result within the time limit of {limit:g} s per image") from None
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome

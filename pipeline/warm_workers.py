@@ -1,0 +1,147 @@
+"""Worker processes for local runs, started before the graph is built, through Beam's worker-pool API.
+
+Beam's local runner starts its worker processes when the first stage runs, and
+each spends about 2.5 s importing Beam before it does any work; at the end the
+runner waits for them to exit one after the other (about 0.9 s each). Here the
+workers are started as soon as the options are valid, so their imports overlap
+the launcher's listing and graph building, and they are stopped together once
+the job is done.
+
+The runner gets them through Beam's own EXTERNAL environment: it asks this
+pool's gRPC service (`BeamFnExternalWorkerPool`, on 127.0.0.1) for a worker,
+and the pool hands a started process the runner's addresses. From then on each
+process is exactly `apache_beam.runners.worker.sdk_worker_main`, the worker
+Beam's `multi_processing` mode runs.
+
+    python -m pipeline.warm_workers   # one worker; the launcher starts these
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent import futures
+
+WORKER_MODULE = "pipeline.warm_workers"
+
+
+class WarmWorkerPool:
+    """`count` started worker processes and the gRPC service that hands them to Beam's runner."""
+
+    def __init__(self, count: int, quiet: bool):
+        self._quiet = quiet
+        self._lock = threading.Lock()
+        self._processes: list[subprocess.Popen] = []
+        self.count = count
+        self._free: list[subprocess.Popen] = [self._spawn() for _ in range(count)]
+        self._options_json = "{}"
+        self._server = None
+        self.url = ""
+
+    def _spawn(self) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, "-m", WORKER_MODULE],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if self._quiet else None,
+            close_fds=True,
+        )
+        self._processes.append(process)
+        return process
+
+    def serve(self, provision_info) -> str:
+        """Start the pool service for a runner with this provision info; returns its address."""
+        import grpc
+        from apache_beam.portability.api import beam_fn_api_pb2_grpc
+        from google.protobuf import json_format
+
+        self._options_json = json_format.MessageToJson(provision_info.pipeline_options)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(_Servicer(self), self._server)
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.url = f"127.0.0.1:{port}"
+        return self.url
+
+    def environment(self):
+        """The Beam environment whose workers come from this pool."""
+        from apache_beam.transforms import environments
+
+        return environments.ExternalEnvironment(self.url, capabilities=environments.python_sdk_capabilities())
+
+    def start_worker(self, request) -> None:
+        """Give the next started process (or a new one) the runner's addresses."""
+        from google.protobuf import text_format
+
+        with self._lock:
+            process = self._free.pop(0) if self._free else self._spawn()
+        assignment = {
+            "CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.control_endpoint),
+            "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.logging_endpoint),
+            "PIPELINE_OPTIONS": self._options_json,
+            "WORKER_ID": request.worker_id,
+        }
+        process.stdin.write(json.dumps(assignment).encode("utf-8") + b"\n")
+        process.stdin.close()
+
+    def close(self) -> None:
+        """Stop every worker process: the job is over, or failed, and nothing of theirs is pending."""
+        if self._server is not None:
+            self._server.stop(0)
+        for process in self._processes:
+            if process.poll() is None:
+                process.kill()
+        for process in self._processes:
+            process.wait()
+            if process.stdin and not process.stdin.closed:
+                process.stdin.close()
+
+
+def _servicer_base():
+    from apache_beam.portability.api import beam_fn_api_pb2_grpc
+
+    return beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer
+
+
+class _Servicer(_servicer_base()):
+    def __init__(self, pool: WarmWorkerPool):
+        self._pool = pool
+
+    def StartWorker(self, request, context):  # noqa: N802 (gRPC method name)
+        from apache_beam.portability.api import beam_fn_api_pb2
+
+        try:
+            self._pool.start_worker(request)
+        except Exception as e:  # the runner reports it as "Error starting worker"
+            return beam_fn_api_pb2.StartWorkerResponse(error=f"{type(e).__name__}: {e}")
+        return beam_fn_api_pb2.StartWorkerResponse()
+
+    def StopWorker(self, request, context):  # noqa: N802
+        from apache_beam.portability.api import beam_fn_api_pb2
+
+        return beam_fn_api_pb2.StopWorkerResponse()  # WarmWorkerPool.close() stops them all at once
+
+
+def main() -> int:
+    """One worker: import Beam's worker now, then wait for the runner's addresses on stdin."""
+    from apache_beam.runners.worker import sdk_worker_main
+
+    import transforms.convert  # noqa: F401  (the conversion's modules, ready before the first bundle)
+    import transforms.describe  # noqa: F401
+    import transforms.write  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line:  # the launcher stopped before the job needed this worker
+        return 0
+    os.environ.update(json.loads(line))
+    sdk_worker_main.main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every bundle is done and every file closed; skip the interpreter's slow teardown.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""transforms.pool: helper threads, input order, the time limit per image and stuck conversions."""
+
+from __future__ import annotations
+
+import threading
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from tests import image_cases as cases
+from transforms.convert import REJECTED, ConvertImages
+from transforms.imaging import ImageRejected, ImageSettings
+from transforms.pool import ConversionPool
+from transforms.records import ImageRef
+
+QUADRANTS = cases.quadrants(64, 48)
+
+
+def test_jobs_run_on_several_helpers_and_results_keep_their_job():
+    started = threading.Barrier(3, timeout=10)  # only passes if three jobs run at once
+
+    def work(i):
+        def run(deadline):
+            started.wait()
+            return (i, threading.current_thread().name)
+        return run
+
+    pool = ConversionPool(None, threads=3)
+    jobs = [pool.submit(work(i)) for i in range(3)]
+    results = [pool.result(job) for job in jobs]
+    assert [i for i, _ in results] == [0, 1, 2]
+    assert {name for _, name in results} == {"convert-image"}
+    pool.close()
+
+
+def test_an_exception_reaches_the_caller_and_the_pool_carries_on():
+    pool = ConversionPool(5.0, threads=2)
+
+    def fail(deadline):
+        raise ImageRejected("empty_file", "the file is empty")
+
+    with pytest.raises(ImageRejected) as caught:
+        pool.result(pool.submit(fail))
+    assert caught.value.reason == "empty_file"
+    assert pool.result(pool.submit(lambda deadline: deadline is not None)) is True
+    pool.close()
+
+
+def test_a_stuck_job_times_out_and_queued_jobs_still_finish():
+    release = threading.Event()
+    pool = ConversionPool(0.2, threads=1)
+    stuck = pool.submit(lambda deadline: release.wait(30))
+    queued = pool.submit(lambda deadline: "next")  # behind the stuck one on the only helper
+    with pytest.raises(ImageRejected) as caught:
+        pool.result(stuck)
+    assert caught.value.reason == "timeout"
+    assert "0.2 s" in caught.value.detail
+    assert pool.result(queued) == "next"  # a new helper took over the queue
+    release.set()
+    pool.close()
+
+
+def test_a_queued_job_is_not_timed_while_it_waits():
+    gate = threading.Event()
+    pool = ConversionPool(0.3, threads=1)
+    first = pool.submit(lambda deadline: gate.wait(0.25) or "first")  # within the limit
+    second = pool.submit(lambda deadline: "second")  # waits about 0.25 s before it starts
+    third = pool.submit(lambda deadline: gate.wait(0.25) or "third")
+    assert [pool.result(j) for j in (first, second, third)] == ["first", "second", "third"]
+    pool.close()
+
+
+def test_abandoned_helpers_are_capped():
+    release = threading.Event()
+    pool = ConversionPool(0.05, threads=1, max_abandoned=1)
+    with pytest.raises(ImageRejected):
+        pool.result(pool.submit(lambda deadline: release.wait(30)))
+    # A second stuck helper passes the cap of one: the pool waits for the oldest before replacing it.
+    threading.Timer(0.5, release.set).start()
+    with pytest.raises(ImageRejected):
+        pool.result(pool.submit(lambda deadline: release.wait(30)))
+    assert release.is_set()
+    assert pool.result(pool.submit(lambda deadline: "after")) == "after"
+    pool.close()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_convert_images_emits_every_image_once_with_any_thread_count(tmp_path, threads):
+    good = []
+    for i in range(7):
+        path = tmp_path / f"{i}.png"
+        path.write_bytes(cases.encode(QUADRANTS, "PNG"))
+        good.append(ImageRef(str(path), f"{i}.png", 0, "train", "cls", i % 2, i))
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    refs = [*good, ImageRef(str(empty), "empty.png", 0, "train", "cls", 0, 99),
+            ImageRef(str(tmp_path / "gone.png"), "gone.png", 0, "train", "cls", 0, 100)]
+    with TestPipeline() as p:
+        out = p | beam.Create(refs) | ConvertImages(ImageSettings(width=8, height=8), "default", threads)
+        assert_that(out.examples | beam.Map(lambda r: (r.relpath, r.label)),
+                    equal_to([(r.relpath, r.label) for r in good]), label="examples")
+        assert_that(out[REJECTED] | beam.Map(lambda r: (r.relpath, r.reason)),
+                    equal_to([("empty.png", "empty_file"), ("gone.png", "read_error")]), label="rejected")
