@@ -24,6 +24,7 @@ from tests.conftest import convert
 from transforms.describe import FORMAT_VERSION, DatasetIncomplete, _WriteInfo
 from transforms.examples import build_example, feature_description
 from transforms.layout import hash_split
+from transforms.records import Rejection
 from transforms.tfrecord import masked_crc
 
 GOOD_PER_CLASS = 8
@@ -277,18 +278,22 @@ def test_a_file_both_written_and_reported_rejected_is_caught(damaged):
 def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tmp_path):
     """The in-job invariant: no dataset_info.json unless found = written + rejected + skipped."""
     fn = _WriteInfo(str(tmp_path), ["cat", "dog"], "default", {"compression": "none"}, {}, 0.0, "test")
-    inputs = dict(class_counts=[(("train", 0), 2), (("train", 1), 1)],
-                  shard_stats=[("train", "train-00000-of-00001.tfrecord", 3, 100)],
-                  reasons=[(("rejected", "truncated"), 1), (("skipped", "hidden_file"), 1)], upscaled=0,
-                  error_files=[])
+    tallies = [(("written", "train", 0, False), 2), (("written", "train", 1, False), 1),
+               (("rejected", "truncated"), 1), (("skipped", "hidden_file"), 1)]
+    shards = [("train", "train-00000-of-00001.tfrecord", 3, 100)]
+    rejections = [Rejection("cat/bad.jpg", "rejected", "truncated", "cut off"),
+                  Rejection("cat/.hidden.jpg", "skipped", "hidden_file", "")]
     with pytest.raises(DatasetIncomplete, match="accounting mismatch: 6 files found but 3 written"):
-        list(fn.process(None, found=6, **inputs))
+        list(fn.process(None, [*tallies, (("found",), 6)], shards, rejections))
     assert not (tmp_path / "dataset_info.json").exists()
-    short = dict(inputs, shard_stats=[("train", "train-00000-of-00001.tfrecord", 2, 100)])
+    short = [("train", "train-00000-of-00001.tfrecord", 2, 100)]
     with pytest.raises(DatasetIncomplete, match="the shards hold 2 records but 3 images were converted"):
-        list(fn.process(None, found=5, **short))
+        list(fn.process(None, [*tallies, (("found",), 5)], short, rejections))
     assert not (tmp_path / "dataset_info.json").exists()
-    (info,) = fn.process(None, found=5, **inputs)
+    (info,) = fn.process(None, [*tallies, (("found",), 5)], shards, iter(rejections))
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert [(e["relpath"], e["stage"], e["reason"]) for e in errors] == [
+        ("cat/bad.jpg", "rejected", "truncated"), ("cat/.hidden.jpg", "skipped", "hidden_file")]
     assert info["files"] == {"found": 5, "written": 3, "rejected": 1, "skipped": 1, "upscaled": 0}
     assert (tmp_path / "dataset_info.json").exists()
 

@@ -1,4 +1,4 @@
-"""DescribeDataset: the error report, labels.txt, features.json and, last, dataset_info.json.
+"""DescribeDataset: errors.jsonl, labels.txt, features.json and, last, dataset_info.json.
 
 `dataset_info.json` is the marker that a dataset is complete: it is written
 only after every shard is final and its record count matches what was
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -26,6 +26,7 @@ INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 FEATURES_FILE = "features.json"
 ERRORS_FILE = "errors.jsonl"
+FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 
 _LOG = logging.getLogger(__name__)
 
@@ -34,13 +35,25 @@ class DatasetIncomplete(RuntimeError):
     """The shards written do not hold exactly the records converted."""
 
 
-def write_text(path: str, text: str) -> None:
-    """Write `text` to `path` atomically: a temporary name first, then a rename."""
+def write_lines(path: str, lines: Iterable[str]) -> int:
+    """Write `lines` (streamed, each ending in a newline) to `path` atomically; returns the count.
+
+    A temporary name first, then a rename: a reader never sees half a file.
+    """
     directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
     temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}") if directory else f".{name}.tmp"
+    count = 0
     with FileSystems.create(temp, mime_type="application/octet-stream") as f:
-        f.write(text.encode("utf-8"))
+        for line in lines:
+            f.write(line.encode("utf-8"))
+            count += 1
     FileSystems.rename([temp], [path])
+    return count
+
+
+def write_text(path: str, text: str) -> None:
+    """Write `text` to `path` atomically."""
+    write_lines(path, [text])
 
 
 def _summary(values: list[int]) -> dict:
@@ -61,13 +74,21 @@ class _WriteInfo(beam.DoFn):
         self._start_time = start_time
         self._tool_version = tool_version
 
-    def process(self, _, class_counts, shard_stats, reasons, upscaled, found, error_files):
-        del error_files  # a side input only so that the error report is final before the marker
+    def process(self, _, tallies, shard_stats, rejections):
         records = Counter()
         per_class = defaultdict(Counter)
-        for (split, label), count in class_counts:
-            records[split] += count
-            per_class[split][self._class_names[label]] += count
+        by_reason = {"skipped": Counter(), "rejected": Counter()}
+        found_total = upscaled = 0
+        for key, count in tallies:
+            if key[0] == FOUND:
+                found_total += count
+            elif key[0] == WRITTEN:
+                _, split, label, was_upscaled = key
+                records[split] += count
+                per_class[split][self._class_names[label]] += count
+                upscaled += count if was_upscaled else 0
+            else:  # (stage, reason)
+                by_reason[key[0]][key[1]] += count
 
         shards = defaultdict(list)
         for split, name, count, size in sorted(shard_stats):
@@ -91,13 +112,9 @@ class _WriteInfo(beam.DoFn):
                 "bytes": sum(s["bytes"] for s in shards[split]),
             }
 
-        by_reason = {"skipped": Counter(), "rejected": Counter()}
-        for (stage, reason), count in reasons:
-            by_reason[stage][reason] += count
         written_total = sum(records.values())
         rejected_total = sum(by_reason["rejected"].values())
         skipped_total = sum(by_reason["skipped"].values())
-        found_total = found
         if found_total != written_total + rejected_total + skipped_total:
             raise DatasetIncomplete(
                 f"accounting mismatch: {found_total} files found but {written_total} written + "
@@ -133,6 +150,8 @@ class _WriteInfo(beam.DoFn):
             "images_per_second": round(written_total / elapsed, 2),
         }
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
+        # Streamed from the side input, never held in memory: a messy folder may have millions.
+        write_lines(join(ERRORS_FILE), (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections))
         write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
         write_text(join(FEATURES_FILE), json.dumps(info["features"], indent=2) + "\n")
         write_text(join(INFO_FILE), json.dumps(info, indent=2) + "\n")  # last: the completion marker
@@ -154,29 +173,20 @@ class DescribeDataset(beam.PTransform):
 
     def expand(self, inputs):
         examples, rejections = inputs["examples"], inputs["rejections"]
-        error_files = (
-            rejections
-            | "ToJson" >> beam.Map(lambda r: json.dumps(r.to_json(), ensure_ascii=False))
-            | "WriteErrorReport" >> beam.io.WriteToText(
-                FileSystems.join(self._output_dir, os.path.splitext(ERRORS_FILE)[0]),
-                file_name_suffix=".jsonl", num_shards=1, shard_name_template="")
+        # errors.jsonl is written by WriteDatasetInfo, from `rejections` as a streamed side input.
+        # One count per kind of event, in one combine: ("found",), ("written", split, label,
+        # upscaled) or (stage, reason). Counting happens where the events arise; only the
+        # totals meet in one place.
+        tallies = (
+            (
+                inputs["found"] | "TallyFound" >> beam.Map(lambda _: (FOUND,)),
+                examples | "TallyWritten" >> beam.Map(lambda r: (WRITTEN, r.split, r.label, r.upscaled)),
+                rejections | "TallyRejected" >> beam.Map(lambda r: (r.stage, r.reason)),
+            )
+            | "AllTallies" >> beam.Flatten()
+            # (event, count)
+            | "CountTallies" >> beam.combiners.Count.PerElement()
         )
-        class_counts = (
-            examples
-            | "SplitAndLabel" >> beam.Map(lambda r: (r.split, r.label))
-            | "CountPerClass" >> beam.combiners.Count.PerElement()
-        )
-        reasons = (
-            rejections
-            | "StageAndReason" >> beam.Map(lambda r: (r.stage, r.reason))
-            | "CountPerReason" >> beam.combiners.Count.PerElement()
-        )
-        upscaled = (
-            examples
-            | "Upscaled" >> beam.Filter(lambda r: r.upscaled)
-            | "CountUpscaled" >> beam.combiners.Count.Globally()
-        )
-        found = inputs["found"] | "CountFound" >> beam.combiners.Count.Globally()
         # (split, file name, records, bytes)
         shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
         return (
@@ -184,11 +194,8 @@ class DescribeDataset(beam.PTransform):
             | "Once" >> beam.Create([None])
             | "WriteDatasetInfo" >> beam.ParDo(
                 self._info_fn,
-                class_counts=beam.pvalue.AsList(class_counts),
+                tallies=beam.pvalue.AsList(tallies),
                 shard_stats=beam.pvalue.AsList(shard_stats),
-                reasons=beam.pvalue.AsList(reasons),
-                upscaled=beam.pvalue.AsSingleton(upscaled),
-                found=beam.pvalue.AsSingleton(found),
-                error_files=beam.pvalue.AsList(error_files),
+                rejections=beam.pvalue.AsIter(rejections),
             )
         )

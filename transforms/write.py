@@ -126,12 +126,13 @@ def copy_shard(segments: list[Segment], output_dir: str, name: str, compression:
 
 
 class _PlanSplit(beam.DoFn):
-    def __init__(self, num_shards: int, compression: str):
+    def __init__(self, num_shards: dict[str, int], compression: str):
         self._num_shards = num_shards
         self._compression = compression
 
     def process(self, split: str, pieces):
-        shards = plan_shards(list(pieces), self._num_shards)
+        mine = [(path, offsets) for piece_split, path, offsets in pieces if piece_split == split]
+        shards = plan_shards(mine, self._num_shards[split])
         for index, segments in enumerate(shards):
             # (split, final file name, [Segment])
             yield split, shard_name(split, index, len(shards), self._compression), segments
@@ -150,7 +151,7 @@ class _CopyShard(beam.DoFn):
 
 def _remove_pieces(_, output_dir: str, shards, pieces):
     """Delete the pieces once every shard is final; pass the shards on."""
-    paths = [path for path, _ in pieces]
+    paths = [path for _, path, _ in pieces]
     if paths:
         FileSystems.delete(paths)
     local = FileSystems.join(output_dir, TEMP_DIR)
@@ -177,7 +178,7 @@ class WriteShards(beam.PTransform):
         index = {split: i for i, split in enumerate(splits)}
         # ExampleRecord, one PCollection per split
         by_split = records | "PartitionBySplit" >> beam.Partition(lambda record, _n: index[record.split], len(splits))
-        pieces, shards = [], []
+        pieces = []
         for split, part in zip(splits, by_split, strict=True):
             piece_paths = (
                 part
@@ -192,20 +193,19 @@ class WriteShards(beam.PTransform):
                     compression_type=CompressionTypes.UNCOMPRESSED,
                 )
             )
-            # (piece path, [record offsets])
-            indexed = piece_paths | f"IndexPieces/{split}" >> beam.Map(lambda path: (path, record_offsets(path)))
-            pieces.append(indexed)
-            shards.append(
-                records.pipeline
-                | f"Split/{split}" >> beam.Create([split])
-                # (split, shard file name, [Segment])
-                | f"PlanShards/{split}" >> beam.ParDo(
-                    _PlanSplit(self._num_shards[split], self._compression), beam.pvalue.AsList(indexed))
-                | f"SpreadShards/{split}" >> beam.Reshuffle()
-                | f"CopyShards/{split}" >> beam.ParDo(_CopyShard(self._output_dir, self._compression))
-            )
-        all_shards = shards | "AllShards" >> beam.Flatten()
+            # (split, piece path, [record offsets])
+            pieces.append(piece_paths | f"IndexPieces/{split}" >> beam.Map(
+                lambda path, split: (split, path, record_offsets(path)), split))
         all_pieces = pieces | "AllPieces" >> beam.Flatten()
+        all_shards = (
+            records.pipeline
+            | "Splits" >> beam.Create(splits)
+            # (split, shard file name, [Segment])
+            | "PlanShards" >> beam.ParDo(_PlanSplit(self._num_shards, self._compression),
+                                         beam.pvalue.AsList(all_pieces))
+            | "SpreadShards" >> beam.Reshuffle()
+            | "CopyShards" >> beam.ParDo(_CopyShard(self._output_dir, self._compression))
+        )
         return (
             records.pipeline
             | "Once" >> beam.Create([None])
