@@ -26,7 +26,7 @@ lint: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
 
 bench: venv
-	$(PY) -m benchmarks.convert_bench
+	$(PY) -m benchmarks.convert_bench --repeat 3
 
 # A long, random fuzzing run of the image layer (make test runs 200 reproducible examples).
 FUZZ_EXAMPLES ?= 20000

@@ -2,6 +2,7 @@
 
     python -m benchmarks.convert_bench                       # 2,000 generated photos, 512x512, quality 95
     python -m benchmarks.convert_bench --images 20000 --skip_notebook
+    python -m benchmarks.convert_bench --repeat 3            # medians of 3 alternating runs
     python -m benchmarks.convert_bench --input_dir=my_photos/ --json=result.json
 
 Every figure is measured in the same run on the same files, and reported as a
@@ -163,6 +164,12 @@ print(count, time.perf_counter() - start)
     return {"images": count, "seconds": seconds, "images_per_second": count / seconds, "shards": shards}
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median images/s (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda run: run["images_per_second"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def photos_dir(workdir: str, count: int) -> str:
     """A cached folder of `count` generated photos under `workdir`."""
     path = os.path.join(workdir, f"photos-{count}")
@@ -203,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Output files of the notebook method; it re-reads the dataset once per file. "
                              "Default: 16.")
     parser.add_argument("--skip_notebook", action="store_true", help="Do not run the notebook method.")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="Measure the floor and the pipeline this many times, alternating, and report the "
+                             "medians (a shared machine's speed drifts between runs). Default: 1.")
     parser.add_argument("--workdir", default=None, help="Scratch folder. Default: a temporary folder.")
     parser.add_argument("--json", help="Write the figures to this file.")
     parser.add_argument("--pipeline_args", default="", help="Extra flags for pipeline.main, space-separated.")
@@ -221,11 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(files)} images, median file {np.median(sizes) / 1e3:.0f} kB; {os.cpu_count()} cores", flush=True)
 
     results = {"images": len(files), "cores": os.cpu_count()}
-    results["floor"] = measure_floor(files, settings)
-    print(f"(a) floor     {results['floor']['images_per_second']:8.1f} images/s", flush=True)
-    results["pipeline"] = measure_pipeline(input_dir, os.path.join(workdir, "out"), args.pipeline_args.split())
-    print(f"(b) pipeline  {results['pipeline']['images_per_second']:8.1f} images/s, "
-          f"peak memory {results['pipeline']['peak_rss_bytes'] / 1e6:.0f} MB", flush=True)
+    floors, pipelines = [], []
+    for _ in range(max(1, args.repeat)):
+        floors.append(measure_floor(files, settings))
+        print(f"(a) floor     {floors[-1]['images_per_second']:8.1f} images/s", flush=True)
+        pipelines.append(measure_pipeline(input_dir, os.path.join(workdir, "out"), args.pipeline_args.split()))
+        print(f"(b) pipeline  {pipelines[-1]['images_per_second']:8.1f} images/s, "
+              f"peak memory {pipelines[-1]['peak_rss_bytes'] / 1e6:.0f} MB", flush=True)
+    results["floor"] = _median_run(floors)
+    results["pipeline"] = _median_run(pipelines)
+    if len(floors) > 1:
+        results["runs"] = [{"floor": f, "pipeline": p} for f, p in zip(floors, pipelines, strict=True)]
+        print(f"medians of {len(floors)}: floor {results['floor']['images_per_second']:.1f}, "
+              f"pipeline {results['pipeline']['images_per_second']:.1f} images/s", flush=True)
     if not args.skip_notebook:
         subset_dir = os.path.join(workdir, "notebook-subset")
         shutil.rmtree(subset_dir, ignore_errors=True)

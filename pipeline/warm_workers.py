@@ -13,19 +13,22 @@ and the pool hands a started process the runner's addresses. From then on each
 process is exactly `apache_beam.runners.worker.sdk_worker_main`, the worker
 Beam's `multi_processing` mode runs.
 
-    python -m pipeline.warm_workers   # one worker; the launcher starts these
+    python -m pipeline.warm_workers LAUNCHER_PID   # one worker; the launcher starts these
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 
 WORKER_MODULE = "pipeline.warm_workers"
+_WORKER_LOG = logging.getLogger("apache_beam.worker")  # quiet unless --verbose, like the rest of Beam
 
 
 class WarmWorkerPool:
@@ -43,7 +46,7 @@ class WarmWorkerPool:
 
     def _spawn(self) -> subprocess.Popen:
         process = subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE],
+            [sys.executable, "-m", WORKER_MODULE, str(os.getpid())],
             stdin=subprocess.PIPE,
             stderr=subprocess.DEVNULL if self._quiet else None,
             close_fds=True,
@@ -60,6 +63,7 @@ class WarmWorkerPool:
         self._options_json = json_format.MessageToJson(provision_info.pipeline_options)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(_Servicer(self), self._server)
+        beam_fn_api_pb2_grpc.add_BeamFnLoggingServicer_to_server(_LogServicer(), self._server)
         port = self._server.add_insecure_port("127.0.0.1:0")
         self._server.start()
         self.url = f"127.0.0.1:{port}"
@@ -73,13 +77,17 @@ class WarmWorkerPool:
 
     def start_worker(self, request) -> None:
         """Give the next started process (or a new one) the runner's addresses."""
+        from apache_beam.portability.api import endpoints_pb2
         from google.protobuf import text_format
 
         with self._lock:
             process = self._free.pop(0) if self._free else self._spawn()
         assignment = {
             "CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.control_endpoint),
-            "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.logging_endpoint),
+            # The workers' log records come to this pool, not to the runner, which would print
+            # every one of them (see _LogServicer).
+            "LOGGING_API_SERVICE_DESCRIPTOR": text_format.MessageToString(
+                endpoints_pb2.ApiServiceDescriptor(url=self.url)),
             "PIPELINE_OPTIONS": self._options_json,
             "WORKER_ID": request.worker_id,
         }
@@ -105,6 +113,12 @@ def _servicer_base():
     return beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer
 
 
+def _log_servicer_base():
+    from apache_beam.portability.api import beam_fn_api_pb2_grpc
+
+    return beam_fn_api_pb2_grpc.BeamFnLoggingServicer
+
+
 class _Servicer(_servicer_base()):
     def __init__(self, pool: WarmWorkerPool):
         self._pool = pool
@@ -124,8 +138,36 @@ class _Servicer(_servicer_base()):
         return beam_fn_api_pb2.StopWorkerResponse()  # WarmWorkerPool.close() stops them all at once
 
 
-def main() -> int:
-    """One worker: import Beam's worker now, then wait for the runner's addresses on stdin."""
+class _LogServicer(_log_servicer_base()):
+    """The workers' log records, on the `apache_beam.worker` logger: shown with --verbose, and errors always."""
+
+    def Logging(self, log_bundles, context=None):  # noqa: N802 (gRPC method name)
+        from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
+
+        for bundle in log_bundles:
+            for entry in bundle.log_entries:
+                level = LOGENTRY_TO_LOG_LEVEL_MAP.get(entry.severity, logging.INFO)
+                _WORKER_LOG.log(level, "worker %s: %s", entry.thread, entry.message)
+        return iter([])
+
+
+def _exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """End this worker when its launcher `parent` is gone (killed, say): Beam's worker may wait long for it."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    """One worker: import Beam's worker now, then wait for the runner's addresses on stdin.
+
+    argv: [launcher pid]. The launcher may die before this process even runs.
+    """
+    _exit_with_parent(int(argv[0]))
     from apache_beam.runners.worker import sdk_worker_main
 
     import transforms.convert  # noqa: F401  (the conversion's modules, ready before the first bundle)
@@ -136,7 +178,7 @@ def main() -> int:
     if not line:  # the launcher stopped before the job needed this worker
         return 0
     os.environ.update(json.loads(line))
-    sdk_worker_main.main(sys.argv)
+    sdk_worker_main.main([])
     sys.stdout.flush()
     sys.stderr.flush()
     # Every bundle is done and every file closed; skip the interpreter's slow teardown.
@@ -144,4 +186,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

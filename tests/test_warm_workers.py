@@ -78,3 +78,28 @@ def test_workers_end_by_themselves_when_the_launcher_is_killed(tmp_path, moment)
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_quiet_default_run_prints_only_the_summary(tmp_path):
+    """Worker log records (Beam's own warnings about options it does not know) stay out of the terminal."""
+    from tests.conftest import cli
+
+    generate_dataset(str(tmp_path / "in"), images_per_class=6, seed=4, min_side=24, max_side=48)
+    result = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}", "--quiet",
+                 "--image_size=16")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.startswith("Found 24 files: 24 written, 0 rejected, 0 skipped.")
+
+
+def test_worker_errors_still_reach_the_terminal(caplog):
+    """The pool's log service passes a worker's ERROR records on, at their level."""
+    import logging
+
+    from apache_beam.portability.api import beam_fn_api_pb2
+
+    entry = beam_fn_api_pb2.LogEntry(severity=beam_fn_api_pb2.LogEntry.Severity.ERROR, message="disk full",
+                                     thread="7")
+    with caplog.at_level(logging.INFO, logger="apache_beam.worker"):
+        list(warm_workers._LogServicer().Logging([beam_fn_api_pb2.LogEntry.List(log_entries=[entry])]))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.ERROR, "worker 7: disk full")]
