@@ -147,7 +147,7 @@ class _LogServicer(_log_servicer_base()):
         for bundle in log_bundles:
             for entry in bundle.log_entries:
                 level = LOGENTRY_TO_LOG_LEVEL_MAP.get(entry.severity, logging.INFO)
-                _WORKER_LOG.log(level, "worker %s: %s", entry.thread, entry.message)
+                _WORKER_LOG.log(level, "worker %s at %s: %s", entry.thread, entry.log_location, entry.message)
         return iter([])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -52,7 +53,9 @@ def test_default_run_uses_worker_processes_offline(tmp_path):
                  timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "PrismRunner" not in result.stderr
-    assert "sdk_worker_main" in result.stderr  # conversion ran in separate worker processes
+    # Conversion ran in separate worker processes, one per core, whose --verbose logs reach the terminal.
+    assert result.stderr.count("Python sdk harness starting") == os.cpu_count()
+    assert "sdk_worker_main" in result.stderr
     info = json.loads((out / "dataset_info.json").read_text())
     assert info["files"]["written"] == 24
     assert "Found 24 files: 24 written, 0 rejected, 0 skipped." in result.stdout

@@ -99,7 +99,7 @@ def test_worker_errors_still_reach_the_terminal(caplog):
     from apache_beam.portability.api import beam_fn_api_pb2
 
     entry = beam_fn_api_pb2.LogEntry(severity=beam_fn_api_pb2.LogEntry.Severity.ERROR, message="disk full",
-                                     thread="7")
+                                     thread="7", log_location="write.py:12")
     with caplog.at_level(logging.INFO, logger="apache_beam.worker"):
         list(warm_workers._LogServicer().Logging([beam_fn_api_pb2.LogEntry.List(log_entries=[entry])]))
-    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.ERROR, "worker 7: disk full")]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.ERROR, "worker 7 at write.py:12: disk full")]
