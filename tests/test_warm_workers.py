@@ -102,4 +102,5 @@ def test_worker_errors_still_reach_the_terminal(caplog):
                                      thread="7", log_location="write.py:12")
     with caplog.at_level(logging.INFO, logger="apache_beam.worker"):
         list(warm_workers._LogServicer().Logging([beam_fn_api_pb2.LogEntry.List(log_entries=[entry])]))
-    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.ERROR, "worker 7 at write.py:12: disk full")]
+    records = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert records == [(logging.ERROR, "worker 7 at write.py:12: disk full")]
