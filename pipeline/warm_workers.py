@@ -81,6 +81,8 @@ class WarmWorkerPool:
         from google.protobuf import text_format
 
         with self._lock:
+            while self._free and self._free[0].poll() is not None:
+                self._free.pop(0)  # died while starting (its stderr says why with --verbose)
             process = self._free.pop(0) if self._free else self._spawn()
         assignment = {
             "CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.control_endpoint),

@@ -104,3 +104,20 @@ def test_worker_errors_still_reach_the_terminal(caplog):
         list(warm_workers._LogServicer().Logging([beam_fn_api_pb2.LogEntry.List(log_entries=[entry])]))
     records = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert records == [(logging.ERROR, "worker 7 at write.py:12: disk full")]
+
+
+def test_a_started_worker_that_died_is_replaced():
+    from apache_beam.portability.api import beam_fn_api_pb2, endpoints_pb2
+
+    pool = warm_workers.WarmWorkerPool(1, quiet=True)
+    try:
+        (first,) = pool._free
+        first.kill()
+        first.wait()
+        request = beam_fn_api_pb2.StartWorkerRequest(
+            worker_id="w1", control_endpoint=endpoints_pb2.ApiServiceDescriptor(url="127.0.0.1:1"))
+        pool.start_worker(request)  # no BrokenPipeError: a fresh process got the assignment
+        assert len(pool._processes) == 2 and pool._processes[1].poll() is None
+    finally:
+        pool.close()
+    assert all(process.poll() is not None for process in pool._processes)
