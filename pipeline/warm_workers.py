@@ -27,6 +27,12 @@ import threading
 import time
 from concurrent import futures
 
+import grpc
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, endpoints_pb2
+from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
+from apache_beam.transforms import environments
+from google.protobuf import json_format, text_format
+
 WORKER_MODULE = "pipeline.warm_workers"
 _WORKER_LOG = logging.getLogger("apache_beam.worker")  # quiet unless --verbose, like the rest of Beam
 
@@ -56,10 +62,6 @@ class WarmWorkerPool:
 
     def serve(self, provision_info) -> str:
         """Start the pool service for a runner with this provision info; returns its address."""
-        import grpc
-        from apache_beam.portability.api import beam_fn_api_pb2_grpc
-        from google.protobuf import json_format
-
         self._options_json = json_format.MessageToJson(provision_info.pipeline_options)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(_Servicer(self), self._server)
@@ -71,15 +73,10 @@ class WarmWorkerPool:
 
     def environment(self):
         """The Beam environment whose workers come from this pool."""
-        from apache_beam.transforms import environments
-
         return environments.ExternalEnvironment(self.url, capabilities=environments.python_sdk_capabilities())
 
     def start_worker(self, request) -> None:
         """Give the next started process (or a new one) the runner's addresses."""
-        from apache_beam.portability.api import endpoints_pb2
-        from google.protobuf import text_format
-
         with self._lock:
             while self._free and self._free[0].poll() is not None:
                 self._free.pop(0)  # died while starting (its stderr says why with --verbose)
@@ -109,25 +106,11 @@ class WarmWorkerPool:
                 process.stdin.close()
 
 
-def _servicer_base():
-    from apache_beam.portability.api import beam_fn_api_pb2_grpc
-
-    return beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer
-
-
-def _log_servicer_base():
-    from apache_beam.portability.api import beam_fn_api_pb2_grpc
-
-    return beam_fn_api_pb2_grpc.BeamFnLoggingServicer
-
-
-class _Servicer(_servicer_base()):
+class _Servicer(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
     def __init__(self, pool: WarmWorkerPool):
         self._pool = pool
 
     def StartWorker(self, request, context):  # noqa: N802 (gRPC method name)
-        from apache_beam.portability.api import beam_fn_api_pb2
-
         try:
             self._pool.start_worker(request)
         except Exception as e:  # the runner reports it as "Error starting worker"
@@ -135,17 +118,13 @@ class _Servicer(_servicer_base()):
         return beam_fn_api_pb2.StartWorkerResponse()
 
     def StopWorker(self, request, context):  # noqa: N802
-        from apache_beam.portability.api import beam_fn_api_pb2
-
         return beam_fn_api_pb2.StopWorkerResponse()  # WarmWorkerPool.close() stops them all at once
 
 
-class _LogServicer(_log_servicer_base()):
+class _LogServicer(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
     """The workers' log records, on the `apache_beam.worker` logger: shown with --verbose, and errors always."""
 
     def Logging(self, log_bundles, context=None):  # noqa: N802 (gRPC method name)
-        from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
-
         for bundle in log_bundles:
             for entry in bundle.log_entries:
                 level = LOGENTRY_TO_LOG_LEVEL_MAP.get(entry.severity, logging.INFO)
