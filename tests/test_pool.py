@@ -63,11 +63,13 @@ def test_a_stuck_job_times_out_and_queued_jobs_still_finish():
 
 
 def test_a_queued_job_is_not_timed_while_it_waits():
-    gate = threading.Event()
-    pool = ConversionPool(0.3, threads=1)
-    first = pool.submit(lambda deadline: gate.wait(0.25) or "first")  # within the limit
-    second = pool.submit(lambda deadline: "second")  # waits about 0.25 s before it starts
-    third = pool.submit(lambda deadline: gate.wait(0.25) or "third")
+    never = threading.Event()
+    pool = ConversionPool(1.0, threads=1)
+    # Each job takes 0.6 s, well within the limit of 1 s; the last one is submitted at once but
+    # starts only after 0.6 s in the queue, so a clock started at submission would give up on it.
+    first = pool.submit(lambda deadline: never.wait(0.6) or "first")
+    second = pool.submit(lambda deadline: "second")
+    third = pool.submit(lambda deadline: never.wait(0.6) or "third")
     assert [pool.result(j) for j in (first, second, third)] == ["first", "second", "third"]
     pool.close()
 
