@@ -7,9 +7,10 @@ workers are started as soon as the options are valid, so their imports overlap
 the launcher's listing and graph building, and they are stopped together once
 the job is done.
 
-The runner gets them through Beam's own EXTERNAL environment: it asks this
-pool's gRPC service (`BeamFnExternalWorkerPool`, on 127.0.0.1) for a worker,
-and the pool hands a started process the runner's addresses. From then on each
+The runner gets them through Beam's own EXTERNAL environment (registered under
+its own URN so that workers reach the runner at localhost): it asks this pool's
+gRPC service (`BeamFnExternalWorkerPool`, on 127.0.0.1) for a worker, and the
+pool hands a started process the runner's addresses. From then on each
 process is exactly `apache_beam.runners.worker.sdk_worker_main`, the worker
 Beam's `multi_processing` mode runs.
 
@@ -28,12 +29,16 @@ import time
 from concurrent import futures
 
 import grpc
-from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, endpoints_pb2
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_runner_api_pb2, endpoints_pb2
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 from google.protobuf import json_format, text_format
 
 WORKER_MODULE = "pipeline.warm_workers"
+# Beam's EXTERNAL environment, except that workers reach the runner at localhost (see
+# _LocalExternalWorkerHandler).
+LOCAL_EXTERNAL_URN = "beam:env:image_tfrecords:local_external:v1"
 _WORKER_LOG = logging.getLogger("apache_beam.worker")  # quiet unless --verbose, like the rest of Beam
 
 
@@ -73,7 +78,7 @@ class WarmWorkerPool:
 
     def environment(self):
         """The Beam environment whose workers come from this pool."""
-        return environments.ExternalEnvironment(self.url, capabilities=environments.python_sdk_capabilities())
+        return LocalExternalEnvironment(self.url, capabilities=environments.python_sdk_capabilities())
 
     def start_worker(self, request) -> None:
         """Give the next started process (or a new one) the runner's addresses."""
@@ -104,6 +109,30 @@ class WarmWorkerPool:
             process.wait()
             if process.stdin and not process.stdin.closed:
                 process.stdin.close()
+
+
+@environments.Environment.register_urn(LOCAL_EXTERNAL_URN, beam_runner_api_pb2.ExternalPayload)
+class LocalExternalEnvironment(environments.ExternalEnvironment):
+    """An EXTERNAL environment whose workers run on this machine."""
+
+    def to_runner_api_parameter(self, context):
+        _, payload = super().to_runner_api_parameter(context)
+        return LOCAL_EXTERNAL_URN, payload
+
+    @staticmethod
+    def from_runner_api_parameter(payload, capabilities, artifacts, resource_hints, context):
+        return LocalExternalEnvironment(payload.endpoint.url, params=payload.params or None,
+                                        capabilities=capabilities, artifacts=artifacts, resource_hints=resource_hints)
+
+
+@worker_handlers.WorkerHandler.register_environment(LOCAL_EXTERNAL_URN, beam_runner_api_pb2.ExternalPayload)
+class _LocalExternalWorkerHandler(worker_handlers.ExternalWorkerHandler):
+    def host_from_worker(self) -> str:
+        # Beam's EXTERNAL workers may be on other machines, so it gives them this
+        # machine's fully qualified name, which takes a DNS lookup that can stall
+        # offline or resolve elsewhere. These workers are local, as in Beam's own
+        # multi_processing mode.
+        return "localhost"
 
 
 class _Servicer(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):

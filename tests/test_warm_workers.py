@@ -31,11 +31,12 @@ def test_a_default_local_run_uses_the_started_workers_and_leaves_none_behind(tmp
     from pipeline.launcher import read_info, run
 
     generate_dataset(str(tmp_path / "in"), images_per_class=12, seed=3, min_side=24, max_side=48)
-    handed_out = []
+    handed_out, addresses = [], []
     real_start = warm_workers.WarmWorkerPool.start_worker
 
     def start_worker(self, request):
         handed_out.append((request.worker_id, len(_worker_processes(psutil.Process()))))
+        addresses.append(request.control_endpoint.url)
         return real_start(self, request)
 
     monkeypatch.setattr(warm_workers.WarmWorkerPool, "start_worker", start_worker)
@@ -45,6 +46,8 @@ def test_a_default_local_run_uses_the_started_workers_and_leaves_none_behind(tmp
     # The runner asked the pool for its two workers, and both were already running when it did.
     assert len({worker_id for worker_id, _ in handed_out}) == 2
     assert all(running == 2 for _, running in handed_out)
+    # Local workers reach the runner at localhost, never through a host-name lookup.
+    assert all(url.startswith("localhost:") for url in addresses), addresses
     assert _worker_processes(psutil.Process()) == []  # stopped with the job
     info = read_info(str(tmp_path / "out"))
     assert info["files"]["written"] == info["files"]["found"] == 12 * len(info["class_names"])
