@@ -90,6 +90,8 @@ def test_output_inside_input(small_tree):
         ("--background=teal-ish", "--background='teal-ish' is not a colour"),
         ("--num_shards=-1", "--num_shards=-1 must be 0 (automatic) or a positive count"),
         ("--input_dri=x", "unknown option --input_dri"),
+        ("--conversion_threads=0", "--conversion_threads=0 must be between 1 and 32: 2 suits most machines"),
+        ("--conversion_threads=33", "--conversion_threads=33 must be between 1 and 32"),
     ],
 )
 def test_invalid_option_values(small_tree, tmp_path, flag, expected):
