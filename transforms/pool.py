@@ -128,7 +128,7 @@ class ConversionPool:
 
     def _abandon(self, helper: threading.Thread) -> None:
         # The helper is stuck in a C call: it ends quietly once that returns,
-        # and a new one takes its place at the next submit().
+        # and a new one takes its place now.
         self._quit.add(helper)
         self._helpers.remove(helper)
         self._abandoned.append(helper)
