@@ -6,7 +6,6 @@ import io
 import random
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -18,7 +17,6 @@ from tests.conftest import REPO
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
 from transforms import imaging
 from transforms.imaging import ImageRejected, ImageSettings, convert_image
-from transforms.pool import TimedConverter
 
 # Lossless output at the source size, so pixels can be compared exactly.
 AS_IS = ImageSettings(resize_mode="none", image_format="png")
@@ -654,34 +652,3 @@ def test_a_passed_deadline_rejects_as_timeout():
     with pytest.raises(ImageRejected) as caught:
         convert_image(cases.encode(QUADRANTS, "PNG"), ImageSettings(), deadline=time.monotonic() - 1)
     assert caught.value.reason == "timeout"
-
-
-def test_timed_converter_gives_up_on_a_stuck_conversion_and_carries_on(monkeypatch):
-    release = threading.Event()
-    real_convert = imaging.convert_image
-
-    def convert(data, settings, deadline=None):
-        if data == b"stuck":
-            release.wait(30)  # a decoder that will not return for a long time
-        return real_convert(data, settings, deadline)
-
-    monkeypatch.setattr(imaging, "convert_image", convert)
-    converter = TimedConverter(ImageSettings(width=8, height=8, timeout_s=0.2))
-    with pytest.raises(ImageRejected) as caught:
-        converter(b"stuck")
-    assert caught.value.reason == "timeout"
-    assert "0.2 s" in caught.value.detail
-    assert converter(cases.encode(QUADRANTS, "PNG")).width == 8  # the next image is not held up
-    with pytest.raises(ImageRejected) as caught:
-        converter(b"")
-    assert caught.value.reason == "empty_file"  # rejections pass through the helper thread
-    release.set()
-
-
-def test_timed_converter_without_a_limit_calls_directly(monkeypatch):
-    threads = []
-    real_convert = imaging.convert_image
-    monkeypatch.setattr(imaging, "convert_image",
-                        lambda *a, **k: threads.append(threading.current_thread()) or real_convert(*a, **k))
-    TimedConverter(ImageSettings(timeout_s=0))(cases.encode(QUADRANTS, "PNG"))
-    assert threads == [threading.current_thread()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import apache_beam as beam
@@ -10,9 +11,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
-from transforms.convert import REJECTED, ConvertImages
+from transforms import imaging
+from transforms.convert import REJECTED, ConvertImages, read_and_convert
 from transforms.imaging import ImageRejected, ImageSettings
-from transforms.pool import ConversionPool
+from transforms.pool import ConversionPool, time_limit
 from transforms.records import ImageRef
 
 QUADRANTS = cases.quadrants(64, 48)
@@ -85,6 +87,36 @@ def test_abandoned_helpers_are_capped():
         pool.result(pool.submit(lambda deadline: release.wait(30)))
     assert release.is_set()
     assert pool.result(pool.submit(lambda deadline: "after")) == "after"
+    pool.close()
+
+
+def test_a_stuck_conversion_is_given_up_and_the_next_images_carry_on(tmp_path, monkeypatch):
+    """The conversion path itself (read, then convert) under the pool's time limit."""
+    release = threading.Event()
+    real_convert = imaging.convert_image
+
+    def convert(data, settings, deadline=None):
+        if data == b"stuck":
+            release.wait(30)  # a decoder that will not return for a long time
+        return real_convert(data, settings, deadline)
+
+    monkeypatch.setattr(imaging, "convert_image", convert)
+    settings = ImageSettings(width=8, height=8, timeout_s=0.2)
+    files = {"stuck": b"stuck", "good": cases.encode(QUADRANTS, "PNG"), "empty": b""}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    pool = ConversionPool(time_limit(settings), threads=1)
+    stuck, good, empty = (pool.submit(functools.partial(read_and_convert, str(tmp_path / name), settings))
+                          for name in files)
+    with pytest.raises(ImageRejected) as caught:
+        pool.result(stuck)
+    assert caught.value.reason == "timeout"
+    assert "0.2 s" in caught.value.detail
+    assert pool.result(good).width == 8  # the next image is not held up
+    with pytest.raises(ImageRejected) as caught:
+        pool.result(empty)
+    assert caught.value.reason == "empty_file"  # rejections pass through the helper thread
+    release.set()
     pool.close()
 
 

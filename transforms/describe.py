@@ -35,20 +35,17 @@ class DatasetIncomplete(RuntimeError):
     """The shards written do not hold exactly the records converted."""
 
 
-def write_lines(path: str, lines: Iterable[str]) -> int:
-    """Write `lines` (streamed, each ending in a newline) to `path` atomically; returns the count.
+def write_lines(path: str, lines: Iterable[str]) -> None:
+    """Write `lines` (streamed, each ending in a newline) to `path` atomically.
 
     A temporary name first, then a rename: a reader never sees half a file.
     """
     directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
     temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}") if directory else f".{name}.tmp"
-    count = 0
     with FileSystems.create(temp, mime_type="application/octet-stream") as f:
         for line in lines:
             f.write(line.encode("utf-8"))
-            count += 1
     FileSystems.rename([temp], [path])
-    return count
 
 
 def write_text(path: str, text: str) -> None:

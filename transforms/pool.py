@@ -32,8 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from transforms import imaging
-from transforms.imaging import TIMEOUT, EncodedImage, ImageRejected, ImageSettings
+from transforms.imaging import TIMEOUT, ImageRejected, ImageSettings
 
 T = TypeVar("T")
 # work(deadline) -> result; `deadline` is a time.monotonic() value or None.
@@ -139,18 +138,3 @@ class ConversionPool:
         for _ in self._helpers:
             self._jobs.put(None)
         self._helpers = []
-
-
-class TimedConverter:
-    """`imaging.convert_image` with the time limit of `settings`, one image at a time."""
-
-    def __init__(self, settings: ImageSettings, max_abandoned: int = 2):
-        self._settings = settings
-        self._limit = time_limit(settings)
-        self._pool = ConversionPool(self._limit, threads=1, max_abandoned=max_abandoned)
-
-    def __call__(self, data: bytes) -> EncodedImage:
-        if self._limit is None:
-            return imaging.convert_image(data, self._settings)
-        return self._pool.result(self._pool.submit(lambda deadline: imaging.convert_image(data, self._settings,
-                                                                                          deadline)))
