@@ -1,11 +1,15 @@
 """Worker processes for local runs, started before the graph is built, through Beam's worker-pool API.
 
 Beam's local runner starts its worker processes when the first stage runs, and
-each spends about 2.5 s importing Beam before it does any work; at the end the
-runner waits for them to exit one after the other (about 0.9 s each). Here the
-workers are started as soon as the options are valid, so their imports overlap
-the launcher's listing and graph building, and they are stopped together once
-the job is done.
+each spends about 2.5 s of CPU importing Beam before it does any work; at the
+end the runner waits for them to exit one after the other (about 0.9 s each).
+Here the launcher, which has imported Beam already, forks the workers as soon
+as the options are valid: they start with Beam and the conversion's modules
+loaded, for no CPU at all, and wait while the launcher lists the files and
+builds the graph. They are stopped together once the job is done. Where
+forking is not safe (not Linux, or the launcher already runs threads, as when
+a started worker died and the pool's service must replace it) a worker is
+started afresh instead, with multiprocessing's spawn, and imports Beam itself.
 
 The runner gets them through Beam's own EXTERNAL environment (registered under
 its own URN so that workers reach the runner at localhost): it asks this pool's
@@ -13,16 +17,14 @@ gRPC service (`BeamFnExternalWorkerPool`, on 127.0.0.1) for a worker, and the
 pool hands a started process the runner's addresses. From then on each
 process is exactly `apache_beam.runners.worker.sdk_worker_main`, the worker
 Beam's `multi_processing` mode runs.
-
-    python -m pipeline.warm_workers LAUNCHER_PID   # one worker; the launcher starts these
 """
 
 from __future__ import annotations
 
-import json
+import gc
 import logging
+import multiprocessing
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -31,15 +33,55 @@ from concurrent import futures
 import grpc
 from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_runner_api_pb2, endpoints_pb2
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from apache_beam.runners.worker import sdk_worker_main
 from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 from google.protobuf import json_format, text_format
 
-WORKER_MODULE = "pipeline.warm_workers"
+import transforms.convert  # noqa: F401  (the conversion's modules: loaded before a worker is forked)
+import transforms.describe  # noqa: F401
+import transforms.write  # noqa: F401
+
 # Beam's EXTERNAL environment, except that workers reach the runner at localhost (see
 # _LocalExternalWorkerHandler).
 LOCAL_EXTERNAL_URN = "beam:env:image_tfrecords:local_external:v1"
+WORKER_NAME = "image-tfrecords-worker"  # each worker's multiprocessing name
 _WORKER_LOG = logging.getLogger("apache_beam.worker")  # quiet unless --verbose, like the rest of Beam
+
+
+def can_fork() -> bool:
+    """Whether a worker may be forked from this process now: Linux, and no thread but this one.
+
+    A thread holding a lock at the fork would leave the child waiting on it forever.
+    """
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
+class _Worker:
+    """One worker process, and the pipe on which it waits for the runner's addresses."""
+
+    def __init__(self, context, quiet: bool):
+        reader, self.assignments = context.Pipe(duplex=False)
+        self.process = context.Process(target=serve, args=(reader, os.getpid(), quiet), name=WORKER_NAME,
+                                       daemon=True)
+        self.process.start()
+        reader.close()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def assign(self, assignment: dict[str, str]) -> None:
+        self.assignments.send(assignment)
+        self.assignments.close()
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+
+    def stop(self) -> None:
+        self.kill()
+        self.process.join()
+        self.assignments.close()
 
 
 class WarmWorkerPool:
@@ -48,22 +90,24 @@ class WarmWorkerPool:
     def __init__(self, count: int, quiet: bool):
         self._quiet = quiet
         self._lock = threading.Lock()
-        self._processes: list[subprocess.Popen] = []
+        self._workers: list[_Worker] = []
         self.count = count
-        self._free: list[subprocess.Popen] = [self._spawn() for _ in range(count)]
+        self._free: list[_Worker] = [self._start() for _ in range(count)]
         self._options_json = "{}"
         self._server = None
         self.url = ""
 
-    def _spawn(self) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE, str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if self._quiet else None,
-            close_fds=True,
-        )
-        self._processes.append(process)
-        return process
+    def _start(self) -> _Worker:
+        if can_fork():
+            # The child's garbage collections then skip everything loaded so far,
+            # instead of touching (and so copying) every shared page.
+            gc.freeze()
+            context = multiprocessing.get_context("fork")
+        else:
+            context = multiprocessing.get_context("spawn")
+        worker = _Worker(context, self._quiet)
+        self._workers.append(worker)
+        return worker
 
     def serve(self, provision_info) -> str:
         """Start the pool service for a runner with this provision info; returns its address."""
@@ -83,10 +127,10 @@ class WarmWorkerPool:
     def start_worker(self, request) -> None:
         """Give the next started process (or a new one) the runner's addresses."""
         with self._lock:
-            while self._free and self._free[0].poll() is not None:
+            while self._free and not self._free[0].alive():
                 self._free.pop(0)  # died while starting (its stderr says why with --verbose)
-            process = self._free.pop(0) if self._free else self._spawn()
-        assignment = {
+            worker = self._free.pop(0) if self._free else self._start()
+        worker.assign({
             "CONTROL_API_SERVICE_DESCRIPTOR": text_format.MessageToString(request.control_endpoint),
             # The workers' log records come to this pool, not to the runner, which would print
             # every one of them (see _LogServicer).
@@ -94,21 +138,19 @@ class WarmWorkerPool:
                 endpoints_pb2.ApiServiceDescriptor(url=self.url)),
             "PIPELINE_OPTIONS": self._options_json,
             "WORKER_ID": request.worker_id,
-        }
-        process.stdin.write(json.dumps(assignment).encode("utf-8") + b"\n")
-        process.stdin.close()
+        })
+
+    def pids(self) -> list[int]:
+        return [worker.process.pid for worker in self._workers]
 
     def close(self) -> None:
         """Stop every worker process: the job is over, or failed, and nothing of theirs is pending."""
         if self._server is not None:
             self._server.stop(0)
-        for process in self._processes:
-            if process.poll() is None:
-                process.kill()
-        for process in self._processes:
-            process.wait()
-            if process.stdin and not process.stdin.closed:
-                process.stdin.close()
+        for worker in self._workers:
+            worker.kill()
+        for worker in self._workers:
+            worker.stop()
 
 
 @environments.Environment.register_urn(LOCAL_EXTERNAL_URN, beam_runner_api_pb2.ExternalPayload)
@@ -172,28 +214,37 @@ def _exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
 
 
-def main(argv: list[str]) -> int:
-    """One worker: import Beam's worker now, then wait for the runner's addresses on stdin.
+def _reset_logging() -> None:
+    """Logging as in a fresh interpreter: a forked worker inherits the launcher's handlers and levels.
 
-    argv: [launcher pid]. The launcher may die before this process even runs.
+    Beam's worker then sends its records to the launcher's log service, which
+    filters them (see _LogServicer).
     """
-    _exit_with_parent(int(argv[0]))
-    from apache_beam.runners.worker import sdk_worker_main
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in ("apache_beam", "pipeline"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
 
-    import transforms.convert  # noqa: F401  (the conversion's modules, ready before the first bundle)
-    import transforms.describe  # noqa: F401
-    import transforms.write  # noqa: F401
 
-    line = sys.stdin.readline()
-    if not line:  # the launcher stopped before the job needed this worker
-        return 0
-    os.environ.update(json.loads(line))
+def serve(assignments, parent: int, quiet: bool) -> None:
+    """One worker: wait for the runner's addresses on `assignments`, then run Beam's worker until killed.
+
+    `parent` is the launcher's pid; it may die before this process even runs.
+    """
+    _exit_with_parent(parent)
+    if quiet:  # native libraries and tracebacks; log records go to the launcher's log service
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+    _reset_logging()
+    try:
+        assignment = assignments.recv()
+    except EOFError:  # the launcher stopped before the job needed this worker
+        return
+    os.environ.update(assignment)
     sdk_worker_main.main([])
     sys.stdout.flush()
     sys.stderr.flush()
     # Every bundle is done and every file closed; skip the interpreter's slow teardown.
     os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -16,27 +16,26 @@ from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO
 
 
-def _worker_processes(parent: psutil.Process) -> list[psutil.Process]:
-    found = []
-    for child in parent.children(recursive=True):
-        try:
-            if warm_workers.WORKER_MODULE in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.Error:
-            pass
-    return found
+def _worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
+    """A launcher started in a subprocess has no other children than its workers."""
+    return launcher.children(recursive=True)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_a_default_local_run_uses_the_started_workers_and_leaves_none_behind(tmp_path, monkeypatch):
     from pipeline.launcher import read_info, run
 
     generate_dataset(str(tmp_path / "in"), images_per_class=12, seed=3, min_side=24, max_side=48)
-    handed_out, addresses = [], []
+    handed_out, addresses, pools = [], [], []
     real_start = warm_workers.WarmWorkerPool.start_worker
 
     def start_worker(self, request):
-        handed_out.append((request.worker_id, len(_worker_processes(psutil.Process()))))
+        handed_out.append((request.worker_id, len(_alive(self.pids())), len(self.pids())))
         addresses.append(request.control_endpoint.url)
+        pools.append(self)
         return real_start(self, request)
 
     monkeypatch.setattr(warm_workers.WarmWorkerPool, "start_worker", start_worker)
@@ -44,11 +43,11 @@ def test_a_default_local_run_uses_the_started_workers_and_leaves_none_behind(tmp
                 "--direct_num_workers=2", "--image_size=16"])
     assert code == 0
     # The runner asked the pool for its two workers, and both were already running when it did.
-    assert len({worker_id for worker_id, _ in handed_out}) == 2
-    assert all(running == 2 for _, running in handed_out)
+    assert len({worker_id for worker_id, _, _ in handed_out}) == 2
+    assert all(running == started == 2 for _, running, started in handed_out)
     # Local workers reach the runner at localhost, never through a host-name lookup.
     assert all(url.startswith("localhost:") for url in addresses), addresses
-    assert _worker_processes(psutil.Process()) == []  # stopped with the job
+    assert _alive(pools[0].pids()) == []  # stopped with the job
     info = read_info(str(tmp_path / "out"))
     assert info["files"]["written"] == info["files"]["found"] == 12 * len(info["class_names"])
 
@@ -116,11 +115,62 @@ def test_a_started_worker_that_died_is_replaced():
     try:
         (first,) = pool._free
         first.kill()
-        first.wait()
+        first.process.join()
         request = beam_fn_api_pb2.StartWorkerRequest(
             worker_id="w1", control_endpoint=endpoints_pb2.ApiServiceDescriptor(url="127.0.0.1:1"))
         pool.start_worker(request)  # no BrokenPipeError: a fresh process got the assignment
-        assert len(pool._processes) == 2 and pool._processes[1].poll() is None
+        assert len(pool.pids()) == 2 and _alive(pool.pids()) == pool.pids()[1:]
     finally:
         pool.close()
-    assert all(process.poll() is not None for process in pool._processes)
+    assert _alive(pool.pids()) == []
+
+
+def test_workers_are_forked_from_the_launcher_with_beam_already_loaded(tmp_path):
+    """A default run forks its workers: they share the launcher's command line and import nothing."""
+    source = tmp_path / "in"
+    generate_dataset(str(source), images_per_class=40, seed=6, min_side=24, max_side=64)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
+               "--image_size=16", "--quiet", "--direct_num_workers=2"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = psutil.Process(process.pid)
+    seen = {}
+    try:
+        while process.poll() is None and len(seen) < 2:
+            for worker in _worker_processes(launcher):
+                try:
+                    seen[worker.pid] = worker.cmdline()
+                except psutil.Error:
+                    pass
+            time.sleep(0.01)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert stdout.startswith(b"Found 160 files: 160 written")
+    assert len(seen) == 2 and all(cmdline == command for cmdline in seen.values()), seen
+
+
+def test_where_forking_is_unsafe_spawned_workers_do_the_job(tmp_path, monkeypatch):
+    """Not Linux, or threads already running: each worker is a fresh interpreter that imports Beam itself."""
+    from pipeline.launcher import read_info, run
+
+    generate_dataset(str(tmp_path / "in"), images_per_class=10, seed=7, min_side=24, max_side=48)
+    monkeypatch.setattr(warm_workers, "can_fork", lambda: False)
+    command_lines = []
+    real_start = warm_workers.WarmWorkerPool.start_worker
+
+    def start_worker(self, request):
+        command_lines.extend(psutil.Process(pid).cmdline() for pid in _alive(self.pids()))
+        return real_start(self, request)
+
+    monkeypatch.setattr(warm_workers.WarmWorkerPool, "start_worker", start_worker)
+    code = run([f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}", "--quiet",
+                "--direct_num_workers=2", "--image_size=16"])
+    assert code == 0
+    assert command_lines and all("from multiprocessing.spawn import spawn_main" in " ".join(c)
+                                 for c in command_lines), command_lines
+    info = read_info(str(tmp_path / "out"))
+    assert info["files"]["written"] == info["files"]["found"] == 10 * len(info["class_names"])
