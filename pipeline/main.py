@@ -5,10 +5,17 @@
 """
 
 import gc
+import os
 import sys
 
-from pipeline.cli import main_of
-from pipeline.launcher import run
+# Beam imports NumPy, whose OpenBLAS starts a thread per core that spins while
+# idle and restarts around every fork of a worker; nothing here does linear
+# algebra. With one thread, importing Beam takes about 0.2 s less and the
+# launcher about 0.3 s less CPU (measured on 2 cores, 5 alternating pairs).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from pipeline.cli import main_of  # noqa: E402  (after the variable above)
+from pipeline.launcher import run  # noqa: E402
 
 if __name__ == "__main__":
     code = main_of(run)
