@@ -64,3 +64,32 @@ def test_copy_shard_gzip_is_a_valid_gzip_tfrecord(tmp_path):
     assert data == b"".join(frame(r) for r in records[10:40])
     assert list(iter_records(str(tmp_path / "out" / "x.tfrecord.gz"))) == records[10:40]
     assert not list((tmp_path / "out" / ".image-tfrecords-tmp").iterdir())  # the partial file was renamed
+
+
+@pytest.mark.parametrize("kernel_copy", ["sendfile", "unavailable"])
+def test_copy_shard_gives_the_same_bytes_with_or_without_the_kernel_copy(tmp_path, monkeypatch, kernel_copy):
+    """Local shards are copied by sendfile; where it fails (old kernel, odd file system) the chunked copy does it."""
+    import errno
+    import os
+
+    records = [bytes([i % 256]) * (37 * i + 1) for i in range(300)]
+    path = write_piece(tmp_path / "piece.tfrecord", records)
+    offsets = record_offsets(path)
+    calls = []
+    real_sendfile = os.sendfile
+
+    def sendfile(*args):
+        calls.append(args)
+        if kernel_copy == "unavailable":
+            raise OSError(errno.ENOSYS, "sendfile not supported")
+        return real_sendfile(*args)
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    monkeypatch.setattr("transforms.write._COPY_CHUNK", 1000)  # several chunks on the fallback path
+    (tmp_path / "out").mkdir()
+    segments = [Segment(path, offsets[5], offsets[120], 115), Segment(path, offsets[200], offsets[300], 100)]
+    size = copy_shard(segments, str(tmp_path / "out"), "x.tfrecord", "none")
+    data = (tmp_path / "out" / "x.tfrecord").read_bytes()
+    assert data == b"".join(frame(r) for r in records[5:120] + records[200:300])
+    assert size == len(data)
+    assert len(calls) >= 2  # one kernel copy tried per segment
