@@ -11,9 +11,10 @@ No Beam here. Two reasons for helper threads:
   `max_abandoned` overrunning conversions are left running; beyond that the
   caller waits for the oldest, so a folder of pathological files cannot
   exhaust memory.
-* **Keeping every core busy.** Pillow releases the GIL while it decodes,
-  resizes and encodes, so two helpers per worker process overlap one image's
-  file read and Python steps with another's pixel work. And when one worker
+* **Keeping every core busy.** Pillow releases the GIL while it decodes and
+  resizes (not while it encodes a JPEG: two threads encode no faster than
+  one), so two helpers per worker process overlap one image's file read,
+  encoding and Python steps with another's decoding and resizing. And when one worker
   process runs out of images before the others (Beam's local runner hands
   each worker a fixed share, and cores of a shared machine do not run at the
   same speed), the operating system gives its cores to the helpers of the
