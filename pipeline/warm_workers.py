@@ -78,8 +78,7 @@ class _Worker:
         if self.process.is_alive():
             self.process.kill()
 
-    def stop(self) -> None:
-        self.kill()
+    def join(self) -> None:
         self.process.join()
         self.assignments.close()
 
@@ -150,7 +149,7 @@ class WarmWorkerPool:
         for worker in self._workers:
             worker.kill()
         for worker in self._workers:
-            worker.stop()
+            worker.join()
 
 
 @environments.Environment.register_urn(LOCAL_EXTERNAL_URN, beam_runner_api_pb2.ExternalPayload)
@@ -240,7 +239,7 @@ def serve(assignments, parent: int, quiet: bool) -> None:
     _reset_logging()
     try:
         assignment = assignments.recv()
-    except EOFError:  # the launcher stopped before the job needed this worker
+    except EOFError:  # the launcher closed the pipe: the job ended before it needed this worker
         return
     os.environ.update(assignment)
     sdk_worker_main.main([])

@@ -21,6 +21,17 @@ def _worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
     return launcher.children(recursive=True)
 
 
+def _start_launcher(tmp_path, images_per_class: int, seed: int, stdout=subprocess.DEVNULL):
+    """A conversion in a subprocess with two workers: (its Popen, its psutil.Process, its output dir)."""
+    source = tmp_path / "in"
+    generate_dataset(str(source), images_per_class=images_per_class, seed=seed, min_side=24, max_side=64)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
+               "--image_size=16", "--quiet", "--direct_num_workers=2"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE)
+    return process, psutil.Process(process.pid), out
+
+
 def _alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
@@ -54,13 +65,7 @@ def test_a_default_local_run_uses_the_started_workers_and_leaves_none_behind(tmp
 
 @pytest.mark.parametrize("moment", ["before the first stage", "mid-run"])
 def test_workers_end_by_themselves_when_the_launcher_is_killed(tmp_path, moment):
-    source = tmp_path / "in"
-    generate_dataset(str(source), images_per_class=60, seed=5, min_side=24, max_side=64)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
-               "--image_size=16", "--quiet", "--direct_num_workers=2"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    launcher = psutil.Process(process.pid)
+    process, launcher, out = _start_launcher(tmp_path, images_per_class=60, seed=5)
     try:
         workers = []
         while process.poll() is None and len(workers) < 2:
@@ -127,13 +132,8 @@ def test_a_started_worker_that_died_is_replaced():
 
 def test_workers_are_forked_from_the_launcher_with_beam_already_loaded(tmp_path):
     """A default run forks its workers: they share the launcher's command line and import nothing."""
-    source = tmp_path / "in"
-    generate_dataset(str(source), images_per_class=40, seed=6, min_side=24, max_side=64)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
-               "--image_size=16", "--quiet", "--direct_num_workers=2"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    launcher = psutil.Process(process.pid)
+    process, launcher, _ = _start_launcher(tmp_path, images_per_class=40, seed=6, stdout=subprocess.PIPE)
+    command = launcher.cmdline()
     seen = {}
     try:
         while process.poll() is None and len(seen) < 2:
