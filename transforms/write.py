@@ -233,7 +233,8 @@ class WriteShards(beam.PTransform):
         all_pieces = pieces | "AllPieces" >> beam.Flatten()
         all_shards = (
             records.pipeline
-            | "Splits" >> beam.Create(splits)
+            # split name (at most three: spreading them over workers is not worth a shuffle stage)
+            | "Splits" >> beam.Create(splits, reshuffle=False)
             # (split, shard file name, [Segment])
             | "PlanShards" >> beam.ParDo(_PlanSplit(self._num_shards, self._compression),
                                          beam.pvalue.AsList(all_pieces))
