@@ -159,9 +159,10 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
     plan: Plan = plan_dataset(settings)
     for note in plan.notes:
         _LOG.warning(note)
-    removed = prepare_output(settings, dry_run=cloud.is_dry_run(options))
-    if removed:
-        _LOG.info("Removed %d files of an earlier run from %s", len(removed), settings.output_dir)
+    # An earlier run's files leave the folder at once and are deleted while this one runs.
+    old = prepare_output(settings, dry_run=cloud.is_dry_run(options), background=True)
+    if old.paths:
+        _LOG.info("Removed %d files of an earlier run from %s", len(old.paths), settings.output_dir)
     _LOG.info(
         "Converting %d images in %d classes (%s) to %s",
         plan.total_images,
@@ -179,6 +180,8 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
             show_progress(runner, plan.total_images, enabled=not settings.quiet):
         with beam.Pipeline(runner=runner, options=options) as p:
             build_pipeline(p, settings, plan, start_time)
+    # Only after a successful run: if this one fails, the next one finishes the deletion.
+    old.wait()
     info = read_info(settings.output_dir)
     print(format_summary(info))
     if not info["files"]["written"]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -103,13 +105,44 @@ def test_prepare_output_removes_every_leftover_and_no_user_file(tmp_path):
     (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam, not removed
 
     assert sorted(os.path.relpath(p, out) for p in own_outputs(str(out))) == sorted(LEFTOVERS)
-    removed = prepare_output(settings_for(out))
+    removed = prepare_output(settings_for(out)).paths
 
     assert sorted(os.path.relpath(p, out) for p in removed) == sorted(LEFTOVERS)
     assert all_files(out) == set(USER_FILES)
     assert_user_files_intact(out)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
         ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
+
+
+def test_in_the_background_the_names_are_free_at_once_and_only_old_files_are_deleted(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    write_files(out, [*USER_FILES, *LEFTOVERS])
+    (out / INFO_FILE).write_text("{}")
+    (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam: removed at once
+    # The deletion is held back until the new run has written its files.
+    go, rmtree = threading.Event(), shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: go.wait(10) and rmtree(*a, **k))
+
+    old = prepare_output(settings_for(out, "--overwrite"), background=True)
+
+    # Nothing of the old run is left under its own name, even before the deletion ends ...
+    assert sorted(os.path.relpath(p, out) for p in old.paths) == sorted(LEFTOVERS)
+    aside = all_files(out) - set(USER_FILES)
+    assert len(aside) == len(LEFTOVERS)
+    assert all(f.startswith(f"{TEMP_DIR}/") and f.split("/")[1].endswith(".old") for f in aside), aside
+    # ... so a new run's files, written meanwhile under the same names, are safe from it.
+    new_files = ["train-00000-of-00007.tfrecord", "labels.txt", f"{TEMP_DIR}/{HEX}.partial"]
+    for name in new_files:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("new run")
+    go.set()
+    old.wait()
+
+    assert all_files(out) == {*USER_FILES, *new_files}
+    assert all((out / name).read_text() == "new run" for name in new_files)
+    assert_user_files_intact(out)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        ".image-tfrecords-tmp", ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
 
 
 def test_a_complete_dataset_is_kept_without_overwrite_and_replaced_with_it(tmp_path):

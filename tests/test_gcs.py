@@ -127,9 +127,9 @@ def test_prepare_output_on_gcs_removes_only_this_tools_leftovers(gcs_emulator, g
         gcs_emulator.write(f"{folder}/{name}", b"x")
     settings = validate(PipelineOptions([f"--input_dir={gcs_input}/photos", f"--output_dir={folder}"]))
 
-    assert prepare_output(settings, dry_run=True) == []
+    assert prepare_output(settings, dry_run=True).paths == []
     assert gcs_emulator.list_names(folder) == sorted(leftovers + foreign)
 
-    removed = prepare_output(settings)
+    removed = prepare_output(settings, background=True).paths  # gs://: deleted before it returns
     assert sorted(path.rsplit("/", 1)[-1] for path in removed) == sorted(leftovers)
     assert gcs_emulator.list_names(folder) == sorted(foreign)
