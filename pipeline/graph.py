@@ -7,7 +7,7 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
-from transforms.convert import REJECTED, ConvertImages
+from transforms.convert import REJECTED, WRITTEN, ConvertImages
 from transforms.describe import DescribeDataset
 from transforms.labels import UNLABELED, AssignLabels
 from transforms.listing import SKIPPED, ListImages
@@ -28,18 +28,18 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     )
     # ImageRef, in a reproducible random order, spread over workers
     shuffled = labeled.images | "ShuffleImages" >> ShuffleImages(plan.total_images)
-    # ImageRef -> ExampleRecord (serialized tf.train.Example)
+    # ImageRef -> serialized tf.train.Example, on one output per split
     converted = shuffled | "ConvertImages" >> ConvertImages(
         settings.image, settings.schema, settings.conversion_threads
     )
-    # ExampleRecord -> {split: shard paths}
-    shards = converted.examples | "WriteShards" >> WriteShards(
+    # {split: serialized Examples} -> ShardInfo
+    shards = {split: converted[split] for split in plan.num_shards} | "WriteShards" >> WriteShards(
         settings.output_dir, plan.num_shards, settings.compression
     )
     rejections = (listed[SKIPPED], labeled[UNLABELED], converted[REJECTED]) | "AllRejections" >> beam.Flatten()
     found = (listed.images, listed[SKIPPED]) | "AllListed" >> beam.Flatten()
     info = {
-        "examples": converted.examples,
+        "written": converted[WRITTEN],
         "rejections": rejections,
         "shards": shards,
         "found": found,
@@ -52,4 +52,4 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         start_time,
         __version__,
     )
-    return {"examples": converted.examples, "rejections": rejections, "shards": shards, "info": info}
+    return {"converted": converted, "rejections": rejections, "shards": shards, "info": info}

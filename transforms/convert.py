@@ -1,8 +1,11 @@
 """ConvertImages: read, decode, resize and encode each image, and wrap it in a tf.train.Example.
 
-Bad images never fail the job: they leave on the REJECTED output with the
-reason from the image layer, and are counted. Each image gets at most
---image_timeout_s seconds. Images are read and converted on
+Each serialized Example leaves on the output named after its split, ready for
+the TFRecord writer: no step between them touches every record again. Bad
+images never fail the job: they leave on the REJECTED output with the reason
+from the image layer, and are counted. The WRITTEN output carries one count
+per (split, label, upscaled) and bundle, for the dataset description. Each
+image gets at most --image_timeout_s seconds. Images are read and converted on
 --conversion_threads helper threads per DoFn instance (see `transforms.pool`);
 results leave in input order.
 """
@@ -14,15 +17,18 @@ import functools
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import counters, imaging
 from transforms.examples import build_example
 from transforms.imaging import DECODE_ERROR, READ_ERROR, EncodedImage, ImageRejected, ImageSettings
+from transforms.layout import SPLITS
 from transforms.pool import ConversionPool, time_limit
-from transforms.records import ExampleRecord, ImageRef, Rejection
+from transforms.records import ImageRef, Rejection
 
 REJECTED = "rejected"
+WRITTEN = "written"
 
 
 def read_bytes(path: str) -> bytes:
@@ -57,6 +63,8 @@ class _ConvertImage(beam.DoFn):
 
     def start_bundle(self):
         self._pending.clear()
+        # (split, label, upscaled) -> records emitted in this bundle
+        self._written: collections.Counter = collections.Counter()
 
     def process(self, ref: ImageRef, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
         job = self._pool.submit(functools.partial(read_and_convert, ref.path, self._settings))
@@ -70,17 +78,17 @@ class _ConvertImage(beam.DoFn):
         while self._pending:
             ref, job, timestamp, window = self._pending.popleft()
             output = self._outcome(ref, job)
-            if isinstance(output, beam.pvalue.TaggedOutput):
-                yield beam.pvalue.TaggedOutput(output.tag, WindowedValue(output.value, timestamp, [window]))
-            else:
-                yield WindowedValue(output, timestamp, [window])
+            yield beam.pvalue.TaggedOutput(output.tag, WindowedValue(output.value, timestamp, [window]))
+        for key, count in self._written.items():
+            # ((split, label, upscaled), records)
+            yield beam.pvalue.TaggedOutput(WRITTEN, GlobalWindows.windowed_value((key, count)))
 
     def teardown(self):
         if self._pool is not None:
             self._pool.close()
 
-    def _outcome(self, ref: ImageRef, job):
-        """The ExampleRecord for `ref`, or its Rejection on the REJECTED output (counters: this thread only)."""
+    def _outcome(self, ref: ImageRef, job) -> beam.pvalue.TaggedOutput:
+        """The serialized Example for `ref` on its split's output, or its Rejection on REJECTED."""
         try:
             image = self._pool.result(job)
         except ImageRejected as e:
@@ -98,7 +106,8 @@ class _ConvertImage(beam.DoFn):
             schema=self._schema,
         )
         counters.inc("images_converted")
-        return ExampleRecord(ref.split, ref.label, ref.relpath, ref.shuffle_key, image.upscaled, serialized)
+        self._written[(ref.split, ref.label, image.upscaled)] += 1
+        return beam.pvalue.TaggedOutput(ref.split, serialized)
 
     @staticmethod
     def _reject(ref: ImageRef, reason: str, detail: str):
@@ -107,11 +116,15 @@ class _ConvertImage(beam.DoFn):
 
 
 class ConvertImages(beam.PTransform):
-    """ImageRef -> ExampleRecord, plus a REJECTED output of Rejection."""
+    """ImageRef -> serialized tf.train.Example bytes on one output per split.
+
+    Outputs, by tag: each split in `SPLITS` (bytes), REJECTED (Rejection) and
+    WRITTEN (((split, label, upscaled), records), a few per bundle).
+    """
 
     def __init__(self, settings: ImageSettings, schema: str, threads: int = 2):
         super().__init__()
         self._fn = _ConvertImage(settings, schema, threads)
 
     def expand(self, refs):
-        return refs | "ConvertImage" >> beam.ParDo(self._fn).with_outputs(REJECTED, main="examples")
+        return refs | "ConvertImage" >> beam.ParDo(self._fn).with_outputs(*SPLITS, REJECTED, WRITTEN)

@@ -158,8 +158,9 @@ class _WriteInfo(beam.DoFn):
 class DescribeDataset(beam.PTransform):
     """Write the error report and the dataset description; outputs the info dict.
 
-    Inputs (a dict): 'examples' (ExampleRecord), 'rejections' (Rejection),
-    'shards' (ShardInfo of every final shard), 'found' (one element per listed file).
+    Inputs (a dict): 'written' (((split, label, upscaled), records) from ConvertImages),
+    'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (one
+    element per listed file).
     """
 
     def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
@@ -169,25 +170,25 @@ class DescribeDataset(beam.PTransform):
                                    tool_version)
 
     def expand(self, inputs):
-        examples, rejections = inputs["examples"], inputs["rejections"]
+        rejections = inputs["rejections"]
         # errors.jsonl is written by WriteDatasetInfo, from `rejections` as a streamed side input.
-        # One count per kind of event, in one combine: ("found",), ("written", split, label,
-        # upscaled) or (stage, reason). Counting happens where the events arise; only the
-        # totals meet in one place.
+        # One count per kind of event, summed in one combine: ("found",), ("written", split,
+        # label, upscaled) or (stage, reason). The converter counts what it writes itself, per
+        # bundle, so no per-image tally leaves the conversion.
         tallies = (
             (
-                inputs["found"] | "TallyFound" >> beam.Map(lambda _: (FOUND,)),
-                examples | "TallyWritten" >> beam.Map(lambda r: (WRITTEN, r.split, r.label, r.upscaled)),
-                rejections | "TallyRejected" >> beam.Map(lambda r: (r.stage, r.reason)),
+                inputs["found"] | "TallyFound" >> beam.Map(lambda _: ((FOUND,), 1)),
+                inputs["written"] | "TallyWritten" >> beam.MapTuple(lambda key, n: ((WRITTEN, *key), n)),
+                rejections | "TallyRejected" >> beam.Map(lambda r: ((r.stage, r.reason), 1)),
             )
             | "AllTallies" >> beam.Flatten()
             # (event, count)
-            | "CountTallies" >> beam.combiners.Count.PerElement()
+            | "CountTallies" >> beam.CombinePerKey(sum)
         )
         # (split, file name, records, bytes)
         shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
         return (
-            examples.pipeline
+            rejections.pipeline
             | "Once" >> beam.Create([None])
             | "WriteDatasetInfo" >> beam.ParDo(
                 self._info_fn,

@@ -25,17 +25,6 @@ class ImageRef(NamedTuple):
     shuffle_key: int  # 64-bit hash of (seed, relpath): a stable random order
 
 
-class ExampleRecord(NamedTuple):
-    """One serialized tf.train.Example, ready to be written to its split."""
-
-    split: str
-    label: int
-    relpath: str
-    shuffle_key: int
-    upscaled: bool
-    serialized: bytes
-
-
 class Rejection(NamedTuple):
     """A file that is not in the dataset, and why. Feeds the error report."""
 

@@ -195,7 +195,7 @@ def _remove_pieces(_, output_dir: str, shards, pieces):
 
 
 class WriteShards(beam.PTransform):
-    """ExampleRecord -> ShardInfo of every final shard.
+    """{split: serialized tf.train.Example bytes} -> ShardInfo of every final shard.
 
     `num_shards` maps each split that may hold records to its shard count;
     splits not in it are not written.
@@ -207,32 +207,25 @@ class WriteShards(beam.PTransform):
         self._num_shards = num_shards
         self._compression = compression
 
-    def expand(self, records):
+    def expand(self, records_by_split):
         splits = [s for s in SPLITS if s in self._num_shards]
-        index = {split: i for i, split in enumerate(splits)}
-        # ExampleRecord, one PCollection per split
-        by_split = records | "PartitionBySplit" >> beam.Partition(lambda record, _n: index[record.split], len(splits))
+        pipeline = records_by_split[splits[0]].pipeline
         pieces = []
-        for split, part in zip(splits, by_split, strict=True):
-            piece_paths = (
-                part
-                # serialized tf.train.Example bytes
-                | f"Serialize/{split}" >> beam.Map(lambda record: record.serialized).with_output_types(bytes)
-                # one piece per bundle, written where the records were made
-                | f"WriteToTFRecord/{split}" >> beam.io.WriteToTFRecord(
-                    FileSystems.join(temp_dir(self._output_dir), split),
-                    file_name_suffix=".tfrecord",
-                    num_shards=0,
-                    shard_name_template=SHARD_NAME_TEMPLATE,
-                    compression_type=CompressionTypes.UNCOMPRESSED,
-                )
+        for split in splits:
+            # piece paths: one piece per bundle, written where the records were made
+            piece_paths = records_by_split[split] | f"WriteToTFRecord/{split}" >> beam.io.WriteToTFRecord(
+                FileSystems.join(temp_dir(self._output_dir), split),
+                file_name_suffix=".tfrecord",
+                num_shards=0,
+                shard_name_template=SHARD_NAME_TEMPLATE,
+                compression_type=CompressionTypes.UNCOMPRESSED,
             )
             # (split, piece path, [record offsets])
             pieces.append(piece_paths | f"IndexPieces/{split}" >> beam.Map(
                 lambda path, split: (split, path, record_offsets(path)), split))
         all_pieces = pieces | "AllPieces" >> beam.Flatten()
         all_shards = (
-            records.pipeline
+            pipeline
             # split name (at most three: spreading them over workers is not worth a shuffle stage)
             | "Splits" >> beam.Create(splits, reshuffle=False)
             # (split, shard file name, [Segment])
@@ -242,7 +235,7 @@ class WriteShards(beam.PTransform):
             | "CopyShards" >> beam.ParDo(_CopyShard(self._output_dir, self._compression))
         )
         return (
-            records.pipeline
+            pipeline
             | "Once" >> beam.Create([None])
             | "RemovePieces" >> beam.FlatMap(
                 _remove_pieces, self._output_dir, beam.pvalue.AsList(all_shards), beam.pvalue.AsList(all_pieces))
