@@ -10,7 +10,7 @@ from pipeline.plan import Plan
 from transforms.convert import REJECTED, WRITTEN, ConvertImages
 from transforms.describe import DescribeDataset
 from transforms.labels import UNLABELED, AssignLabels
-from transforms.listing import SKIPPED, ListImages
+from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.shuffle import ShuffleImages
 from transforms.write import WriteShards
 
@@ -37,12 +37,11 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         settings.output_dir, plan.num_shards, settings.compression
     )
     rejections = (listed[SKIPPED], labeled[UNLABELED], converted[REJECTED]) | "AllRejections" >> beam.Flatten()
-    found = (listed.images, listed[SKIPPED]) | "AllListed" >> beam.Flatten()
     info = {
         "written": converted[WRITTEN],
         "rejections": rejections,
         "shards": shards,
-        "found": found,
+        "found": listed[FOUND],
     } | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         plan.class_names,

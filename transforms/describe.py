@@ -159,8 +159,8 @@ class DescribeDataset(beam.PTransform):
     """Write the error report and the dataset description; outputs the info dict.
 
     Inputs (a dict): 'written' (((split, label, upscaled), records) from ConvertImages),
-    'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (one
-    element per listed file).
+    'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (numbers
+    of files listed, from ListImages).
     """
 
     def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
@@ -173,11 +173,11 @@ class DescribeDataset(beam.PTransform):
         rejections = inputs["rejections"]
         # errors.jsonl is written by WriteDatasetInfo, from `rejections` as a streamed side input.
         # One count per kind of event, summed in one combine: ("found",), ("written", split,
-        # label, upscaled) or (stage, reason). The converter counts what it writes itself, per
-        # bundle, so no per-image tally leaves the conversion.
+        # label, upscaled) or (stage, reason). Listing and conversion count their files
+        # themselves, per bundle, so no per-image tally leaves them.
         tallies = (
             (
-                inputs["found"] | "TallyFound" >> beam.Map(lambda _: ((FOUND,), 1)),
+                inputs["found"] | "TallyFound" >> beam.Map(lambda n: ((FOUND,), n)),
                 inputs["written"] | "TallyWritten" >> beam.MapTuple(lambda key, n: ((WRITTEN, *key), n)),
                 rejections | "TallyRejected" >> beam.Map(lambda r: ((r.stage, r.reason), 1)),
             )

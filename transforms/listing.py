@@ -6,12 +6,14 @@ import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms import counters
 from transforms.layout import relative_path, skip_reason
 from transforms.records import FileRef, Rejection
 
 SKIPPED = "skipped"
+FOUND = "found"
 
 
 def listing_pattern(input_dir: str) -> str:
@@ -26,12 +28,24 @@ def list_files(input_dir: str) -> list[FileMetadata]:
 
 
 class _FilterByName(beam.DoFn):
-    """FileMetadata -> FileRef for candidate images; others go to SKIPPED with a reason."""
+    """FileMetadata -> FileRef for candidate images; others go to SKIPPED with a reason.
+
+    FOUND gets the number of files seen, once per bundle.
+    """
 
     def __init__(self, input_dir: str):
         self._input_dir = input_dir
+        self._found = 0
+
+    def start_bundle(self):
+        self._found = 0
+
+    def finish_bundle(self):
+        if self._found:
+            yield beam.pvalue.TaggedOutput(FOUND, GlobalWindows.windowed_value(self._found))
 
     def process(self, metadata: FileMetadata):
+        self._found += 1
         relpath = relative_path(metadata.path, self._input_dir)
         skip = skip_reason(relpath)
         if skip is not None:
@@ -44,6 +58,9 @@ class _FilterByName(beam.DoFn):
 
 class ListImages(beam.PTransform):
     """PBegin -> FileRef for every candidate image, plus a SKIPPED output of Rejection.
+
+    FOUND counts every file listed (an int per bundle): the dataset description
+    checks that each one was written, rejected or skipped.
 
     Listing runs inside the graph, so on Dataflow it needs nothing from the
     launcher's machine but the folder name.
@@ -59,5 +76,5 @@ class ListImages(beam.PTransform):
             | "Pattern" >> beam.Create([listing_pattern(self._input_dir)])
             | "MatchFiles" >> fileio.MatchAll()
             # FileMetadata -> FileRef (images) | Rejection (skipped)
-            | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, main="images")
+            | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, FOUND, main="images")
         )
