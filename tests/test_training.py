@@ -39,7 +39,8 @@ def test_tiny_keras_model_learns_the_written_tfrecords(tmp_path):
     ])
     model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
-    model.fit(batches("train", True), steps_per_epoch=12, epochs=8, verbose=0)
+    # 20 epochs: at 8, validation accuracy ranged 0.87-1.0 over seeds and record orders; at 20, 0.96-1.0.
+    model.fit(batches("train", True), steps_per_epoch=12, epochs=20, verbose=0)
     _, accuracy = model.evaluate(batches("validation", False), verbose=0)
     assert accuracy >= 0.9, accuracy
 
