@@ -12,3 +12,9 @@ class UserError(Exception):
 
 class DatasetError(UserError):
     """A dataset folder that cannot be read: no dataset_info.json, missing or corrupt shards."""
+
+
+class OutOfSpace(UserError):
+    """The output folder's disk filled up during a run."""
+
+    exit_code = 1

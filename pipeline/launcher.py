@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from pipeline import cloud, report
+from pipeline.errors import OutOfSpace
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
@@ -130,6 +132,27 @@ def format_summary(info: dict) -> str:
     return "\n".join(lines)
 
 
+_NO_SPACE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def out_of_space(error: BaseException) -> str | None:
+    """The reason if `error` comes from a full disk or quota, else None.
+
+    A worker process's error reaches the launcher as the text of its traceback,
+    so the text is searched too.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_SPACE:
+            return _NO_SPACE[error.errno]
+        for code, text in _NO_SPACE.items():
+            if f"[Errno {code}]" in str(error) or text in str(error):
+                return text
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one conversion; returns the process exit code.
 
@@ -176,10 +199,20 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
         return cloud.run_on_dataflow(p, options, settings)
     worker_processes = workers is not None or options.view_as(DirectOptions).direct_running_mode == "multi_processing"
     runner = make_runner(options, argv, workers)
-    with quiet_workers(enabled=worker_processes and not settings.verbose), \
-            show_progress(runner, plan.total_images, enabled=not settings.quiet):
-        with beam.Pipeline(runner=runner, options=options) as p:
-            build_pipeline(p, settings, plan, start_time)
+    try:
+        with quiet_workers(enabled=worker_processes and not settings.verbose), \
+                show_progress(runner, plan.total_images, enabled=not settings.quiet):
+            with beam.Pipeline(runner=runner, options=options) as p:
+                build_pipeline(p, settings, plan, start_time)
+    except Exception as e:
+        reason = out_of_space(e)
+        if reason:
+            raise OutOfSpace(
+                f"the disk of --output_dir {settings.output_dir} is full ({reason}): a run needs about twice the "
+                "dataset's size free until it ends; free some space or choose another folder, then run the same "
+                "command again (it removes this run's files first)"
+            ) from None
+        raise
     # Only after a successful run: if this one fails, the next one finishes the deletion.
     old.wait()
     info = read_info(settings.output_dir)

@@ -129,3 +129,44 @@ def test_help_lists_the_options():
     assert result.returncode == 0
     for option in ("--input_dir", "--output_dir", "--labels_file", "--resize_mode", "--overwrite"):
         assert option in result.stdout
+
+
+# --- a full disk during a run ---------------------------------------------------------------------------------
+
+
+def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from pipeline.cli import main_of
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+    from transforms import write
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(write, "copy_shard", full_disk)  # where the shards are written, after the conversion
+    out = tmp_path / "out"
+    code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet", *FAST])
+
+    assert code == 1
+    # Beam's own error log of the failed step comes first; the last line says what it means.
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: the disk of --output_dir {out} is full (No space left on device): a run needs about twice the "
+        "dataset's size free until it ends; free some space or choose another folder, then run the same command "
+        "again (it removes this run's files first)"
+    )
+    assert not (out / "dataset_info.json").exists()
+
+
+def test_a_full_disk_is_recognised_in_a_worker_process_traceback_and_nothing_else_is():
+    from pipeline.launcher import out_of_space
+
+    worker = RuntimeError('Traceback (most recent call last):\n  File "x.py", line 1\n'
+                          "OSError: [Errno 28] No space left on device [while running 'WriteShards/CopyShards']")
+    assert out_of_space(worker) == "No space left on device"
+    quota = RuntimeError("wrapped")
+    quota.__cause__ = OSError(122, "Disk quota exceeded")
+    assert out_of_space(quota) == "Disk quota exceeded"
+    assert out_of_space(RuntimeError("OSError: [Errno 2] No such file or directory")) is None
+    assert out_of_space(ValueError("image too large")) is None
