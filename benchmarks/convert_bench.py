@@ -11,7 +11,10 @@ ratio against the floor, so a busy machine shifts all of them together:
   (b) pipeline: `python -m pipeline.main` with its default options, as a user runs it (wall time
       of the whole command, start-up included), with the peak memory of its whole process tree;
   (c) notebook: the seed notebook's method, image_dataset_from_directory then one
-      TFRecordWriter per shard with one Dataset.shard() pass per file.
+      TFRecordWriter per shard with one Dataset.shard() pass per file;
+  (d) graph only: the same command as (b) with the image work taken out (benchmarks.graph_only):
+      what the pipeline adds to the floor's work. Were the two simply to add up, (b) / (a) would
+      be floor / (floor + graph only); what (b) takes beyond that is the cost of running both at once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -114,11 +118,17 @@ def measure_floor(files: list[str], settings: ImageSettings) -> dict:
             "output_bytes": total_bytes}
 
 
-def measure_pipeline(input_dir: str, output_dir: str, extra: list[str]) -> dict:
-    """(b) the real command line, default options, timed from launch to exit."""
-    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={input_dir}", f"--output_dir={output_dir}",
+def _children_cpu() -> float:
+    """CPU seconds of every ended child process so far, with the children they waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure_pipeline(input_dir: str, output_dir: str, extra: list[str], module: str = "pipeline.main") -> dict:
+    """(b) the real command line, default options, timed from launch to exit; (d) with module=GRAPH_ONLY."""
+    command = [sys.executable, "-m", module, f"--input_dir={input_dir}", f"--output_dir={output_dir}",
                "--overwrite", "--quiet", *extra]
-    start = time.perf_counter()
+    start, cpu_before = time.perf_counter(), _children_cpu()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(process.pid) as memory:
         stdout, stderr = process.communicate()
@@ -130,6 +140,7 @@ def measure_pipeline(input_dir: str, output_dir: str, extra: list[str]) -> dict:
     written = info["files"]["written"]
     return {"images": written, "seconds": elapsed, "images_per_second": written / elapsed,
             "in_job_seconds": info["elapsed_seconds"], "peak_rss_bytes": memory.peak,
+            "cpu_seconds": _children_cpu() - cpu_before,
             "output_bytes": info["total_bytes"], "shards": sum(len(s["shards"]) for s in info["splits"].values())}
 
 
@@ -162,6 +173,14 @@ print(count, time.perf_counter() - start)
     count, seconds = result.stdout.split()[-2:]
     count, seconds = int(count), float(seconds)
     return {"images": count, "seconds": seconds, "images_per_second": count / seconds, "shards": shards}
+
+
+GRAPH_ONLY = "benchmarks.graph_only"
+
+
+def additive_ratio(floor: dict, graph_only: dict) -> float:
+    """The pipeline / floor ratio if the pipeline took the floor's time plus the graph's own."""
+    return floor["seconds"] / (floor["seconds"] + graph_only["seconds"])
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -210,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Output files of the notebook method; it re-reads the dataset once per file. "
                              "Default: 16.")
     parser.add_argument("--skip_notebook", action="store_true", help="Do not run the notebook method.")
+    parser.add_argument("--skip_graph_only", action="store_true",
+                        help="Do not measure the pipeline without its image work.")
     parser.add_argument("--repeat", type=int, default=1,
                         help="Measure the floor and the pipeline this many times, alternating, and report the "
                              "medians (a shared machine's speed drifts between runs). Default: 1.")
@@ -231,17 +252,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(files)} images, median file {np.median(sizes) / 1e3:.0f} kB; {os.cpu_count()} cores", flush=True)
 
     results = {"images": len(files), "cores": os.cpu_count()}
-    floors, pipelines = [], []
+    floors, pipelines, graphs = [], [], []
     for _ in range(max(1, args.repeat)):
         floors.append(measure_floor(files, settings))
         print(f"(a) floor     {floors[-1]['images_per_second']:8.1f} images/s", flush=True)
         pipelines.append(measure_pipeline(input_dir, os.path.join(workdir, "out"), args.pipeline_args.split()))
         print(f"(b) pipeline  {pipelines[-1]['images_per_second']:8.1f} images/s, "
               f"peak memory {pipelines[-1]['peak_rss_bytes'] / 1e6:.0f} MB", flush=True)
+        if not args.skip_graph_only:
+            graphs.append(measure_pipeline(input_dir, os.path.join(workdir, "out"), args.pipeline_args.split(),
+                                           module=GRAPH_ONLY))
+            print(f"(d) graph only {graphs[-1]['seconds']:7.1f} s, {graphs[-1]['cpu_seconds']:.1f} CPU-s "
+                  "(the pipeline without the image work)", flush=True)
     results["floor"] = _median_run(floors)
     results["pipeline"] = _median_run(pipelines)
+    if graphs:
+        results["graph_only"] = _median_run(graphs)
     if len(floors) > 1:
-        results["runs"] = [{"floor": f, "pipeline": p} for f, p in zip(floors, pipelines, strict=True)]
+        results["runs"] = [{"floor": f, "pipeline": p, **({"graph_only": g} if g else {})}
+                           for f, p, g in zip(floors, pipelines, graphs or [None] * len(floors), strict=True)]
         print(f"medians of {len(floors)}: floor {results['floor']['images_per_second']:.1f}, "
               f"pipeline {results['pipeline']['images_per_second']:.1f} images/s", flush=True)
     if not args.skip_notebook:
@@ -262,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = results["pipeline"]["images_per_second"]
     results["pipeline_vs_floor"] = pipeline / floor
     print(f"\npipeline / floor    = {results['pipeline_vs_floor']:.2f}  (target >= 0.90)")
+    if "graph_only" in results:
+        results["additive_vs_floor"] = additive_ratio(results["floor"], results["graph_only"])
+        print(f"floor / (floor + graph only) = {results['additive_vs_floor']:.2f}  (the ratio if the two added up)")
     if "notebook" in results:
         results["pipeline_vs_notebook"] = pipeline / results["notebook"]["images_per_second"]
         print(f"pipeline / notebook = {results['pipeline_vs_notebook']:.1f}  (target >= 10)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.conftest import cli
+from tests.test_pipeline import read_records, write_tiny_tree
 
 
 def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
@@ -18,9 +19,36 @@ def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
         assert run["floor"]["images"] == 12
         assert run["pipeline"]["images"] == 12  # every generated photo written
         assert run["pipeline"]["peak_rss_bytes"] > 0
+        assert run["pipeline"]["cpu_seconds"] > 0  # the workers' CPU reaches the benchmark through the launcher
+        assert run["graph_only"]["images"] == 12
     floors = sorted(run["floor"]["images_per_second"] for run in figures["runs"])
     pipelines = sorted(run["pipeline"]["images_per_second"] for run in figures["runs"])
     assert figures["floor"]["images_per_second"] == floors[1]
     assert figures["pipeline"]["images_per_second"] == pipelines[1]
     assert figures["pipeline_vs_floor"] == figures["pipeline"]["images_per_second"] / floors[1]
     assert "medians of 3" in result.stdout
+    graphs = sorted(run["graph_only"]["images_per_second"] for run in figures["runs"])
+    assert figures["graph_only"]["images_per_second"] == graphs[1]
+    floor_seconds, graph_seconds = figures["floor"]["seconds"], figures["graph_only"]["seconds"]
+    assert figures["additive_vs_floor"] == floor_seconds / (floor_seconds + graph_seconds)
+    assert "(d) graph only" in result.stdout
+
+
+def test_graph_only_runs_the_whole_pipeline_with_one_converted_image_for_all(tmp_path):
+    """benchmarks.graph_only: every record written and labelled as usual, all with the first image's bytes.
+
+    One worker process, forked from the launcher as by default: the stand-in reaches it.
+    """
+    names = write_tiny_tree(tmp_path / "in", {"a": 6, "b": 5})  # 11 different colours
+    options = [f"--input_dir={tmp_path / 'in'}", "--image_size=16", "--direct_num_workers=1", "--quiet"]
+    result = cli("benchmarks.graph_only", f"--output_dir={tmp_path / 'out'}", *options)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [row for split in read_records(tmp_path / "out").values() for row in split]
+    assert sorted(row["source_path"] for row in rows) == sorted(names)
+    assert {row["class_name"] for row in rows if row["source_path"].startswith("a/")} == {"a"}
+    assert len({row["image"] for row in rows}) == 1
+    assert (rows[0]["height"], rows[0]["width"]) == (16, 16)
+
+    real = cli("pipeline.main", f"--output_dir={tmp_path / 'real'}", *options)
+    assert real.returncode == 0, real.stderr[-3000:]
+    assert len({row["image"] for split in read_records(tmp_path / "real").values() for row in split}) == 11
