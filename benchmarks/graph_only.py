@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-import pipeline.main  # noqa: F401  (first: it sets up the environment before Beam is imported)
+import pipeline.main  # first: it sets up the environment before Beam is imported
 import transforms.convert
 
 _real_read_and_convert = transforms.convert.read_and_convert
@@ -34,11 +34,8 @@ def convert_once(path, settings, deadline):
 
 
 # At import, so worker processes get it too: forked ones inherit the patched
-# module, and spawned ones import this module again as their __main__ (which
-# is why pipeline.main runs below without taking over sys.modules["__main__"]).
+# module, and spawned ones import this module again as their __main__.
 transforms.convert.read_and_convert = convert_once
 
 if __name__ == "__main__":
-    import runpy
-
-    runpy.run_module("pipeline.main", run_name="__main__")
+    raise SystemExit(pipeline.main.main())

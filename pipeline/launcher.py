@@ -22,7 +22,7 @@ from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
 from pipeline.progress import REQUEST_SECONDS, show_progress
-from pipeline.quiet import quiet_workers
+from pipeline.quiet import held_beam_logs, quiet_workers
 from pipeline.warm_workers import WarmWorkerPool
 from transforms.describe import INFO_FILE
 
@@ -199,20 +199,22 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
         return cloud.run_on_dataflow(p, options, settings)
     worker_processes = workers is not None or options.view_as(DirectOptions).direct_running_mode == "multi_processing"
     runner = make_runner(options, argv, workers)
-    try:
-        with quiet_workers(enabled=worker_processes and not settings.verbose), \
-                show_progress(runner, plan.total_images, enabled=not settings.quiet):
-            with beam.Pipeline(runner=runner, options=options) as p:
-                build_pipeline(p, settings, plan, start_time)
-    except Exception as e:
-        reason = out_of_space(e)
-        if reason:
+    with held_beam_logs(enabled=not settings.verbose) as beam_logs:
+        try:
+            with quiet_workers(enabled=worker_processes and not settings.verbose), \
+                    show_progress(runner, plan.total_images, enabled=not settings.quiet):
+                with beam.Pipeline(runner=runner, options=options) as p:
+                    build_pipeline(p, settings, plan, start_time)
+        except Exception as e:
+            reason = out_of_space(e)
+            if not reason:
+                raise
+            beam_logs.discard()  # Beam's log of the failed step: the line below says what it means
             raise OutOfSpace(
                 f"the disk of --output_dir {settings.output_dir} is full ({reason}): a run needs about twice the "
                 "dataset's size free until it ends; free some space or choose another folder, then run the same "
                 "command again (it removes this run's files first)"
             ) from None
-        raise
     # Only after a successful run: if this one fails, the next one finishes the deletion.
     old.wait()
     info = read_info(settings.output_dir)

@@ -17,10 +17,16 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from pipeline.cli import main_of  # noqa: E402  (after the variable above)
 from pipeline.launcher import run  # noqa: E402
 
-if __name__ == "__main__":
+
+def main() -> int:
+    """Run the converter on sys.argv; returns the exit code. The process should exit right after."""
     code = main_of(run)
     # Beam, gRPC and protobuf leave millions of objects behind; the interpreter's
     # last garbage collection over them took about 0.9 s of every run. Frozen
     # objects are skipped, and the process ends now anyway.
     gc.freeze()
-    sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,12 @@ launcher's worker threads and log relay add theirs: a screenful for one key.
 reach the launcher through Beam's logging service, filtered by level) and, once
 interrupted, drops Beam's records and thread tracebacks, so that an interrupt
 ends with the launcher's one line.
+
+A step that fails in a worker is logged by Beam, traceback and all, once by the
+step and again by the worker harness, before the run ends with the same error.
+`held_beam_logs()` keeps Beam's records back until the run's outcome is known,
+so that an error the launcher explains in one line (a full disk) is not
+preceded by two hundred lines of Beam's.
 """
 
 from __future__ import annotations
@@ -136,3 +142,56 @@ def quiet_workers(enabled: bool = True):
             threading.excepthook = previous_hook
             for handler in handlers:
                 handler.removeFilter(quiet_filter)
+
+
+class _Held(logging.Filter):
+    """Takes Beam's records out of one handler's stream and keeps them, in order, up to a limit."""
+
+    LIMIT = 1000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("apache_beam"):
+            return True
+        with self._lock:
+            if len(self.records) < self.LIMIT:
+                self.records.append(record)
+        return False
+
+
+class HeldLogs:
+    """What `held_beam_logs()` kept back; `discard()` drops it instead of showing it at the end."""
+
+    def __init__(self) -> None:
+        self.discarded = False
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+@contextlib.contextmanager
+def held_beam_logs(enabled: bool = True):
+    """For the block, Beam's log records wait; at its end they are shown, unless discarded or interrupted.
+
+    Yields a HeldLogs. Applies to the root logger's handlers present at entry
+    (the console's); other records pass as usual.
+    """
+    held = {handler: _Held() for handler in logging.getLogger().handlers} if enabled else {}
+    for handler, keeper in held.items():
+        handler.addFilter(keeper)
+    logs = HeldLogs()
+    try:
+        yield logs
+    except KeyboardInterrupt:
+        logs.discard()  # the interrupt's one line says it all
+        raise
+    finally:
+        for handler, keeper in held.items():
+            handler.removeFilter(keeper)
+            if not logs.discarded:
+                for record in keeper.records:
+                    handler.handle(record)

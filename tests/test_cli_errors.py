@@ -150,12 +150,31 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet", *FAST])
 
     assert code == 1
-    # Beam's own error log of the failed step comes first; the last line says what it means.
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        f"error: the disk of --output_dir {out} is full (No space left on device): a run needs about twice the "
-        "dataset's size free until it ends; free some space or choose another folder, then run the same command "
-        "again (it removes this run's files first)"
-    )
+    # Beam's own error log of the failed step is not shown: this line says what it means.
+    assert capsys.readouterr().err.splitlines() == [full_disk_line(out)]
+    assert not (out / "dataset_info.json").exists()
+
+
+def full_disk_line(out) -> str:
+    return (f"error: the disk of --output_dir {out} is full (No space left on device): a run needs about twice the "
+            "dataset's size free until it ends; free some space or choose another folder, then run the same command "
+            "again (it removes this run's files first)")
+
+
+def test_a_full_disk_in_worker_processes_is_one_line_and_other_disk_errors_keep_beams_log(small_tree, tmp_path):
+    """As a user runs it, with the default worker processes; the shard copy fails in a worker."""
+    import errno
+
+    out = tmp_path / "out"
+    args = ("tests.broken_disk_main", f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet")
+    full = cli(*args, env={"BROKEN_DISK_ERRNO": str(errno.ENOSPC)})
+    assert full.returncode == 1
+    assert full.stderr.splitlines() == [full_disk_line(out)]
+
+    broken = cli(*args, "--overwrite", env={"BROKEN_DISK_ERRNO": str(errno.EIO)})
+    assert broken.returncode == 1  # not recognised: Beam's log and the traceback, as before
+    assert "ERROR apache_beam" in broken.stderr
+    assert broken.stderr.count("OSError: [Errno 5] Input/output error") >= 2
     assert not (out / "dataset_info.json").exists()
 
 

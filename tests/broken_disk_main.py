@@ -1,0 +1,22 @@
+"""`python -m pipeline.main` whose shard copy fails with the errno in $BROKEN_DISK_ERRNO (for tests).
+
+Worker processes are forked from this launcher, so the broken copy reaches them too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pipeline.main  # first: it sets up the environment before Beam is imported
+from transforms import write
+
+
+def _broken_copy(*args, **kwargs):
+    code = int(os.environ["BROKEN_DISK_ERRNO"])
+    raise OSError(code, os.strerror(code))
+
+
+write.copy_shard = _broken_copy
+
+if __name__ == "__main__":
+    raise SystemExit(pipeline.main.main())
