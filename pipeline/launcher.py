@@ -96,6 +96,9 @@ def configure_logging(settings: Settings) -> None:
     level = logging.INFO if settings.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("pipeline").setLevel(logging.INFO if not settings.quiet else logging.WARNING)
+    # Pillow logs some errors of the files it then fails to open; each such file is
+    # rejected with its reason in errors.jsonl.
+    logging.getLogger("PIL").setLevel(logging.NOTSET if settings.verbose else logging.CRITICAL)
     if not settings.verbose:
         logging.getLogger("apache_beam").setLevel(logging.ERROR)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -237,6 +237,8 @@ def serve(assignments, parent: int, quiet: bool) -> None:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 2)
     _reset_logging()
+    if quiet:  # as in the launcher (configure_logging): each such file's rejection says why
+        logging.getLogger("PIL").setLevel(logging.CRITICAL)
     try:
         assignment = assignments.recv()
     except EOFError:  # the launcher closed the pipe: the job ended before it needed this worker

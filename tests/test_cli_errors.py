@@ -189,3 +189,41 @@ def test_a_full_disk_is_recognised_in_a_worker_process_traceback_and_nothing_els
     assert out_of_space(quota) == "Disk quota exceeded"
     assert out_of_space(RuntimeError("OSError: [Errno 2] No such file or directory")) is None
     assert out_of_space(ValueError("image too large")) is None
+
+
+# --- a bad image is a line in errors.jsonl, not a log line -----------------------------------------------------
+
+
+def _tiff_with_too_many_samples() -> bytes:
+    """A TIFF whose SamplesPerPixel is 65535: Pillow logs an error about it before failing to open it."""
+    import io
+    import struct
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buffer, format="TIFF")
+    data = bytearray(buffer.getvalue())
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    for i in range(struct.unpack_from("<H", data, ifd)[0]):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack_from("<H", data, entry)[0] == 277:  # SamplesPerPixel
+            struct.pack_into("<H", data, entry + 8, 65535)
+    return bytes(data)
+
+
+def test_pillows_own_error_log_stays_out_of_the_console_and_the_file_is_rejected(small_tree, tmp_path):
+    """With the default worker processes: the file's reason is in errors.jsonl; Pillow's log only with --verbose."""
+    import shutil
+
+    tree = tmp_path / "in"
+    shutil.copytree(small_tree, tree)
+    (tree / "cat" / "odd.tif").write_bytes(_tiff_with_too_many_samples())
+    result = cli("pipeline.main", f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "samples per pixel" not in result.stderr
+    assert "Rejected: decode_error 1" in result.stdout
+    rejected = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert [(r["relpath"], r["reason"]) for r in rejected] == [("cat/odd.tif", "decode_error")]
+
+    verbose = cli("pipeline.main", f"--input_dir={tree}", f"--output_dir={tmp_path / 'verbose'}", "--verbose")
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert "More samples per pixel than can be decoded: 65535" in verbose.stderr
