@@ -4,13 +4,13 @@
 
 This is the real command and the real Beam graph, with one change: each
 worker process converts the first image it is given, and hands out that same
-encoded image for every later one, without reading their files (so the
-records of one worker all hold the same picture). Everything
-else runs as usual: imports, planning, listing, labels, the shuffle, building
-each tf.train.Example, the TFRecord writes, the shard cut and the dataset
-description. Its time is what the pipeline adds to the image work, so the
-pipeline can run at no more than floor / (floor + this) of the floor's speed.
-The output is for timing only.
+encoded image for every later one without reading their files, so the records
+of one worker all hold the same picture. Everything else runs as usual:
+imports, planning, listing, labels, the shuffle, building each
+tf.train.Example, the TFRecord writes, the shard cut and the dataset
+description. Its time is what the pipeline adds to the image work: were the
+two simply to add up, the pipeline would run at floor / (floor + this) of the
+floor's speed. The output is for timing only.
 """
 
 from __future__ import annotations

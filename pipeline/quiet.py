@@ -152,6 +152,7 @@ class _Held(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
+        self.over_limit = 0
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -160,6 +161,8 @@ class _Held(logging.Filter):
         with self._lock:
             if len(self.records) < self.LIMIT:
                 self.records.append(record)
+            else:
+                self.over_limit += 1
         return False
 
 
@@ -195,3 +198,8 @@ def held_beam_logs(enabled: bool = True):
             if not logs.discarded:
                 for record in keeper.records:
                     handler.handle(record)
+                if keeper.over_limit:
+                    handler.handle(logging.makeLogRecord({
+                        "name": "pipeline", "levelno": logging.WARNING, "levelname": "WARNING",
+                        "msg": f"{keeper.over_limit} more of Beam's log records are not shown; --verbose shows them",
+                    }))

@@ -178,6 +178,39 @@ def test_a_full_disk_in_worker_processes_is_one_line_and_other_disk_errors_keep_
     assert not (out / "dataset_info.json").exists()
 
 
+def test_beams_log_records_wait_for_the_outcome_and_show_in_order_unless_discarded(monkeypatch):
+    import io
+    import logging
+
+    from pipeline import quiet
+
+    monkeypatch.setattr(quiet._Held, "LIMIT", 2)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        for discard in (False, True):
+            with quiet.held_beam_logs() as held:
+                for i in range(4):
+                    logging.getLogger("apache_beam.worker").error("step failed %d", i)
+                logging.getLogger("pipeline").warning("live")
+                assert stream.getvalue().splitlines()[-1] == "pipeline live"  # ours at once, Beam's not yet
+                if discard:
+                    held.discard()
+            if not discard:
+                assert stream.getvalue().splitlines() == [
+                    "pipeline live", "apache_beam.worker step failed 0", "apache_beam.worker step failed 1",
+                    "pipeline 2 more of Beam's log records are not shown; --verbose shows them",
+                ]
+        assert stream.getvalue().splitlines()[-1] == "pipeline live"  # the discarded ones never appear
+        logging.getLogger("apache_beam.worker").error("after")
+        assert stream.getvalue().splitlines()[-1] == "apache_beam.worker after"  # no longer held
+    finally:
+        root.removeHandler(handler)
+
+
 def test_a_full_disk_is_recognised_in_a_worker_process_traceback_and_nothing_else_is():
     from pipeline.launcher import out_of_space
 
