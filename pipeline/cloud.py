@@ -11,10 +11,12 @@ workers, and what to print about the submitted job.
 
 from __future__ import annotations
 
+import calendar
 import io
 import logging
 import os
 import sys
+import time
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -124,6 +126,11 @@ def check_dataflow_options(options: PipelineOptions, input_dir: str, output_dir:
     if cloud.staging_location and not is_gcs(cloud.staging_location):
         raise UserError(f"--staging_location={cloud.staging_location} must be a gs:// folder: "
                         "give one in a bucket, or leave it out to use --temp_location")
+    _check_with_beams_validator(options)
+    template = cloud.template_location
+    if template and not is_gcs(template) and not os.path.isdir(os.path.dirname(os.path.abspath(template))):
+        raise UserError(f"--template_location {template}: the folder {os.path.dirname(os.path.abspath(template))} "
+                        "does not exist: create it, or give a gs:// path")
     setup = options.view_as(SetupOptions)
     if not setup.setup_file and not options.view_as(WorkerOptions).sdk_container_image:
         # Without this the workers would lack the pipeline and transforms packages (ModuleNotFoundError).
@@ -137,10 +144,25 @@ def check_dataflow_options(options: PipelineOptions, input_dir: str, output_dir:
         raise UserError(f"--setup_file {setup.setup_file} does not exist: give the path of this project's setup.py")
 
 
+def _check_with_beams_validator(options: PipelineOptions) -> None:
+    """Beam's own checks of the Dataflow options (project id, job name, ...), as one line instead of a traceback."""
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    errors = [" ".join(e.split()) for e in PipelineOptionsValidator(options, DataflowRunner()).validate()]
+    if errors:
+        raise UserError(f"{errors[0].rstrip('.')}: correct that Dataflow option and run again")
+
+
 def _gcs():
     from apache_beam.io.gcp import gcsio
 
     return gcsio.GcsIO(pipeline_options=_options or PipelineOptions())
+
+
+def gcs_client():
+    """The google-cloud-storage client of the run's options (credentials, --no_auth, emulator)."""
+    return _gcs().client
 
 
 def check_gcs_folder(flag: str, path: str) -> None:
@@ -206,51 +228,143 @@ def _submission_errors() -> tuple[type[BaseException], ...]:
     return GoogleAPIError, GoogleAuthError, requests.exceptions.RequestException, OSError
 
 
-def run_on_dataflow(pipeline, options: PipelineOptions, settings) -> int:
+RUN_LABEL = "image-tfrecords-run"  # the Dataflow job label that carries the run id (see the output lock)
+
+
+def label_job(options: PipelineOptions, run_id: str) -> None:
+    """Label the Dataflow job with the run id, so that the output folder's lock can be matched to it."""
+    cloud = options.view_as(GoogleCloudOptions)
+    cloud.labels = [*(cloud.labels or []), f"{RUN_LABEL}={run_id}"]
+
+
+def _jobs_client(options: PipelineOptions):
+    """A client of the Dataflow jobs API with the run's endpoint and credentials, as Beam's own apiclient makes it."""
+    import re
+
+    from google.api_core import client_options as client_options_lib
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import dataflow_v1beta3
+
+    cloud = options.view_as(GoogleCloudOptions)
+    credentials = AnonymousCredentials() if cloud.no_auth else None
+    endpoint = (cloud.dataflow_endpoint or "").strip()
+    transport, client_options = None, None
+    if endpoint:
+        if "localhost" in endpoint or "sandbox" in endpoint:
+            transport = "rest"
+        else:
+            endpoint = re.sub("^https?://", "", endpoint)
+        client_options = client_options_lib.ClientOptions(api_endpoint=endpoint.rstrip("/"))
+    return dataflow_v1beta3.JobsV1Beta3Client(credentials=credentials, client_options=client_options,
+                                              transport=transport)
+
+
+_TERMINAL = {"JOB_STATE_DONE", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_UPDATED",
+             "JOB_STATE_DRAINED", "JOB_STATE_STOPPED"}
+
+
+def dataflow_lock_stale(holder: dict, options: PipelineOptions, grace_s: float) -> str | None:
+    """Why a lock held for a Dataflow job is stale (its job has ended), or None while it may still run.
+
+    With the job id in the lock, the job's state decides. Without one (a Flex
+    Template launch, or a launcher stopped while submitting), an active job with
+    the run's label keeps it, and so does a launch younger than `grace_s`.
+    An answer that cannot be had (no permission, no network) keeps the lock.
+    """
+    from google.cloud import dataflow_v1beta3
+
+    project, region = holder.get("project"), holder.get("region")
+    try:
+        client = _jobs_client(options)
+        if holder.get("job_id"):
+            job = client.get_job(request=dataflow_v1beta3.GetJobRequest(
+                project_id=project, location=region, job_id=holder["job_id"]))
+            state = dataflow_v1beta3.JobState(job.current_state).name
+            return f"its Dataflow job {holder['job_id']} ended ({state})" if state in _TERMINAL else None
+        active = client.list_jobs(request=dataflow_v1beta3.ListJobsRequest(
+            project_id=project, location=region, filter=dataflow_v1beta3.ListJobsRequest.Filter.ACTIVE))
+        if any(job.labels.get(RUN_LABEL) == holder.get("run_id") for job in active):
+            return None
+    except Exception as e:  # cannot tell: keep the lock, and say why in the log
+        _LOG.warning("Could not look up the Dataflow job of the lock on the output folder (%s: %s)",
+                     type(e).__name__, (str(e).splitlines() or [""])[0][:200])
+        return None
+    try:
+        created = calendar.timegm(time.strptime(holder.get("created", ""), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        created = 0
+    if time.time() - created < grace_s:
+        return None
+    return f"no active Dataflow job carries its run id {holder.get('run_id')}"
+
+
+def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str) -> int:
     """Submit the built pipeline; wait for it and print the summary unless told not to.
 
-    Returns the exit code: 0 when submitted (no wait) or done with records, 1 when the job failed.
+    The output folder's lock is this run's when called. The job releases it
+    when it finishes; here it is released when nothing was submitted or the
+    job failed while we waited.
+    Returns the exit code: 0 when submitted (no wait), written as a template,
+    or done with records; 1 when the job failed or was cancelled.
     """
     from apache_beam.runners.runner import PipelineState
 
-    from pipeline.launcher import format_summary, read_info
     from pipeline.options import ConvertOptions
+    from pipeline.output import give_back_lock
+    from pipeline.report import format_summary, read_info
+    from transforms.outputs import update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
     try:
         result = pipeline.run()
     except _submission_errors() as e:
+        give_back_lock(settings, run_id)
         first_line = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(
             f"the Dataflow job could not be staged or submitted ({type(e).__name__}: {first_line}): check "
             f"--project={cloud.project} and --region={cloud.region}, that the Dataflow API is enabled, and that "
             "your credentials may write to the bucket and create jobs (gcloud auth application-default login)"
         ) from None
+    except BaseException:
+        give_back_lock(settings, run_id)
+        raise
     if is_dry_run(options):
         staging, staged = stage_dry_run(result.job, options)
         print(f"Dry run: job {result.job.proto.name} was built and staged, not submitted.")
         print(f"  staged to {staging}: {', '.join(staged)}")
         return 0
+    if not getattr(result, "has_job", False):
+        # --template_location (a Flex Template launch passes it): the job description was written, and the
+        # template launcher submits it. The job releases the lock when it finishes.
+        where = cloud.template_location or "the template location"
+        print(f"Wrote the Dataflow job description (job {cloud.job_name}, run {run_id}) to {where}; the template "
+              "launcher submits it.")
+        return 0
     job_id = result.job_id()
-    print(f"Submitted Dataflow job {result.job.proto.name} ({job_id}).")
-    print("\n".join(job_links(options, job_id)))
+    update_lock(settings.output_dir, run_id, gcs_client() if is_gcs(settings.output_dir) else None, job_id=job_id)
+    # Beam's own line, which Airflow's Dataflow hook and scripts look for (Beam logs it only with --verbose).
+    print(f"Created job with id: [{job_id}]", flush=True)
+    print(f"Submitted Dataflow job {cloud.job_name} ({job_id}) for run {run_id}.")
+    print("\n".join(job_links(options, job_id)), flush=True)
     if options.view_as(ConvertOptions).no_wait or os.environ.get(FLEX_TEMPLATE_ENV):
         print(f"Not waiting for the job; dataset_info.json appears in {settings.output_dir} when it succeeds.")
         return 0
-    print("Waiting for the job to finish (Ctrl-C stops waiting, not the job; --no_wait skips this).")
+    print("Waiting for the job to finish (Ctrl-C stops waiting, not the job; --no_wait skips this).", flush=True)
     try:
-        state = result.wait_until_finish()
+        result.wait_until_finish()
+        state = result.state
     except KeyboardInterrupt:
         print(f"Stopped waiting; the job goes on. Cancel it with: gcloud dataflow jobs cancel {job_id} "
               f"--region={cloud.region}", file=sys.stderr)
         return 130
-    except Exception as e:  # DataflowRuntimeException: the job failed or was cancelled
-        print(f"error: Dataflow job {job_id} did not succeed ({type(e).__name__}); see its logs in the console "
-              "link above", file=sys.stderr)
-        return 1
+    except Exception:  # DataflowRuntimeException: the job failed or was cancelled
+        state = getattr(result, "state", None)
     if state != PipelineState.DONE:
-        print(f"error: Dataflow job {job_id} ended in state {state}; see its logs in the console link above",
-              file=sys.stderr)
+        give_back_lock(settings, run_id)
+        print(f"error: Dataflow job {job_id} ended in state {str(state).rsplit('.', 1)[-1]}, not DONE: no dataset "
+              f"was written to {settings.output_dir} (an earlier complete one there is untouched); see the job's "
+              f"errors with: gcloud dataflow jobs show {job_id} --region={cloud.region} --project={cloud.project}, "
+              "fix them and run the same command again", file=sys.stderr)
         return 1
     info = read_info(settings.output_dir)
     print(format_summary(info))

@@ -15,8 +15,11 @@ from transforms.shuffle import ShuffleImages
 from transforms.write import WriteShards
 
 
-def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float) -> dict:
-    """Add the conversion to `p`; returns its main PCollections so tests can drive the graph."""
+def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
+    """Add the conversion to `p`; returns its main PCollections so tests can drive the graph.
+
+    `run_id` names the run's own temporary folder in the output folder (see transforms.outputs).
+    """
     listed = p | "ListImages" >> ListImages(settings.input_dir)
     # FileRef -> ImageRef (label, split, shuffle key)
     labeled = listed.images | "AssignLabels" >> AssignLabels(
@@ -34,7 +37,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     )
     # {split: serialized Examples} -> ShardInfo
     shards = {split: converted[split] for split in plan.num_shards} | "WriteShards" >> WriteShards(
-        settings.output_dir, plan.num_shards, settings.compression
+        settings.output_dir, run_id, plan.num_shards, settings.compression
     )
     rejections = (listed[SKIPPED], labeled[UNLABELED], converted[REJECTED]) | "AllRejections" >> beam.Flatten()
     info = {
@@ -44,6 +47,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "found": listed[FOUND],
     } | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
+        run_id,
         plan.class_names,
         settings.schema,
         settings.as_dict(),

@@ -6,25 +6,27 @@
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import sys
 import time
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
 
-from pipeline import cloud, report
+from pipeline import cloud
 from pipeline.errors import OutOfSpace
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
-from pipeline.plan import Plan, plan_dataset, prepare_output
+from pipeline.output import existing_dataset, give_back_lock, prepare_output, take_lock
+from pipeline.plan import Plan, plan_dataset
 from pipeline.progress import REQUEST_SECONDS, show_progress
 from pipeline.quiet import held_beam_logs, quiet_workers
+from pipeline.report import format_summary, read_info
 from pipeline.warm_workers import WarmWorkerPool
-from transforms.describe import INFO_FILE
+from transforms.outputs import holder_record, new_run_id
+
+__all__ = ["format_summary", "read_info", "run"]
 
 _LOG = logging.getLogger("pipeline")
 LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
@@ -104,37 +106,6 @@ def configure_logging(settings: Settings) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def read_info(output_dir: str) -> dict:
-    with FileSystems.open(FileSystems.join(output_dir, INFO_FILE), compression_type="uncompressed") as f:
-        return json.loads(f.read().decode("utf-8"))
-
-
-def format_summary(info: dict) -> str:
-    files = info["files"]
-    lines = [
-        f"Found {files['found']} files: {files['written']} written, {files['rejected']} rejected, "
-        f"{files['skipped']} skipped.",
-    ]
-    for split, split_info in info["splits"].items():
-        lines.append(
-            f"  {split:<10} {split_info['records']:>8} images in {len(split_info['shards'])} shard(s), "
-            f"{split_info['bytes'] / 1e6:.1f} MB"
-        )
-    lines.append(report.shard_size_line(info))
-    lines.extend(report.class_count_lines(info))
-    for title, key in (("Rejected", "rejected_by_reason"), ("Skipped", "skipped_by_reason")):
-        if info[key]:
-            reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
-            lines.append(f"{title}: {reasons} (see {info['error_report']})")
-    if files.get("upscaled"):
-        lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}")
-    lines.append(
-        f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
-        f"{info['num_classes']} classes; labels in labels.txt."
-    )
-    return "\n".join(lines)
-
-
 _NO_SPACE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
 
 
@@ -182,24 +153,54 @@ def run(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_time: float,
          workers: WarmWorkerPool | None) -> int:
+    done = existing_dataset(settings)  # --if_exists: refuse, overwrite or skip
+    if done:
+        print(done)
+        return 0
     plan: Plan = plan_dataset(settings)
     for note in plan.notes:
         _LOG.warning(note)
-    # An earlier run's files leave the folder at once and are deleted while this one runs.
-    old = prepare_output(settings, dry_run=cloud.is_dry_run(options), background=True)
-    if old.paths:
-        _LOG.info("Removed %d files of an earlier run from %s", len(old.paths), settings.output_dir)
-    _LOG.info(
-        "Converting %d images in %d classes (%s) to %s",
-        plan.total_images,
-        len(plan.class_names),
-        ", ".join(f"{split} {n} in {plan.num_shards[split]} shards" for split, n in plan.expected_per_split.items()),
-        settings.output_dir,
-    )
-    if cloud.is_dataflow(options):  # runs on the service: it shows progress in the console
+    run_id = new_run_id()
+    dry_run = cloud.is_dry_run(options)
+    on_dataflow = cloud.is_dataflow(options)
+    if not dry_run:
+        if on_dataflow:
+            cloud.label_job(options, run_id)
+            google = options.view_as(GoogleCloudOptions)
+            holder = holder_record(run_id, "dataflow", project=google.project, region=google.region,
+                                   job_name=google.job_name, job_id=None)
+        else:
+            holder = holder_record(run_id, "local")
+        take_lock(settings, holder, options)  # one run per output folder
+    try:
+        # Leftovers of interrupted runs leave the folder at once and are deleted while this one runs.
+        old = prepare_output(settings, run_id, dry_run=dry_run, background=True)
+        if old.paths:
+            _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
+        _LOG.info(
+            "Converting %d images in %d classes (%s) to %s",
+            plan.total_images,
+            len(plan.class_names),
+            ", ".join(f"{split} {n} in {plan.num_shards[split]} shards"
+                      for split, n in plan.expected_per_split.items()),
+            settings.output_dir,
+        )
+    except BaseException:
+        if not dry_run:
+            give_back_lock(settings, run_id)
+        raise
+    if on_dataflow:  # runs on the service: it shows progress in the console
         p = beam.Pipeline(options=options)
-        build_pipeline(p, settings, plan, start_time)
-        return cloud.run_on_dataflow(p, options, settings)
+        build_pipeline(p, settings, plan, start_time, run_id)
+        return cloud.run_on_dataflow(p, options, settings, run_id)
+    try:
+        return _run_locally(argv, options, settings, plan, start_time, run_id, workers, old)
+    finally:
+        give_back_lock(settings, run_id)  # the job's last step released it, unless the run failed
+
+
+def _run_locally(argv: list[str], options: PipelineOptions, settings: Settings, plan: Plan, start_time: float,
+                 run_id: str, workers: WarmWorkerPool | None, old) -> int:
     worker_processes = workers is not None or options.view_as(DirectOptions).direct_running_mode == "multi_processing"
     runner = make_runner(options, argv, workers)
     with held_beam_logs(enabled=not settings.verbose) as beam_logs:
@@ -207,7 +208,7 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
             with quiet_workers(enabled=worker_processes and not settings.verbose), \
                     show_progress(runner, plan.total_images, enabled=not settings.quiet):
                 with beam.Pipeline(runner=runner, options=options) as p:
-                    build_pipeline(p, settings, plan, start_time)
+                    build_pipeline(p, settings, plan, start_time, run_id)
         except Exception as e:
             reason = out_of_space(e)
             if not reason:

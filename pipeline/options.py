@@ -8,6 +8,7 @@ returns the typed settings the rest of the launcher uses.
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from transforms.imaging import (
 )
 
 COMPRESSIONS = ("none", "gzip")
+IF_EXISTS = ("refuse", "overwrite", "skip")
 MAX_CONVERSION_THREADS = 32
 
 
@@ -59,8 +61,12 @@ class ConvertOptions(PipelineOptions):
                  "Required.")
         add("--output_dir", default=None,
             help="Folder for the TFRecord shards and dataset_info.json, local or gs://. {date} and {timestamp} in "
-                 "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs. "
-                 "Required.")
+                 "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "
+                 "--run_date sets the date. Required.")
+        add("--run_date", default=None,
+            help="The date that {date} in --output_dir stands for, YYYY-MM-DD: a scheduler's logical date "
+                 "(Airflow's {{ ds }}), so that backfills and late retries write the right folder. "
+                 "Default: none, the UTC launch date.")
         add("--labels_file", default=None,
             help="Text file with one class name per line; line i gets label id i, so ids stay fixed across "
                  "runs. Default: none, ids are 0..K-1 in sorted order of the class folder names.")
@@ -107,9 +113,13 @@ class ConvertOptions(PipelineOptions):
             help="Target shard size in MB when --num_shards is 0. Default: 150.")
         add("--compression", default="none", choices=COMPRESSIONS,
             help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
+        add("--if_exists", default="refuse", choices=IF_EXISTS,
+            help="What a complete dataset already in --output_dir means: refuse stops with an error; overwrite "
+                 "replaces it once the new run has finished (only files this tool writes are removed); skip exits "
+                 "0 without converting when it was made from the same options, for schedulers' retries, and "
+                 "refuses one made with other options. Default: refuse.")
         add("--overwrite", **ON_OFF,
-            help="Replace a dataset already in --output_dir (only files this tool writes are removed). "
-                 "Default: off, such a run stops with an error.")
+            help="The same as --if_exists=overwrite. Default: off.")
         add("--quiet", **ON_OFF,
             help="Print nothing but errors and the final summary. Default: off.")
         add("--verbose", **ON_OFF,
@@ -135,9 +145,13 @@ class Settings:
     shard_size_mb: int
     compression: str
     conversion_threads: int
-    overwrite: bool
+    if_exists: str
     quiet: bool
     verbose: bool
+
+    @property
+    def overwrite(self) -> bool:
+        return self.if_exists == "overwrite"
 
     def as_dict(self) -> dict:
         """The options as recorded in dataset_info.json."""
@@ -187,14 +201,31 @@ def parse_colour(text: str) -> tuple[int, int, int]:
     raise UserError(f"--background={text!r} is not a colour: use white, black, grey, #rrggbb or r,g,b (0-255)")
 
 
-def expand_placeholders(path: str, flag: str, now: float | None = None) -> str:
+def parse_run_date(text: str | None) -> str | None:
+    """--run_date as YYYY-MM-DD, or None."""
+    if text is None or str(text).strip() == "":
+        return None
+    value = str(text).strip()
+    try:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+            raise ValueError
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"--run_date={text!r} is not a date: give YYYY-MM-DD, such as 2024-01-31 "
+                        "(Airflow: --run_date={{ ds }})") from None
+    return value
+
+
+def expand_placeholders(path: str, flag: str, now: float | None = None, run_date: str | None = None) -> str:
     """`{date}` and `{timestamp}` in `path` become the UTC date and time of the launch.
 
     A scheduled job (Flex Template, Cloud Scheduler) passes the same parameters every
-    time; these placeholders give each run its own dated output folder.
+    time; these placeholders give each run its own dated output folder. `run_date`
+    (a scheduler's logical date) replaces the launch date in `{date}`.
     """
     stamp = time.gmtime(now)
-    values = {"date": time.strftime("%Y-%m-%d", stamp), "timestamp": time.strftime("%Y%m%d-%H%M%S", stamp)}
+    values = {"date": run_date or time.strftime("%Y-%m-%d", stamp),
+              "timestamp": time.strftime("%Y%m%d-%H%M%S", stamp)}
 
     def substitute(match: re.Match) -> str:
         name = match.group(1)
@@ -241,6 +272,12 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--shard_size_mb={o.shard_size_mb} must be at least 1")
     if o.quiet and o.verbose:
         raise UserError("--quiet and --verbose contradict each other: give one of them")
+    if_exists = o.if_exists
+    if o.overwrite:
+        if if_exists not in ("refuse", "overwrite"):
+            raise UserError(f"--overwrite and --if_exists={if_exists} contradict each other: give one of them")
+        if_exists = "overwrite"
+    run_date = parse_run_date(o.run_date)
     image = ImageSettings(
         width=width,
         height=height,
@@ -255,7 +292,7 @@ def validate(options: PipelineOptions) -> Settings:
     )
     return Settings(
         input_dir=o.input_dir.rstrip("/") or "/",
-        output_dir=expand_placeholders(o.output_dir, "--output_dir").rstrip("/") or "/",
+        output_dir=expand_placeholders(o.output_dir, "--output_dir", run_date=run_date).rstrip("/") or "/",
         labels_file=o.labels_file,
         validation_split=o.validation_split,
         test_split=o.test_split,
@@ -266,7 +303,7 @@ def validate(options: PipelineOptions) -> Settings:
         conversion_threads=o.conversion_threads,
         shard_size_mb=o.shard_size_mb,
         compression=o.compression,
-        overwrite=o.overwrite,
+        if_exists=if_exists,
         quiet=o.quiet,
         verbose=o.verbose,
     )

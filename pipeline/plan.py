@@ -9,10 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-import shutil
-import threading
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -21,7 +17,6 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
-from transforms.describe import ERRORS_FILE, FEATURES_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     SPLITS,
@@ -33,7 +28,7 @@ from transforms.layout import (
     split_folder_layout,
 )
 from transforms.listing import list_files
-from transforms.write import TEMP_DIR
+from transforms.outputs import SHARD_NAME, own_outputs
 
 _LOG = logging.getLogger(__name__)
 
@@ -220,108 +215,5 @@ def plan_dataset(settings: Settings) -> Plan:
     )
 
 
-# Every name this tool writes in --output_dir, relative to it. Nothing else there is ever removed,
-# also not names that merely look alike (train-notes.txt, beam-temp-mine/, .notes.tmp-1).
-_DESCRIPTIONS = "|".join(re.escape(name) for name in (INFO_FILE, LABELS_FILE, FEATURES_FILE, ERRORS_FILE))
-_SPLITS = "|".join(SPLITS)
-SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(?:\.gz)?")
-_BEAM_TEMP_DIR = r"beam-temp-(?:" + _SPLITS + "|" + re.escape(os.path.splitext(ERRORS_FILE)[0]) + r")-[0-9a-f]{32}"
-_OWN_NAME = re.compile(
-    "|".join(
-        [
-            SHARD_NAME.pattern,
-            _DESCRIPTIONS,
-            r"\.(?:" + _DESCRIPTIONS + r")\.tmp-[0-9a-f]{32}",  # describe.write_text's temporary names
-            _BEAM_TEMP_DIR + r"/.+",  # WriteToTFRecord's and WriteToText's temporary folders
-            re.escape(TEMP_DIR) + r"/.+",  # WriteShards' pieces and partial shards
-        ]
-    )
-)
-
-
-def own_outputs(output_dir: str) -> list[str]:
-    """Paths in `output_dir` that this tool writes (shards, descriptions, temporary files and folders)."""
-    found = FileSystems.match([FileSystems.join(output_dir, "**")])[0].metadata_list
-    return sorted(m.path for m in found if _OWN_NAME.fullmatch(relative_path(m.path, output_dir)))
-
-
-@dataclass
-class OldOutputs:
-    """This tool's files that `prepare_output` took out of the output folder.
-
-    With `background=True` their bytes may still be on their way out: call `wait()`.
-    """
-
-    paths: list[str]
-    deleting: threading.Thread | None = None
-
-    def wait(self) -> None:
-        """Return once the files are deleted."""
-        if self.deleting is not None:
-            self.deleting.join()
-
-
-def _move_aside(output_dir: str, stale: list[str]) -> str:
-    """Move `stale` (local files of `output_dir`) and the temporary folder's contents into one new folder.
-
-    A rename is instant whatever the file's size, so the names are free at
-    once; the new folder is inside the temporary folder, which only this tool
-    writes, so an interrupted deletion is finished by the next run.
-    """
-    temp = os.path.join(output_dir, TEMP_DIR)
-    aside = os.path.join(temp, f"{uuid.uuid4().hex}.old")
-    os.makedirs(aside)
-    for entry in os.listdir(temp):  # an interrupted run's pieces and partial shards
-        if entry != os.path.basename(aside):
-            os.rename(os.path.join(temp, entry), os.path.join(aside, entry))
-    for index, path in enumerate(stale):
-        if not path.startswith(temp + os.sep) and os.path.lexists(path):
-            os.rename(path, os.path.join(aside, f"{index}-{os.path.basename(path)}"))
-    return aside
-
-
-def prepare_output(settings: Settings, dry_run: bool = False, background: bool = False) -> OldOutputs:
-    """Make `output_dir` ready: refuse to replace a dataset unless --overwrite, then remove this tool's files.
-
-    A folder without dataset_info.json holds at most an interrupted run's leftovers,
-    which are removed so that no stale shard survives. Other files are never touched.
-    A dry run only checks, and changes nothing.
-
-    With `background` (local folders), the files are first moved aside into
-    the temporary folder and deleted there on a thread, while the job runs:
-    deleting an earlier 1.1 GB dataset takes about a second, a 100 GB one
-    a minute. The caller must `wait()` before it exits.
-    """
-    info = FileSystems.join(settings.output_dir, INFO_FILE)
-    complete = FileSystems.exists(info)
-    if complete and not settings.overwrite:
-        raise UserError(
-            f"--output_dir {settings.output_dir} already holds a dataset ({INFO_FILE}): pass --overwrite to "
-            "replace it, or choose another folder"
-        )
-    if dry_run:
-        return OldOutputs([])
-    if complete:
-        FileSystems.delete([info])  # first, so that a crash from here on leaves no completion marker
-    stale = own_outputs(settings.output_dir)
-    if not is_local(settings.output_dir):
-        if stale:
-            FileSystems.delete(stale)
-        return OldOutputs(stale)
-    os.makedirs(settings.output_dir, exist_ok=True)
-    deleting = None
-    temp = os.path.join(settings.output_dir, TEMP_DIR)
-    if background and (stale or os.path.isdir(temp)):
-        aside = _move_aside(settings.output_dir, stale)
-        deleting = threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
-                                    name="delete-old-outputs", daemon=True)
-        deleting.start()
-    else:
-        if stale:
-            FileSystems.delete(stale)
-        shutil.rmtree(temp, ignore_errors=True)  # wholly this tool's
-    for name in os.listdir(settings.output_dir):  # Beam's emptied temporary folders
-        path = os.path.join(settings.output_dir, name)
-        if re.fullmatch(_BEAM_TEMP_DIR, name) and os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)
-    return OldOutputs(stale, deleting)
+# The output folder's names live in transforms.outputs; these stay importable from here.
+__all__ = ["SHARD_NAME", "Plan", "own_outputs", "plan_dataset"]

@@ -6,7 +6,12 @@ Everything printed here is also in dataset_info.json (`splits.*.class_counts`,
 
 from __future__ import annotations
 
+import json
 import statistics
+
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.outputs import INFO_FILE
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -57,3 +62,34 @@ def shard_size_line(info: dict) -> str:
         return f"Shards: 1 file, {human_bytes(total)}."
     return (f"Shards: {count} files of {human_bytes(sizes['min'])} to {human_bytes(sizes['max'])} "
             f"(median {human_bytes(sizes['median'])}), {human_bytes(total)} in all.")
+
+
+def read_info(output_dir: str) -> dict:
+    with FileSystems.open(FileSystems.join(output_dir, INFO_FILE), compression_type="uncompressed") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def format_summary(info: dict) -> str:
+    files = info["files"]
+    lines = [
+        f"Found {files['found']} files: {files['written']} written, {files['rejected']} rejected, "
+        f"{files['skipped']} skipped.",
+    ]
+    for split, split_info in info["splits"].items():
+        lines.append(
+            f"  {split:<10} {split_info['records']:>8} images in {len(split_info['shards'])} shard(s), "
+            f"{split_info['bytes'] / 1e6:.1f} MB"
+        )
+    lines.append(shard_size_line(info))
+    lines.extend(class_count_lines(info))
+    for title, key in (("Rejected", "rejected_by_reason"), ("Skipped", "skipped_by_reason")):
+        if info[key]:
+            reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
+            lines.append(f"{title}: {reasons} (see {info['error_report']})")
+    if files.get("upscaled"):
+        lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}")
+    lines.append(
+        f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
+        f"{info['num_classes']} classes; labels in labels.txt."
+    )
+    return "\n".join(lines)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.dataflow_service import dataflow_api  # noqa: F401  (a stand-in of the Dataflow API on loopback)
 from tests.gcs_fixtures import gcs_emulator  # noqa: F401  (session fixture: GCS emulator on loopback)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

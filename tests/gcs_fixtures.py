@@ -1,5 +1,7 @@
 """A real GCS-compatible server on loopback (gcp-storage-emulator), and helpers to fill and read its buckets.
 
+The emulator runs through tests/gcs_emulator_server.py, which adds GCS's generation preconditions.
+
 The `gcs_emulator` fixture starts `python -m gcp_storage_emulator` on 127.0.0.1
 with a free port and points every GCS client of this process and of its
 subprocesses at it through STORAGE_EMULATOR_HOST. It also makes sure no test
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = str(Path(__file__).resolve().parent.parent)
 # Every run against the emulator passes this: no credentials are looked up (see pipeline.cloud).
 NO_AUTH = "--no_auth"
 
@@ -107,8 +110,9 @@ def gcs_emulator(tmp_path_factory):
         "GOOGLE_CLOUD_PROJECT": "test-project",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "tests.gcs_emulator_server", "start", "--host", "127.0.0.1", "--port", str(port),
          "--in-memory", "--quiet"],
+        cwd=REPO,  # tests.gcs_emulator_server: the emulator with generation preconditions
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -24,13 +24,15 @@ from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.options import validate
-from pipeline.plan import SHARD_NAME, own_outputs, prepare_output
+from pipeline.output import existing_dataset, prepare_output
+from pipeline.plan import SHARD_NAME, own_outputs
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
 from transforms.describe import INFO_FILE
-from transforms.write import TEMP_DIR
+from transforms.outputs import LOCK_FILE, TEMP_DIR
 
 HEX = "0123456789abcdef0123456789abcdef"
+RUN = "20261130-120000-0123abcd"  # the id of the run that prepares the folder in these tests
 
 # A user's own files in the output folder, several named like this tool's: every one must survive.
 USER_FILES = {
@@ -65,7 +67,11 @@ LEFTOVERS = [
     f"{TEMP_DIR}/beam-temp-train-{HEX}/e5f6.train.tfrecord",
     f"{TEMP_DIR}/validation-00000-of-00003.tfrecord",
     f"{TEMP_DIR}/{HEX}.partial",
+    f"{TEMP_DIR}/20261129-230000-89abcdef/pieces/beam-temp-train-{HEX}/a.train.tfrecord",
+    f"{TEMP_DIR}/20261129-230000-89abcdef/shards/train-00000-of-00001.tfrecord",
 ]
+# The final names among them: a complete dataset's files, kept until a new run publishes its own.
+FINAL = [name for name in LEFTOVERS if "/" not in name and not name.startswith(".")]
 
 
 def write_files(folder, names) -> None:
@@ -105,33 +111,33 @@ def test_prepare_output_removes_every_leftover_and_no_user_file(tmp_path):
     (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam, not removed
 
     assert sorted(os.path.relpath(p, out) for p in own_outputs(str(out))) == sorted(LEFTOVERS)
-    removed = prepare_output(settings_for(out)).paths
+    removed = prepare_output(settings_for(out), RUN).paths
 
     assert sorted(os.path.relpath(p, out) for p in removed) == sorted(LEFTOVERS)
     assert all_files(out) == set(USER_FILES)
     assert_user_files_intact(out)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
-        ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
+        ".image-tfrecords-tmp", ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
+    assert os.listdir(out / TEMP_DIR) == [RUN]  # only this run's own folder
 
 
 def test_in_the_background_the_names_are_free_at_once_and_only_old_files_are_deleted(tmp_path, monkeypatch):
     out = tmp_path / "out"
     write_files(out, [*USER_FILES, *LEFTOVERS])
-    (out / INFO_FILE).write_text("{}")
     (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam: removed at once
     # The deletion is held back until the new run has written its files.
     go, rmtree = threading.Event(), shutil.rmtree
     monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: go.wait(10) and rmtree(*a, **k))
 
-    old = prepare_output(settings_for(out, "--overwrite"), background=True)
+    old = prepare_output(settings_for(out), RUN, background=True)
 
     # Nothing of the old run is left under its own name, even before the deletion ends ...
     assert sorted(os.path.relpath(p, out) for p in old.paths) == sorted(LEFTOVERS)
     aside = all_files(out) - set(USER_FILES)
     assert len(aside) == len(LEFTOVERS)
-    assert all(f.startswith(f"{TEMP_DIR}/") and f.split("/")[1].endswith(".old") for f in aside), aside
+    assert all(f.startswith(f"{TEMP_DIR}/{RUN}/old-") for f in aside), aside
     # ... so a new run's files, written meanwhile under the same names, are safe from it.
-    new_files = ["train-00000-of-00007.tfrecord", "labels.txt", f"{TEMP_DIR}/{HEX}.partial"]
+    new_files = ["train-00000-of-00007.tfrecord", "labels.txt", f"{TEMP_DIR}/{RUN}/{HEX}.partial"]
     for name in new_files:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("new run")
@@ -145,16 +151,19 @@ def test_in_the_background_the_names_are_free_at_once_and_only_old_files_are_del
         ".image-tfrecords-tmp", ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
 
 
-def test_a_complete_dataset_is_kept_without_overwrite_and_replaced_with_it(tmp_path):
+def test_a_complete_dataset_stays_whole_until_a_new_run_publishes(tmp_path):
+    """--overwrite removes an earlier run's leftovers at the start, but the complete dataset only at the end."""
     out = tmp_path / "out"
-    write_files(out, [*USER_FILES, "train-00000-of-00001.tfrecord", "labels.txt"])
+    write_files(out, [*USER_FILES, *LEFTOVERS])
     (out / INFO_FILE).write_text("{}")
     with pytest.raises(UserError, match="already holds a dataset"):
-        prepare_output(settings_for(out))
-    assert all_files(out) == {*USER_FILES, "train-00000-of-00001.tfrecord", "labels.txt", INFO_FILE}
+        existing_dataset(settings_for(out))
+    assert all_files(out) == {*USER_FILES, *LEFTOVERS, INFO_FILE}
 
-    prepare_output(settings_for(out, "--overwrite"))
-    assert all_files(out) == set(USER_FILES)
+    assert existing_dataset(settings_for(out, "--overwrite")) is None
+    removed = prepare_output(settings_for(out, "--overwrite"), RUN).paths
+    assert sorted(os.path.relpath(p, out) for p in removed) == sorted(set(LEFTOVERS) - set(FINAL))
+    assert all_files(out) == {*USER_FILES, *FINAL, INFO_FILE}
     assert_user_files_intact(out)
 
 
@@ -272,7 +281,7 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     process = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
     try:
-        while process.poll() is None and not run_files(out):
+        while process.poll() is None and not any(f.startswith(f"{TEMP_DIR}/") for f in run_files(out)):
             time.sleep(0.01)  # until the run's first file (a piece of a shard, usually) appears
         assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()!r}"
         workers = psutil.Process(process.pid).children(recursive=True)
@@ -287,6 +296,10 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     assert process.returncode == -signal.SIGKILL
     assert not (out / INFO_FILE).exists()
     assert own_outputs(str(out)), "the kill left nothing behind: it did not happen mid-run"
+    # Shards take their final names only as the run finishes: a plain glob finds nothing to misread.
+    assert [name for name in os.listdir(out) if SHARD_NAME.fullmatch(name)] == []
+    # The killed run's lock stays, naming a process that no longer exists: the next run takes it over.
+    assert json.loads((out / LOCK_FILE).read_text())["pid"] == process.pid
 
     from pipeline import reader
     from pipeline.errors import DatasetError

@@ -11,7 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.errors import UserError
 from pipeline.options import validate
-from pipeline.plan import prepare_output
+from pipeline.output import prepare_output
 from tests.conftest import cli, convert
 from tests.gcs_fixtures import NO_AUTH
 from transforms.tfrecord import iter_records
@@ -127,9 +127,9 @@ def test_prepare_output_on_gcs_removes_only_this_tools_leftovers(gcs_emulator, g
         gcs_emulator.write(f"{folder}/{name}", b"x")
     settings = validate(PipelineOptions([f"--input_dir={gcs_input}/photos", f"--output_dir={folder}"]))
 
-    assert prepare_output(settings, dry_run=True).paths == []
+    assert prepare_output(settings, "run-1", dry_run=True).paths == []
     assert gcs_emulator.list_names(folder) == sorted(leftovers + foreign)
 
-    removed = prepare_output(settings, background=True).paths  # gs://: deleted before it returns
+    removed = prepare_output(settings, "run-1", background=True).paths  # gs://: deleted before it returns
     assert sorted(path.rsplit("/", 1)[-1] for path in removed) == sorted(leftovers)
     assert gcs_emulator.list_names(folder) == sorted(foreign)

@@ -150,7 +150,7 @@ def test_workers_are_forked_from_the_launcher_with_beam_already_loaded(tmp_path)
             process.wait()
     assert process.returncode == 0, stderr
     assert stdout.startswith(b"Found 160 files: 160 written")
-    assert len(seen) == 2 and all(cmdline == command for cmdline in seen.values()), seen
+    assert len(seen) == 2 and all(cmdline == command for cmdline in seen.values()), (command, seen)
 
 
 def test_where_forking_is_unsafe_spawned_workers_do_the_job(tmp_path, monkeypatch):

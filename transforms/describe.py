@@ -20,12 +20,19 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.examples import feature_description
 from transforms.layout import SPLITS
+from transforms.outputs import (
+    ERRORS_FILE,
+    FEATURES_FILE,
+    INFO_FILE,
+    LABELS_FILE,
+    publish_shards,
+    release_lock,
+    remove_run_dir,
+)
 
+__all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "DescribeDataset",
+           "write_lines", "write_text"]
 FORMAT_VERSION = 1
-INFO_FILE = "dataset_info.json"
-LABELS_FILE = "labels.txt"
-FEATURES_FILE = "features.json"
-ERRORS_FILE = "errors.jsonl"
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 
 _LOG = logging.getLogger(__name__)
@@ -62,8 +69,9 @@ def _summary(values: list[int]) -> dict:
 class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
-    def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
+    def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version):
         self._output_dir = output_dir
+        self._run_id = run_id
         self._class_names = class_names
         self._schema = schema
         self._options = options
@@ -147,11 +155,16 @@ class _WriteInfo(beam.DoFn):
             "images_per_second": round(written_total / elapsed, 2),
         }
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
+        # The previous dataset (if any) gives way to this run's shards, then the descriptions follow.
+        publish_shards(self._output_dir, self._run_id, [s["file"] for s in all_shards])
         # Streamed from the side input, never held in memory: a messy folder may have millions.
         write_lines(join(ERRORS_FILE), (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections))
         write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
         write_text(join(FEATURES_FILE), json.dumps(info["features"], indent=2) + "\n")
         write_text(join(INFO_FILE), json.dumps(info, indent=2) + "\n")  # last: the completion marker
+        # This run's own temporary folder and lock; another run's are never touched.
+        remove_run_dir(self._output_dir, self._run_id)
+        release_lock(self._output_dir, self._run_id)
         yield info
 
 
@@ -163,10 +176,10 @@ class DescribeDataset(beam.PTransform):
     of files listed, from ListImages).
     """
 
-    def __init__(self, output_dir, class_names, schema, options, image_info, start_time, tool_version):
+    def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version):
         super().__init__()
         self._output_dir = output_dir
-        self._info_fn = _WriteInfo(output_dir, class_names, schema, options, image_info, start_time,
+        self._info_fn = _WriteInfo(output_dir, run_id, class_names, schema, options, image_info, start_time,
                                    tool_version)
 
     def expand(self, inputs):

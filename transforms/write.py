@@ -12,7 +12,6 @@ reader never sees a half-written shard.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import uuid
 from typing import NamedTuple
@@ -22,10 +21,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.layout import SPLITS
+from transforms.outputs import TEMP_DIR, delete_tree, pieces_dir, shards_dir
 
-# Everything temporary lives in this one folder of the output dir, which this
-# tool alone writes: an interrupted run's leftovers can be removed wholesale.
-TEMP_DIR = ".image-tfrecords-tmp"
+__all__ = ["TEMP_DIR", "ShardInfo", "WriteShards", "copy_shard", "plan_shards", "record_offsets", "shard_name"]
 SHARD_NAME_TEMPLATE = "-SSSSS-of-NNNNN"
 _COPY_CHUNK = 8 << 20
 
@@ -54,10 +52,6 @@ def shard_suffix(compression: str) -> str:
 
 def shard_name(split: str, index: int, count: int, compression: str) -> str:
     return f"{split}-{index:05d}-of-{count:05d}{shard_suffix(compression)}"
-
-
-def temp_dir(output_dir: str) -> str:
-    return FileSystems.join(output_dir, TEMP_DIR)
 
 
 def record_offsets(path: str) -> list[int]:
@@ -127,14 +121,14 @@ def _copy_in_kernel(source, out, start: int, count: int) -> int:
     return copied
 
 
-def copy_shard(segments: list[Segment], output_dir: str, name: str, compression: str) -> int:
-    """Write `segments` to `output_dir/name` via a temporary name; returns the bytes written.
+def copy_shard(segments: list[Segment], folder: str, name: str, compression: str) -> int:
+    """Write `segments` to `folder/name` via a temporary name in `folder`; returns the bytes written.
 
     Between local files the kernel copies the bytes (sendfile), as
     `shutil.copyfile` does; elsewhere they go through Beam's file systems in chunks.
     """
-    destination = FileSystems.join(output_dir, name)
-    temp = FileSystems.join(temp_dir(output_dir), f"{uuid.uuid4().hex}.partial")
+    destination = FileSystems.join(folder, name)
+    temp = FileSystems.join(folder, f"{uuid.uuid4().hex}.partial")
     codec = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
     with FileSystems.create(temp, mime_type="application/octet-stream", compression_type=codec) as out:
         for segment in segments:
@@ -173,24 +167,22 @@ class _PlanSplit(beam.DoFn):
 
 
 class _CopyShard(beam.DoFn):
-    def __init__(self, output_dir: str, compression: str):
-        self._output_dir = output_dir
+    def __init__(self, folder: str, compression: str):
+        self._folder = folder
         self._compression = compression
 
     def process(self, job):
         split, name, segments = job
-        size = copy_shard(segments, self._output_dir, name, self._compression)
+        size = copy_shard(segments, self._folder, name, self._compression)
         yield ShardInfo(split, name, sum(s.records for s in segments), size)
 
 
-def _remove_pieces(_, output_dir: str, shards, pieces):
-    """Delete the pieces once every shard is final; pass the shards on."""
+def _remove_pieces(_, pieces_folder: str, shards, pieces):
+    """Delete the pieces once every shard is written; pass the shards on."""
     paths = [path for _, path, _ in pieces]
     if paths:
         FileSystems.delete(paths)
-    local = FileSystems.join(output_dir, TEMP_DIR)
-    if "://" not in local:
-        shutil.rmtree(local, ignore_errors=True)
+    delete_tree(pieces_folder)  # Beam's emptied temporary folders
     yield from shards
 
 
@@ -198,12 +190,15 @@ class WriteShards(beam.PTransform):
     """{split: serialized tf.train.Example bytes} -> ShardInfo of every final shard.
 
     `num_shards` maps each split that may hold records to its shard count;
-    splits not in it are not written.
+    splits not in it are not written. Shards are written to the run's own
+    temporary folder under their final names; the dataset description
+    publishes them into `output_dir` once every count is checked.
     """
 
-    def __init__(self, output_dir: str, num_shards: dict[str, int], compression: str):
+    def __init__(self, output_dir: str, run_id: str, num_shards: dict[str, int], compression: str):
         super().__init__()
-        self._output_dir = output_dir
+        self._pieces = pieces_dir(output_dir, run_id)
+        self._shards = shards_dir(output_dir, run_id)
         self._num_shards = num_shards
         self._compression = compression
 
@@ -214,7 +209,7 @@ class WriteShards(beam.PTransform):
         for split in splits:
             # piece paths: one piece per bundle, written where the records were made
             piece_paths = records_by_split[split] | f"WriteToTFRecord/{split}" >> beam.io.WriteToTFRecord(
-                FileSystems.join(temp_dir(self._output_dir), split),
+                FileSystems.join(self._pieces, split),
                 file_name_suffix=".tfrecord",
                 num_shards=0,
                 shard_name_template=SHARD_NAME_TEMPLATE,
@@ -232,11 +227,11 @@ class WriteShards(beam.PTransform):
             | "PlanShards" >> beam.ParDo(_PlanSplit(self._num_shards, self._compression),
                                          beam.pvalue.AsList(all_pieces))
             | "SpreadShards" >> beam.Reshuffle()
-            | "CopyShards" >> beam.ParDo(_CopyShard(self._output_dir, self._compression))
+            | "CopyShards" >> beam.ParDo(_CopyShard(self._shards, self._compression))
         )
         return (
             pipeline
             | "Once" >> beam.Create([None])
             | "RemovePieces" >> beam.FlatMap(
-                _remove_pieces, self._output_dir, beam.pvalue.AsList(all_shards), beam.pvalue.AsList(all_pieces))
+                _remove_pieces, self._pieces, beam.pvalue.AsList(all_shards), beam.pvalue.AsList(all_pieces))
         )

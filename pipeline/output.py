@@ -1,0 +1,238 @@
+"""Launcher-side preparation of --output_dir: what an existing dataset means, the lock, an earlier run's leftovers.
+
+The names and the publishing of a run's files live in `transforms.outputs`,
+which the job's last step uses too. Here the launcher decides, before anything
+is converted:
+
+* an existing complete dataset: refused (the default), replaced once the new
+  run is complete (`--if_exists=overwrite`), or, for schedulers, accepted as the
+  result when it was made with the same options (`--if_exists=skip`);
+* the lock: one run per output folder; a lock whose run has ended (its process
+  on this machine, or its Dataflow job) is taken over, any other stops this run;
+* leftovers of interrupted runs: removed, since the lock proves they are dead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline import cloud
+from pipeline.errors import UserError
+from pipeline.options import Settings
+from transforms.outputs import (
+    BEAM_TEMP_DIR,
+    INFO_FILE,
+    TEMP_DIR,
+    LockHeld,
+    acquire_lock,
+    final_outputs,
+    is_local,
+    local_holder_alive,
+    lock_path,
+    own_outputs,
+    release_lock,
+    run_dir,
+)
+
+_LOG = logging.getLogger("pipeline")
+# A Dataflow lock without a job id (a Flex Template launch, or a launcher stopped while it submitted)
+# counts as live this long, while no active job carries its run id: staging a job can take minutes.
+LAUNCH_GRACE_S = 15 * 60
+
+
+def read_existing_info(output_dir: str) -> dict | None:
+    """The output folder's dataset_info.json, None when there is none (or it is unreadable)."""
+    path = FileSystems.join(output_dir, INFO_FILE)
+    if not FileSystems.exists(path):
+        return None
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as f:
+            info = json.loads(f.read().decode("utf-8"))
+    except (ValueError, OSError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def option_differences(recorded: dict, settings: Settings) -> list[str]:
+    """The options in which a recorded dataset differs from this run's, as 'name: old -> new'."""
+    current = json.loads(json.dumps(settings.as_dict()))
+    names = sorted(set(recorded) | set(current))
+    return [f"{name}: {recorded.get(name)!r} -> {current.get(name)!r}" for name in names
+            if recorded.get(name) != current.get(name)]
+
+
+def existing_dataset(settings: Settings) -> str | None:
+    """Apply --if_exists to a complete dataset already in the output folder.
+
+    Returns a message when there is nothing to do (`skip`, same options),
+    None when this run goes ahead.
+
+    Raises:
+        UserError: a dataset is there and --if_exists says refuse, or says skip but its options differ.
+    """
+    info = read_existing_info(settings.output_dir)
+    if info is None or settings.if_exists == "overwrite":
+        return None
+    where = f"--output_dir {settings.output_dir} already holds a dataset ({INFO_FILE})"
+    if settings.if_exists == "refuse":
+        raise UserError(f"{where}: pass --if_exists=overwrite (or --overwrite) to replace it, --if_exists=skip to "
+                        "accept it when it was made with the same options, or choose another folder")
+    differences = option_differences(info.get("options") or {}, settings)
+    if differences:
+        shown = "; ".join(differences[:3]) + ("; ..." if len(differences) > 3 else "")
+        raise UserError(f"{where}, made with other options ({shown}): --if_exists=skip accepts only a dataset of "
+                        "the same options; pass --if_exists=overwrite to replace it, or choose another folder")
+    files = info.get("files") or {}
+    return (f"{settings.output_dir} already holds a complete dataset made with the same options "
+            f"({files.get('written', '?')} images, created {info.get('created', '?')}); nothing to do "
+            "(--if_exists=skip)")
+
+
+def why_stale(holder: dict, options: PipelineOptions) -> str | None:
+    """Why another run's lock is stale, or None while that run may still be going on."""
+    if not holder.get("run_id"):
+        return "the lock file is unreadable (a run stopped while it wrote it)"
+    if holder.get("runner") == "dataflow":
+        return cloud.dataflow_lock_stale(holder, options, LAUNCH_GRACE_S)
+    alive = local_holder_alive(holder)
+    if alive is False:
+        return f"its process {holder.get('pid')} on {holder.get('host')} has ended"
+    return None
+
+
+def describe_holder(holder: dict) -> str:
+    if holder.get("runner") == "dataflow":
+        job = f"Dataflow job {holder['job_id']}" if holder.get("job_id") else (
+            f"a Dataflow launch (job name {holder.get('job_name') or '?'})")
+        where = f" in project {holder.get('project')}, region {holder.get('region')}"
+        return f"{job}{where}, run {holder.get('run_id')} started {holder.get('created')} by {holder.get('user')}"
+    return (f"run {holder.get('run_id')} (process {holder.get('pid')} on {holder.get('host')}, started "
+            f"{holder.get('created')} by {holder.get('user')})")
+
+
+def take_lock(settings: Settings, holder: dict, options: PipelineOptions) -> None:
+    """Take the output folder's lock for this run, or stop with one line naming the run that has it.
+
+    Raises:
+        UserError: another run (or a Dataflow job) is writing to the folder.
+    """
+    gcs_client = cloud.gcs_client() if cloud.is_gcs(settings.output_dir) else None
+    try:
+        taken_over = acquire_lock(settings.output_dir, holder, lambda other: why_stale(other, options), gcs_client)
+    except LockHeld as held:
+        other = held.holder
+        if other.get("runner") == "dataflow":
+            advice = ("wait for that job to finish (a finished job releases the lock), or cancel it with gcloud "
+                      "dataflow jobs cancel")
+        elif local_holder_alive(other) is None:
+            advice = (f"wait for it to finish; if it is no longer running on {other.get('host')}, delete "
+                      f"{held.path} and run again")
+        else:
+            advice = "wait for it to finish, or stop it (Ctrl-C), then run again"
+        raise UserError(f"--output_dir {settings.output_dir} is being written by {describe_holder(other)}: two "
+                        f"runs must not write one folder; {advice}, or choose another folder") from None
+    if taken_over:
+        _LOG.warning("Took over the lock of %s: %s", settings.output_dir, taken_over)
+
+
+def give_back_lock(settings: Settings, run_id: str) -> None:
+    """Release this run's lock if it still holds it (the job's last step usually has)."""
+    try:
+        release_lock(settings.output_dir, run_id, cloud.gcs_client() if cloud.is_gcs(settings.output_dir) else None)
+    except Exception as e:  # never hide the run's own outcome behind this
+        _LOG.warning("Could not release the lock %s (%s): delete it by hand if no run is writing there",
+                     lock_path(settings.output_dir), e)
+
+
+@dataclass
+class OldOutputs:
+    """Leftovers of interrupted runs that `prepare_output` took out of the output folder.
+
+    With `background=True` their bytes may still be on their way out: call `wait()`.
+    """
+
+    paths: list[str]
+    deleting: threading.Thread | None = None
+
+    def wait(self) -> None:
+        """Return once the files are deleted."""
+        if self.deleting is not None:
+            self.deleting.join()
+
+
+def _move_aside(output_dir: str, run_id: str, stale: list[str]) -> str:
+    """Move `stale` (local paths in `output_dir`) into one new folder inside this run's temporary folder.
+
+    A rename is instant whatever the file's size, so the names are free at
+    once; an interrupted deletion is finished by the next run, for which this
+    run's folder is a leftover.
+    """
+    temp = os.path.join(output_dir, TEMP_DIR)
+    aside = os.path.join(run_dir(output_dir, run_id), f"old-{uuid.uuid4().hex[:8]}")
+    os.makedirs(aside)
+    mine = run_dir(output_dir, run_id)
+    for entry in os.listdir(temp):  # interrupted runs' folders, wholly theirs
+        path = os.path.join(temp, entry)
+        if path != mine:
+            os.rename(path, os.path.join(aside, entry))
+    for index, path in enumerate(stale):
+        if not path.startswith(temp + os.sep) and os.path.lexists(path):
+            os.rename(path, os.path.join(aside, f"{index}-{os.path.basename(path)}"))
+    return aside
+
+
+def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, background: bool = False) -> OldOutputs:
+    """Make `output_dir` ready for run `run_id`, which must hold the folder's lock.
+
+    Leftovers of interrupted runs go: their temporary folders and, when the
+    folder holds no complete dataset, files under final names. A complete
+    dataset stays untouched: the new run replaces it only once it has finished.
+    Other files are never touched. A dry run changes nothing.
+
+    With `background` (local folders), the leftovers are first moved aside into
+    this run's temporary folder and deleted on a thread while the job runs; the
+    caller must `wait()` before it exits.
+    """
+    if dry_run:
+        return OldOutputs([])
+    complete = FileSystems.exists(FileSystems.join(settings.output_dir, INFO_FILE))
+    keep = set(final_outputs(settings.output_dir)) if complete else set()
+    mine = run_dir(settings.output_dir, run_id)
+    stale = [p for p in own_outputs(settings.output_dir) if p not in keep and not p.startswith(mine + "/")]
+    if not is_local(settings.output_dir):
+        if stale:
+            FileSystems.delete(stale)
+        return OldOutputs(stale)
+    os.makedirs(mine, exist_ok=True)
+    if not (background and stale):
+        if stale:
+            FileSystems.delete([p for p in stale if os.path.lexists(p)])
+        _remove_empty_folders(settings.output_dir, mine)
+        return OldOutputs(stale)
+    aside = _move_aside(settings.output_dir, run_id, stale)
+    _remove_empty_folders(settings.output_dir, mine)
+    deleting = threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
+                                name="delete-old-outputs", daemon=True)
+    deleting.start()
+    return OldOutputs(stale, deleting)
+
+
+def _remove_empty_folders(output_dir: str, mine: str) -> None:
+    """Folders this tool made that deleting their files left empty (Beam's temporary folders, other runs')."""
+    temp = os.path.join(output_dir, TEMP_DIR)
+    for folder in sorted((root for root, _, _ in os.walk(temp)), key=len, reverse=True):
+        if folder != temp and not mine.startswith(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+    for name in os.listdir(output_dir):
+        path = os.path.join(output_dir, name)
+        if BEAM_TEMP_DIR.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path)

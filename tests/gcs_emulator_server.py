@@ -1,0 +1,64 @@
+"""gcp-storage-emulator with generation preconditions: `python -m tests.gcs_emulator_server start ...`.
+
+The emulator ignores `ifGenerationMatch`, which the output folder's lock relies
+on (create only if absent: `ifGenerationMatch=0`; delete only the version that
+was read). Real GCS answers 412 Precondition Failed when the condition does not
+hold; this wraps the emulator's handlers to do the same, then starts it as
+`python -m gcp_storage_emulator` would.
+"""
+
+from __future__ import annotations
+
+import sys
+from http import HTTPStatus
+
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+_CONDITION_NOT_MET = {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+                                "errors": [{"domain": "global", "reason": "conditionNotMet",
+                                            "message": "Precondition Failed"}]}}
+
+
+def _object_name(request) -> str | None:
+    if "object_id" in request.params:
+        return request.params["object_id"]
+    if "name" in request.query:
+        return request.query["name"][0]
+    data = request.data
+    if isinstance(data, dict):
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else data
+        return meta.get("name")
+    return None
+
+
+def _holds(request, storage) -> bool:
+    wanted = request.query.get("ifGenerationMatch")
+    if not wanted:
+        return True
+    bucket, name = request.params.get("bucket_name"), _object_name(request)
+    try:
+        current = str(storage.get_file_obj(bucket, name).get("generation"))
+    except NotFound:
+        current = None
+    return current is None if wanted[0] == "0" else current == wanted[0]
+
+
+def _with_precondition(handler):
+    def checked(request, response, storage, *args, **kwargs):
+        if not _holds(request, storage):
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            response.json(_CONDITION_NOT_MET)
+            return None
+        return handler(request, response, storage, *args, **kwargs)
+
+    return checked
+
+
+for _name in ("insert", "delete", "get", "download"):
+    setattr(objects, _name, _with_precondition(getattr(objects, _name)))
+
+if __name__ == "__main__":
+    from gcp_storage_emulator.__main__ import main  # imports the server, which takes the wrapped handlers
+
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Real Dataflow submissions, offline: Beam's own Dataflow client against a stand-in of the Dataflow API.
+
+The stand-in (tests/dataflow_service.py) runs each submitted job's staged graph
+on Beam's local runner against the GCS emulator, so a job that ends DONE has
+really written the dataset. Every command here runs as a user or a scheduler
+runs it: `python -m pipeline.main`, `run_dataflow.sh`, the Flex Template entry
+point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.gcs_fixtures import NO_AUTH
+
+BUCKET = "dataflow-jobs"
+PROJECT, REGION = "test-project", "europe-west4"
+IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"  # workers' image: no package to build
+CREATED = re.compile(r"^Created job with id: \[(?P<id>[^\]]+)\]$", re.MULTILINE)  # what Airflow's hook parses
+
+
+@pytest.fixture(scope="module")
+def photos(gcs_emulator, tmp_path_factory):
+    """12 small images in four class folders at gs://dataflow-jobs/photos."""
+    from pipeline.sample_data import generate_dataset
+
+    bucket = gcs_emulator.create_bucket(BUCKET)
+    tree = tmp_path_factory.mktemp("submit-photos")
+    generate_dataset(str(tree), images_per_class=3, seed=5, min_side=32, max_side=64)
+    assert gcs_emulator.upload_tree(tree, f"{bucket}/photos") == 12
+    return f"{bucket}/photos"
+
+
+def dataflow_args(dataflow_api, photos, output_dir, *extra):
+    return [f"--input_dir={photos}", f"--output_dir={output_dir}", "--runner=DataflowRunner", f"--project={PROJECT}",
+            f"--region={REGION}", f"--temp_location=gs://{BUCKET}/tmp", f"--dataflow_endpoint={dataflow_api.endpoint}",
+            f"--sdk_container_image={IMAGE}", NO_AUTH, "--image_size=32", *extra]
+
+
+def launch(gcs_emulator, *args, env=None, timeout=600):
+    """`python -m pipeline.main ARGS` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "pipeline.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **gcs_emulator.env, **(env or {})))
+
+
+def job_id_of(result) -> str:
+    match = CREATED.search(result.stdout)
+    assert match, result.stdout + result.stderr
+    return match["id"]
+
+
+def assert_complete_dataset(gcs_emulator, output_dir: str, images: int = 12) -> dict:
+    """dataset_info.json, every shard it lists and nothing of a run left over: no lock, no temporary object."""
+    names = gcs_emulator.list_names(output_dir)
+    info = json.loads(gcs_emulator.read(f"{output_dir}/dataset_info.json"))
+    assert info["files"]["written"] == images
+    shards = {s["file"] for split in info["splits"].values() for s in split["shards"]}
+    assert set(names) == shards | {"dataset_info.json", "labels.txt", "features.json", "errors.jsonl"}, names
+    return info
+
+
+@pytest.mark.timeout(300)
+def test_submission_waits_for_the_job_and_prints_the_summary(gcs_emulator, dataflow_api, photos):
+    output = f"gs://{BUCKET}/waited"
+    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output))
+
+    assert result.returncode == 0, result.stderr
+    job_id = job_id_of(result)
+    job = dataflow_api.jobs[job_id]
+    assert job.state == "JOB_STATE_DONE"
+    assert "Found 12 files: 12 written, 0 rejected, 0 skipped." in result.stdout
+    assert "Traceback" not in result.stderr
+    info = assert_complete_dataset(gcs_emulator, output)
+    assert sum(s["records"] for s in info["splits"].values()) == 12
+    # The job carries the run id as a label; the run's temporary folder was under it, and is gone.
+    run_id = job.request["labels"]["image-tfrecords-run"]
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", run_id)
+    assert f"run {run_id}" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_no_wait_returns_at_once_and_a_retry_never_touches_the_running_job(gcs_emulator, dataflow_api, photos):
+    """A scheduler's retry of a launch while the first job still runs stops with a clear error and deletes nothing."""
+    output = f"gs://{BUCKET}/scheduled"
+    dataflow_api.outcome = "hold"  # the job runs until the test lets it finish
+    first = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--no_wait"))
+    assert first.returncode == 0, first.stderr
+    job_id = job_id_of(first)
+    assert "Not waiting for the job" in first.stdout
+    assert dataflow_api.jobs[job_id].state == "JOB_STATE_RUNNING"
+    lock = json.loads(gcs_emulator.read(f"{output}/.image-tfrecords.lock"))
+    assert lock["job_id"] == job_id and lock["runner"] == "dataflow"
+    before = gcs_emulator.list_names(output)
+
+    retry = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--no_wait", "--overwrite"))
+    assert retry.returncode == 2
+    assert retry.stderr.strip().splitlines()[-1].startswith(
+        f"error: --output_dir {output} is being written by Dataflow job {job_id} in project {PROJECT}, region "
+        f"{REGION}")
+    assert "wait for that job to finish" in retry.stderr
+    assert gcs_emulator.list_names(output) == before  # nothing of the running job's was touched
+    assert len(dataflow_api.jobs) == 1  # and no second job was created
+
+    dataflow_api.finish(job_id)  # the first job runs now, and completes
+    assert dataflow_api.jobs[job_id].state == "JOB_STATE_DONE"
+    assert_complete_dataset(gcs_emulator, output)
+
+    # A late retry of the same launch: the dataset is there, made with the same options.
+    skipped = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--no_wait", "--if_exists=skip"))
+    assert skipped.returncode == 0, skipped.stderr
+    assert "already holds a complete dataset made with the same options (12 images" in skipped.stdout
+    assert len(dataflow_api.jobs) == 1
+    # The default still refuses, and --if_exists=skip refuses a dataset of other options.
+    refused = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--no_wait"))
+    assert refused.returncode == 2 and "already holds a dataset (dataset_info.json)" in refused.stderr
+    other = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--if_exists=skip", "--seed=7"))
+    assert other.returncode == 2
+    assert "made with other options (seed: 42 -> 7)" in other.stderr
+    assert len(dataflow_api.jobs) == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("outcome, state", [("fail", "FAILED"), ("cancel", "CANCELLED")])
+def test_a_job_that_fails_or_is_cancelled_exits_1_with_one_line(gcs_emulator, dataflow_api, photos, outcome, state):
+    output = f"gs://{BUCKET}/{outcome}"
+    gcs_emulator.write(f"{output}/notes.txt", b"the user's")
+    dataflow_api.outcome = outcome
+    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output))
+
+    assert result.returncode == 1
+    job_id = job_id_of(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: Dataflow job {job_id} ended in state {state}, not DONE: no dataset was written to {output} (an "
+        f"earlier complete one there is untouched); see the job's errors with: gcloud dataflow jobs show {job_id} "
+        f"--region={REGION} --project={PROJECT}, fix them and run the same command again"]
+    assert "Traceback" not in result.stderr
+    # The lock is given back: the same command can run again at once.
+    assert gcs_emulator.list_names(output) == ["notes.txt"]
+
+
+@pytest.mark.timeout(300)
+def test_a_lock_of_a_failed_job_is_taken_over(gcs_emulator, dataflow_api, photos):
+    """A job that died leaves its lock behind; the next run asks the service, sees the job ended, and goes on."""
+    output = f"gs://{BUCKET}/taken-over"
+    dataflow_api.outcome = "hold"
+    first = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--no_wait"))
+    job_id = job_id_of(first)
+    dataflow_api._end(dataflow_api.jobs[job_id], "JOB_STATE_FAILED", "a worker ran out of memory")
+    dead_run = json.loads(gcs_emulator.read(f"{output}/.image-tfrecords.lock"))["run_id"]
+    gcs_emulator.write(f"{output}/.image-tfrecords-tmp/{dead_run}/pieces/x", b"x")
+
+    dataflow_api.outcome = "run"
+    second = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output))
+    assert second.returncode == 0, second.stderr
+    assert f"Took over the lock of {output}: its Dataflow job {job_id} ended (JOB_STATE_FAILED)" in second.stderr
+    assert_complete_dataset(gcs_emulator, output)  # the dead job's leftovers are gone too
+
+
+@pytest.mark.timeout(300)
+def test_flex_template_launch_writes_the_job_and_the_launched_job_completes(gcs_emulator, dataflow_api, photos,
+                                                                            tmp_path):
+    """The Flex Template launcher runs dataflow/launch.py with the parameters and --template_location."""
+    output = f"gs://{BUCKET}/flex/{{date}}"
+    template = tmp_path / "template-launcher" / "job.json"
+    template.parent.mkdir()
+    parameters = [f"--input_dir={photos}", f"--output_dir={output}", "--image_size=32", "--run_date=2024-01-31"]
+    # What the launcher adds: the Dataflow options of the launch request, and where to write the job.
+    launcher_args = [f"--project={PROJECT}", f"--region={REGION}", f"--temp_location=gs://{BUCKET}/tmp",
+                     f"--staging_location=gs://{BUCKET}/staging", f"--sdk_container_image={IMAGE}",
+                     f"--dataflow_endpoint={dataflow_api.endpoint}", NO_AUTH, f"--template_location={template}",
+                     "--job_name=image-tfrecords-scheduled"]
+    env = dict(os.environ, **gcs_emulator.env, FLEX_TEMPLATE_PYTHON_PY_FILE=os.path.join(REPO, "dataflow",
+                                                                                          "launch.py"))
+    result = subprocess.run([sys.executable, os.path.join(REPO, "dataflow", "launch.py"), *parameters,
+                             *launcher_args], cwd="/", capture_output=True, text=True, timeout=300, env=env)
+
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Wrote the Dataflow job description (job image-tfrecords-scheduled, run " in result.stdout
+    assert f"to {template}; the template launcher submits it." in result.stdout
+    assert dataflow_api.jobs == {}  # the launcher submits it, not the program
+    job_request = json.loads(template.read_text())
+    assert job_request["name"] == "image-tfrecords-scheduled"
+    assert job_request["environment"]["sdkPipelineOptions"]["options"]["output_dir"] == output
+    dated = f"gs://{BUCKET}/flex/2024-01-31"  # --run_date filled {date}
+    assert json.loads(gcs_emulator.read(f"{dated}/.image-tfrecords.lock"))["runner"] == "dataflow"
+
+    # A retry of the launch while the job is being launched stops: the lock is held (no job id yet).
+    retry = subprocess.run([sys.executable, os.path.join(REPO, "dataflow", "launch.py"), *parameters,
+                            *launcher_args], cwd="/", capture_output=True, text=True, timeout=300, env=env)
+    assert retry.returncode == 2
+    assert "is being written by a Dataflow launch (job name image-tfrecords-scheduled)" in retry.stderr
+
+    # The template launcher submits the job description; the service runs it.
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import dataflow_v1beta3
+
+    client = dataflow_v1beta3.JobsV1Beta3Client(credentials=AnonymousCredentials(), transport="rest",
+                                                client_options={"api_endpoint": dataflow_api.endpoint})
+    created = client.create_job(request=dataflow_v1beta3.CreateJobRequest(
+        project_id=PROJECT, location=REGION, job=dataflow_v1beta3.Job.from_json(template.read_text(),
+                                                                                ignore_unknown_fields=True)))
+    assert dataflow_api.wait(created.id).state == "JOB_STATE_DONE"
+    assert_complete_dataset(gcs_emulator, dated)  # and the job released the lock
+
+
+@pytest.mark.timeout(400)
+def test_run_dataflow_sh_submits_and_waits(gcs_emulator, dataflow_api, photos):
+    output = f"gs://{BUCKET}/scripted"
+    env = dict(os.environ, **gcs_emulator.env, PROJECT=PROJECT, REGION=REGION, BUCKET=BUCKET,
+               PYTHON=sys.executable)
+    result = subprocess.run(["bash", os.path.join(REPO, "run_dataflow.sh"), f"--input_dir={photos}",
+                             f"--output_dir={output}", "--image_size=32", f"--sdk_container_image={IMAGE}",
+                             f"--dataflow_endpoint={dataflow_api.endpoint}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
+    assert result.returncode == 0, result.stderr
+    job_id = job_id_of(result)
+    job = dataflow_api.jobs[job_id]
+    assert job.state == "JOB_STATE_DONE"
+    assert re.fullmatch(r"image-tfrecords-\d{8}-\d{6}-[0-9a-f]{4}", job.name)  # the script's job name
+    assert job.options["temp_location"].startswith(f"gs://{BUCKET}/dataflow/temp")
+    assert "Found 12 files: 12 written" in result.stdout
+    assert_complete_dataset(gcs_emulator, output)
+
+
+@pytest.mark.timeout(300)
+def test_no_wait_through_run_dataflow_sh_prints_the_job_id_for_schedulers(gcs_emulator, dataflow_api, photos):
+    """Airflow's Dataflow hook finds the job from Beam's 'Created job with id: [ID]' line."""
+    output = f"gs://{BUCKET}/airflow"
+    dataflow_api.outcome = "hold"
+    env = dict(os.environ, **gcs_emulator.env, PROJECT=PROJECT, REGION=REGION, BUCKET=BUCKET,
+               PYTHON=sys.executable)
+    result = subprocess.run(["bash", os.path.join(REPO, "run_dataflow.sh"), f"--input_dir={photos}",
+                             f"--output_dir={output}", f"--sdk_container_image={IMAGE}", "--no_wait",
+                             f"--dataflow_endpoint={dataflow_api.endpoint}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert list(dataflow_api.jobs) == [job_id_of(result)]
+    assert dataflow_api.only_job().state == "JOB_STATE_RUNNING"
