@@ -17,7 +17,7 @@ from transforms.write import WriteShards
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float) -> dict:
     """Add the conversion to `p`; returns its main PCollections so tests can drive the graph."""
-    listed = p | "ListImages" >> ListImages(settings.input_dir)
+    listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks)
     # FileRef -> ImageRef (label, split, shuffle key)
     labeled = listed.images | "AssignLabels" >> AssignLabels(
         plan.class_names,

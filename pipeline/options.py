@@ -8,6 +8,7 @@ returns the typed settings the rest of the launcher uses.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ class ConvertOptions(PipelineOptions):
             help="Target shard size in MB when --num_shards is 0. Default: 150.")
         add("--compression", default="none", choices=COMPRESSIONS,
             help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
+        add("--follow_symlinks", **ON_OFF,
+            help="Also read symlinks (to files or folders) whose target is outside --input_dir. Symlinks inside "
+                 "it are always followed. Default: off, such a link is reported as symlink_outside_input in "
+                 "errors.jsonl.")
         add("--overwrite", **ON_OFF,
             help="Replace a dataset already in --output_dir (only files this tool writes are removed). "
                  "Default: off, such a run stops with an error.")
@@ -136,6 +141,7 @@ class Settings:
     compression: str
     conversion_threads: int
     overwrite: bool
+    follow_symlinks: bool
     quiet: bool
     verbose: bool
 
@@ -161,6 +167,7 @@ class Settings:
             "num_shards": self.num_shards,
             "shard_size_mb": self.shard_size_mb,
             "compression": self.compression,
+            "follow_symlinks": self.follow_symlinks,
         }
 
 
@@ -230,7 +237,7 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--jpeg_quality={o.jpeg_quality} is out of range: give 1 to 100")
     if o.max_pixels < 1:
         raise UserError(f"--max_pixels={o.max_pixels} must be a positive number of pixels")
-    if not o.image_timeout_s >= 0:
+    if not (o.image_timeout_s >= 0 and math.isfinite(o.image_timeout_s)):
         raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
         raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
@@ -267,6 +274,7 @@ def validate(options: PipelineOptions) -> Settings:
         shard_size_mb=o.shard_size_mb,
         compression=o.compression,
         overwrite=o.overwrite,
+        follow_symlinks=o.follow_symlinks,
         quiet=o.quiet,
         verbose=o.verbose,
     )
