@@ -10,14 +10,21 @@ from __future__ import annotations
 import io
 import os
 import socket
+import zlib
 
 from PIL import Image
 
 
-def jpeg_bytes(shade: int = 0, size: int = 16) -> bytes:
+def jpeg_bytes(seed: int = 0, size: int = 16) -> bytes:
+    """A small solid-colour JPEG; different seeds give different colours (so verify sees no duplicates)."""
     buffer = io.BytesIO()
-    Image.new("RGB", (size, size), (shade % 256, 120, 200 - shade % 200)).save(buffer, "JPEG", quality=80)
+    colour = (seed % 251, (seed // 251) % 241, (seed // (251 * 241)) % 239)
+    Image.new("RGB", (size, size), colour).save(buffer, "JPEG", quality=95)
     return buffer.getvalue()
+
+
+def _seed(path) -> int:
+    return zlib.crc32(os.fsencode(os.fspath(path)))
 
 
 def write_file(path, data: bytes) -> None:
@@ -35,15 +42,16 @@ def images(folder, count: int, prefix: str = "img", start: int = 0) -> list[str]
     names = []
     for i in range(start, start + count):
         name = f"{prefix}_{i:02d}.jpg"
-        write_file(os.path.join(os.fspath(folder), name), jpeg_bytes(i * 17))
+        path = os.path.join(os.fspath(folder), name)
+        write_file(path, jpeg_bytes(_seed(path)))
         names.append(name)
     return names
 
 
-def bytes_image(folder, name: bytes, shade: int = 0) -> bytes:
+def bytes_image(folder, name: bytes) -> bytes:
     """One JPEG whose file name is the raw bytes `name` (may be invalid UTF-8); returns its full bytes path."""
     path = os.path.join(os.fsencode(os.fspath(folder)), name)
-    write_file(path, jpeg_bytes(shade))
+    write_file(path, jpeg_bytes(_seed(path)))
     return path
 
 

@@ -72,8 +72,8 @@ def error_line(*argv) -> str:
 def test_a_non_utf8_file_name_is_converted_with_an_escaped_source_path(tmp_path):
     root = tmp_path / "in"
     tree.class_tree(root, {"cats": 6, "dogs": 6})
-    tree.bytes_image(root / "cats", b"caf\xe9.jpg", 1)
-    tree.bytes_image(root / "dogs", b"\xff\xfe.jpg", 2)
+    tree.bytes_image(root / "cats", b"caf\xe9.jpg")
+    tree.bytes_image(root / "dogs", b"\xff\xfe.jpg")
     tree.write_file(os.path.join(os.fsencode(root / "dogs"), b"notes\xff.txt"), b"x")
     info, errors, labels = run_ok(root, tmp_path / "out", "--validation_split=0.5")
     assert labels == ["cats", "dogs"]
@@ -81,6 +81,8 @@ def test_a_non_utf8_file_name_is_converted_with_an_escaped_source_path(tmp_path)
     sources = {r["source_path"]: split for split, rows in read_records(tmp_path / "out").items() for r in rows}
     assert "cats/caf\\xe9.jpg" in sources and "dogs/\\xff\\xfe.jpg" in sources
     assert reasons(errors) == {"dogs/notes\\xff.txt": ("skipped", "not_an_image_extension")}
+    verified = cli("pipeline.verify", str(tmp_path / "out"), timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.timeout(180)
@@ -321,3 +323,57 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, where):
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"error: --output_dir {output} ")
     assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.timeout(240)
+def test_glob_characters_in_a_gcs_input_folder_are_plain_characters(gcs_emulator, tmp_path):
+    from tests.gcs_fixtures import NO_AUTH
+
+    bucket = gcs_emulator.create_bucket("hostile-glob")
+    tree.class_tree(tmp_path / "a", {"cats": 2, "dogs": 2})
+    tree.class_tree(tmp_path / "b", {"birds": 5, "fish": 5})
+    assert gcs_emulator.upload_tree(tmp_path / "a", f"{bucket}/set[1]") == 4
+    assert gcs_emulator.upload_tree(tmp_path / "b", f"{bucket}/set1") == 10
+    info, errors, labels = run_ok(f"{bucket}/set[1]", tmp_path / "out", NO_AUTH)
+    assert labels == ["cats", "dogs"] and info["files"]["found"] == 4 and not errors
+
+
+def bounded_cli(*args, memory_gb: int = 2, timeout: int = 150):
+    """The converter as a user runs it, in a subprocess limited to `memory_gb` of address space."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    limit = memory_gb << 30
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.main", *args, "--direct_running_mode=in_memory", "--direct_num_workers=1"],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
+
+
+@pytest.mark.timeout(200)
+def test_the_whole_hostile_corpus_as_a_user_runs_it(tmp_path):
+    """Every case at once, in a memory-limited subprocess: exit 0, one summary, every entry accounted for."""
+    root = symlink_tree(tmp_path)
+    tree.fifo(root / "cats" / "pipe.jpg")
+    tree.bytes_image(root / "dogs", b"caf\xe9.jpg")
+    os.symlink("/dev/zero", root / "dogs" / "zero.jpg")
+    os.symlink(root, root / "cats" / "root")  # an absolute link to the input folder itself
+    sock = tree.unix_socket(root / "cats" / "sock.jpg")
+    try:
+        result = bounded_cli(f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}", "--quiet")
+    finally:
+        sock.close()
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    # 16 of the symlink tree + caf\xe9, zero, and pipe, sock, root twice (kittens/ is a link to cats/)
+    assert "Found 24 files: 12 written, 12 rejected, 0 skipped." in result.stdout
+    assert ("Rejected: dangling_symlink 1, not_a_regular_file 4, symlink_loop 4, symlink_outside_input 3 "
+            "(see errors.jsonl)") in result.stdout
+    lines = (tmp_path / "out" / "errors.jsonl").read_bytes().decode("utf-8").splitlines()
+    assert {json.loads(line)["relpath"] for line in lines} == {
+        "birds", "dogs/outside.jpg", "dogs/gone.jpg", "dogs/up", "dogs/self", "dogs/zero.jpg",
+        "cats/pipe.jpg", "cats/sock.jpg", "cats/root", "kittens/pipe.jpg", "kittens/sock.jpg", "kittens/root"}
