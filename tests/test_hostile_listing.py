@@ -377,3 +377,18 @@ def test_the_whole_hostile_corpus_as_a_user_runs_it(tmp_path):
     assert {json.loads(line)["relpath"] for line in lines} == {
         "birds", "dogs/outside.jpg", "dogs/gone.jpg", "dogs/up", "dogs/self", "dogs/zero.jpg",
         "cats/pipe.jpg", "cats/sock.jpg", "cats/root", "kittens/pipe.jpg", "kittens/sock.jpg", "kittens/root"}
+
+
+@pytest.mark.timeout(180)
+def test_a_deeply_nested_folder_is_listed(tmp_path):
+    """Deeper than Python's recursion limit: the walk keeps its own stack."""
+    root = tmp_path / "in"
+    tree.class_tree(root, {"cats": 2})
+    deep = str(root / "dogs")
+    os.mkdir(deep)
+    for _ in range(1100):  # os.makedirs itself recurses
+        deep = os.path.join(deep, "d")
+        os.mkdir(deep)
+    tree.images(deep, 2)
+    info, errors, labels = run_ok(root, tmp_path / "out")
+    assert labels == ["cats", "dogs"] and info["files"]["written"] == 4 and not errors

@@ -18,6 +18,7 @@ with the folder's own glob characters escaped.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -85,8 +86,9 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _walk(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset) -> Iterator[Entry]:
-    """Entries below `folder`, depth first; `ancestors` are the (st_dev, st_ino) of the folders on its path."""
+def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset,
+                subfolders: list) -> Iterator[Entry]:
+    """The entries of one folder, sorted by name; folders to enter go to `subfolders` as (path, ancestors)."""
     try:
         with os.scandir(folder) as listing:
             names = sorted(entry.name for entry in listing)  # one folder's names at a time
@@ -108,23 +110,22 @@ def _walk(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset) -
                 yield Entry(path, 0, DANGLING_SYMLINK, f"symlink to {os.readlink(path)!r}, which does not exist")
                 continue
             except OSError as e:
-                if e.errno == 40:  # ELOOP
+                if e.errno == errno.ELOOP:
                     yield Entry(path, 0, SYMLINK_LOOP, "a chain of symlinks that never ends (a link to itself)")
                 else:
                     yield Entry(path, 0, UNREADABLE_ENTRY, f"symlink that cannot be followed: {e.strerror or e}")
                 continue
-            folder_link = stat.S_ISDIR(info.st_mode)
             if not follow_symlinks and not _inside(target, root):
                 yield Entry(path, 0, SYMLINK_OUTSIDE_INPUT,
                             f"symlink to {target}, outside the input folder; pass --follow_symlinks to read it",
-                            folder_link)
+                            stat.S_ISDIR(info.st_mode))
                 continue
         if stat.S_ISDIR(info.st_mode):
             identity = (info.st_dev, info.st_ino)
             if identity in ancestors:
                 yield Entry(path, 0, SYMLINK_LOOP, "leads back to a folder that contains it", True)
-                continue
-            yield from _walk(path, root, follow_symlinks, ancestors | {identity})
+            else:
+                subfolders.append((path, ancestors | {identity}))
             continue
         kind = _kind(info.st_mode)
         if kind is not None:
@@ -134,15 +135,24 @@ def _walk(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset) -
 
 
 def walk_local(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
-    """Every entry below the local folder `input_dir`, streamed.
+    """Every entry below the local folder `input_dir`, streamed, depth first.
+
+    A loop, however it is made (symlinks, bind mounts), is found by the
+    (st_dev, st_ino) of the folders on the current path. The walk keeps its own
+    stack, so any depth of nesting works.
 
     Raises:
         OSError: when `input_dir` itself cannot be listed.
     """
     os.scandir(input_dir).close()  # the input folder itself: an error here is the caller's to report
     info = os.stat(input_dir)
-    yield from _walk(input_dir, os.path.realpath(input_dir), follow_symlinks,
-                     frozenset({(info.st_dev, info.st_ino)}))
+    root = os.path.realpath(input_dir)
+    stack = [(input_dir, frozenset({(info.st_dev, info.st_ino)}))]
+    while stack:
+        folder, ancestors = stack.pop()
+        subfolders: list = []
+        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders)
+        stack.extend(reversed(subfolders))
 
 
 def list_entries(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
