@@ -80,6 +80,10 @@ def test_a_non_utf8_file_name_is_converted_with_an_escaped_source_path(tmp_path)
     assert info["files"] == dict(info["files"], found=15, written=14, skipped=1, rejected=0)
     sources = {r["source_path"]: split for split, rows in read_records(tmp_path / "out").items() for r in rows}
     assert "cats/caf\\xe9.jpg" in sources and "dogs/\\xff\\xfe.jpg" in sources
+    from transforms.layout import hash_split
+
+    for raw in (b"cats/caf\xe9.jpg", b"dogs/\xff\xfe.jpg"):  # the graph's split is the plan's, from the bytes
+        assert sources[raw.decode("utf-8", "backslashreplace")] == hash_split(os.fsdecode(raw), 42, 0.5, 0.0)
     assert reasons(errors) == {"dogs/notes\\xff.txt": ("skipped", "not_an_image_extension")}
     verified = cli("pipeline.verify", str(tmp_path / "out"), timeout=120)
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -102,8 +106,12 @@ def test_a_non_utf8_file_name_in_split_folders(tmp_path):
 def test_the_split_hash_of_a_non_utf8_name_is_the_hash_of_its_bytes():
     from transforms.layout import hash_split, shuffle_key
 
+    import hashlib
+
     raw = os.fsdecode(b"cats/caf\xe9.jpg")  # as os.scandir names it
-    assert hash_split(raw, 42, 0.5, 0.0) in ("train", "validation")
+    digest = hashlib.blake2b(b"split\x0042\x00cats/caf\xe9.jpg", digest_size=8).digest()
+    expected = "validation" if int.from_bytes(digest, "big") / 2.0**64 < 0.5 else "train"
+    assert hash_split(raw, 42, 0.5, 0.0) == expected
     assert shuffle_key(raw, 42) != shuffle_key(os.fsdecode(b"cats/caf\xe8.jpg"), 42)
     # A UTF-8 name hashes exactly as before (existing datasets keep their splits).
     assert [hash_split(f"c/{i}.jpg", 7, 0.5, 0.0) for i in range(6)] == \
@@ -230,8 +238,10 @@ def test_special_files_are_classified_at_listing_time(tmp_path):
     sock = tree.unix_socket(root / "dogs" / "sock.png")
     try:
         os.symlink("/dev/null", root / "dogs" / "null.jpg")
+        os.symlink("/dev/null", root / "dogs" / ".null.jpg")
         info, errors, _ = run_ok(root, tmp_path / "out")
         assert reasons(errors) == {
+            "dogs/.null.jpg": ("skipped", "hidden_file"),
             "cats/pipe.jpg": ("rejected", "not_a_regular_file"),
             "cats/pipe.txt": ("skipped", "not_an_image_extension"),
             "dogs/sock.png": ("rejected", "not_a_regular_file"),
