@@ -8,6 +8,7 @@ Trees are built by tests/hostile_tree.py; every test has a time limit.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -20,6 +21,7 @@ from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
 from tests.conftest import cli, convert
 from tests.test_pipeline import read_records
+from transforms.layout import hash_split, shuffle_key
 
 IS_ROOT = os.geteuid() == 0
 
@@ -80,8 +82,6 @@ def test_a_non_utf8_file_name_is_converted_with_an_escaped_source_path(tmp_path)
     assert info["files"] == dict(info["files"], found=15, written=14, skipped=1, rejected=0)
     sources = {r["source_path"]: split for split, rows in read_records(tmp_path / "out").items() for r in rows}
     assert "cats/caf\\xe9.jpg" in sources and "dogs/\\xff\\xfe.jpg" in sources
-    from transforms.layout import hash_split
-
     for raw in (b"cats/caf\xe9.jpg", b"dogs/\xff\xfe.jpg"):  # the graph's split is the plan's, from the bytes
         assert sources[raw.decode("utf-8", "backslashreplace")] == hash_split(os.fsdecode(raw), 42, 0.5, 0.0)
     assert reasons(errors) == {"dogs/notes\\xff.txt": ("skipped", "not_an_image_extension")}
@@ -104,10 +104,6 @@ def test_a_non_utf8_file_name_in_split_folders(tmp_path):
 
 
 def test_the_split_hash_of_a_non_utf8_name_is_the_hash_of_its_bytes():
-    from transforms.layout import hash_split, shuffle_key
-
-    import hashlib
-
     raw = os.fsdecode(b"cats/caf\xe9.jpg")  # as os.scandir names it
     digest = hashlib.blake2b(b"split\x0042\x00cats/caf\xe9.jpg", digest_size=8).digest()
     expected = "validation" if int.from_bytes(digest, "big") / 2.0**64 < 0.5 else "train"

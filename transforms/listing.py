@@ -60,6 +60,10 @@ class Entry(NamedTuple):
     detail: str = ""
     is_folder: bool | None = None  # for a problem: True, False, or None when unknown (a dangling link)
 
+    @property
+    def size_in_bytes(self) -> int:  # the name Beam's FileMetadata uses, which list_files once returned
+        return self.size
+
 
 def is_local(path: str) -> bool:
     return "://" not in path
