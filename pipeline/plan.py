@@ -118,7 +118,7 @@ def check_folders(settings: Settings) -> None:
     if glob:
         # Beam's file sinks find their own temporary files by glob, with the folder's name in the pattern.
         raise UserError(
-            f"--output_dir {settings.output_dir} contains {' '.join(repr(c) for c in glob)}, which Beam's file "
+            f"--output_dir {settings.output_dir} contains {' and '.join(repr(c) for c in glob)}, which Beam's file "
             "writers read as glob characters: choose a folder name without [ ] * ?"
         )
     if is_local(settings.output_dir):
