@@ -20,7 +20,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
 
     `run_id` names the run's own temporary folder in the output folder (see transforms.outputs).
     """
-    listed = p | "ListImages" >> ListImages(settings.input_dir)
+    listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks)
     # FileRef -> ImageRef (label, split, shuffle key)
     labeled = listed.images | "AssignLabels" >> AssignLabels(
         plan.class_names,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -118,6 +119,10 @@ class ConvertOptions(PipelineOptions):
                  "replaces it once the new run has finished (only files this tool writes are removed); skip exits "
                  "0 without converting when it was made from the same options, for schedulers' retries, and "
                  "refuses one made with other options. Default: refuse.")
+        add("--follow_symlinks", **ON_OFF,
+            help="Also read symlinks (to files or folders) whose target is outside --input_dir. Symlinks inside "
+                 "it are always followed. Default: off, such a link is reported as symlink_outside_input in "
+                 "errors.jsonl.")
         add("--overwrite", **ON_OFF,
             help="The same as --if_exists=overwrite. Default: off.")
         add("--quiet", **ON_OFF,
@@ -146,6 +151,7 @@ class Settings:
     compression: str
     conversion_threads: int
     if_exists: str
+    follow_symlinks: bool
     quiet: bool
     verbose: bool
 
@@ -175,6 +181,7 @@ class Settings:
             "num_shards": self.num_shards,
             "shard_size_mb": self.shard_size_mb,
             "compression": self.compression,
+            "follow_symlinks": self.follow_symlinks,
         }
 
 
@@ -261,7 +268,7 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--jpeg_quality={o.jpeg_quality} is out of range: give 1 to 100")
     if o.max_pixels < 1:
         raise UserError(f"--max_pixels={o.max_pixels} must be a positive number of pixels")
-    if not o.image_timeout_s >= 0:
+    if not (o.image_timeout_s >= 0 and math.isfinite(o.image_timeout_s)):
         raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
         raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
@@ -304,6 +311,7 @@ def validate(options: PipelineOptions) -> Settings:
         shard_size_mb=o.shard_size_mb,
         compression=o.compression,
         if_exists=if_exists,
+        follow_symlinks=o.follow_symlinks,
         quiet=o.quiet,
         verbose=o.verbose,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,13 +23,14 @@ from transforms.layout import (
     SPLITS,
     Placement,
     class_folder_names,
+    class_name_problem,
     place,
-    relative_path,
-    skip_reason,
+    quoted_name,
     split_folder_layout,
 )
-from transforms.listing import list_files
+from transforms.listing import classify, list_entries
 from transforms.outputs import SHARD_NAME, own_outputs
+from transforms.records import FileRef
 
 _LOG = logging.getLogger(__name__)
 
@@ -69,8 +71,34 @@ def _normalise(path: str) -> str:
     return os.path.realpath(path) if is_local(path) else path.rstrip("/")
 
 
+GLOB_CHARACTERS = "[]*?"
+
+
+def _check_local_output(output_dir: str) -> None:
+    """The local output folder is a folder, or can be made: one clear line instead of a traceback later.
+
+    Nothing is created: a probe folder is made in the nearest existing parent and removed at once.
+    """
+    if os.path.exists(output_dir):
+        if not os.path.isdir(output_dir):
+            what = "a file" if os.path.isfile(output_dir) else "not a folder (a device, FIFO or socket)"
+            raise UserError(f"--output_dir {output_dir} is {what}: give a folder")
+        return
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"--output_dir {output_dir} cannot be created: {parent} is not a folder; give a path "
+                        "under a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".image-tfrecords-probe-", dir=parent))
+    except OSError as e:
+        raise UserError(f"--output_dir {output_dir} cannot be created in {parent} ({e.strerror or e}): choose a "
+                        "folder you can write to") from None
+
+
 def check_folders(settings: Settings) -> None:
-    """Input exists, output is not inside it."""
+    """Input exists, output is not inside it, output is a folder or can be made, no glob characters in it."""
     if is_local(settings.input_dir) and not os.path.isdir(settings.input_dir):
         what = "is a file, not a folder" if os.path.exists(settings.input_dir) else "does not exist"
         raise UserError(f"--input_dir {settings.input_dir} {what}: give the folder that holds the class folders")
@@ -80,8 +108,15 @@ def check_folders(settings: Settings) -> None:
             f"--output_dir {settings.output_dir} is inside --input_dir {settings.input_dir}: the shards would be "
             "listed as input on the next run; choose an output folder outside the input folder"
         )
-    if is_local(settings.output_dir) and os.path.isfile(settings.output_dir):
-        raise UserError(f"--output_dir {settings.output_dir} is a file: give a folder")
+    glob = sorted({c for c in settings.output_dir if c in GLOB_CHARACTERS})
+    if glob:
+        # Beam's file sinks find their own temporary files by glob, with the folder's name in the pattern.
+        raise UserError(
+            f"--output_dir {settings.output_dir} contains {' and '.join(repr(c) for c in glob)}, which Beam's file "
+            "writers read as glob characters: choose a folder name without [ ] * ?"
+        )
+    if is_local(settings.output_dir):
+        _check_local_output(settings.output_dir)
     # gs:// folders are only name prefixes: what can be missing is the bucket.
     for flag, path in (("--input_dir", settings.input_dir), ("--output_dir", settings.output_dir),
                        ("--labels_file", settings.labels_file)):
@@ -131,20 +166,21 @@ def plan_dataset(settings: Settings) -> Plan:
         UserError: for an empty input, no images, no class folders, or a bad layout.
     """
     check_folders(settings)
+    found = 0
+    candidates = []
     try:
-        files = list_files(settings.input_dir)
+        for entry in list_entries(settings.input_dir, settings.follow_symlinks):
+            found += 1
+            ref = classify(entry, settings.input_dir)
+            if isinstance(ref, FileRef):
+                candidates.append((ref.relpath, ref.size))
     except Exception as e:
         raise UserError(f"--input_dir {settings.input_dir} cannot be listed ({type(e).__name__}: {e})") from None
-    if not files:
+    if not found:
         raise UserError(f"--input_dir {settings.input_dir} is empty: put images in <input_dir>/<class>/<image>")
-    candidates = []
-    for metadata in files:
-        relpath = relative_path(metadata.path, settings.input_dir)
-        if skip_reason(relpath) is None:
-            candidates.append((relpath, metadata.size_in_bytes))
     if not candidates:
         raise UserError(
-            f"no images found in {settings.input_dir}: {len(files)} files, none with an image extension "
+            f"no images found in {settings.input_dir}: {found} files, none with an image extension "
             f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
         )
     top_level = {relpath.split("/")[0] for relpath, _ in candidates if "/" in relpath}
@@ -153,6 +189,11 @@ def plan_dataset(settings: Settings) -> Plan:
     except ValueError as e:
         raise UserError(str(e)) from None
     folder_classes = class_folder_names((relpath for relpath, _ in candidates), split_folders)
+    for name in folder_classes:
+        problem = class_name_problem(name)
+        if problem:
+            raise UserError(f"the class folder {quoted_name(name)} in {settings.input_dir} has {problem}: "
+                            "rename the folder")
     if not folder_classes:
         where = "its split folders" if split_folders else settings.input_dir
         raise UserError(
@@ -209,7 +250,7 @@ def plan_dataset(settings: Settings) -> Plan:
         split_folders=split_folders,
         expected_per_split=dict(expected),
         num_shards=num_shards,
-        files_found=len(files),
+        files_found=found,
         unknown_classes=unknown,
         notes=notes,
     )

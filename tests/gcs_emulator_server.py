@@ -15,7 +15,7 @@ from http import HTTPStatus
 from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import objects
 
-_CONDITION_NOT_MET = {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+_CONDITION_NOT_MET = {"error": {"code": 412, "message": "At least one of the pre-conditions did not hold.",
                                 "errors": [{"domain": "global", "reason": "conditionNotMet",
                                             "message": "Precondition Failed"}]}}
 

@@ -23,7 +23,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from transforms import counters, imaging
 from transforms.examples import build_example
 from transforms.imaging import DECODE_ERROR, READ_ERROR, EncodedImage, ImageRejected, ImageSettings
-from transforms.layout import SPLITS
+from transforms.layout import SPLITS, display_path
 from transforms.pool import ConversionPool, time_limit
 from transforms.records import ImageRef, Rejection
 
@@ -102,7 +102,7 @@ class _ConvertImage(beam.DoFn):
             class_name=ref.class_name,
             height=image.height,
             width=image.width,
-            source_path=ref.relpath,
+            source_path=display_path(ref.relpath),
             schema=self._schema,
         )
         counters.inc("images_converted")

@@ -7,7 +7,10 @@ No bytes are read here: these run in the launcher (planning) and in the graph
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
+import re
+import unicodedata
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -48,19 +51,76 @@ class Placement(NamedTuple):
 
 
 def relative_path(path: str, input_dir: str) -> str:
-    """The path of `path` below `input_dir`, with '/' separators."""
-    base = input_dir.rstrip("/\\")
+    """The path of `path` below `input_dir`, with '/' separators.
+
+    A backslash is a separator only in a local path on Windows; on POSIX and
+    in gs:// names it is an ordinary character of the name.
+    """
+    separators = "/\\" if os.sep == "\\" and "://" not in path else "/"
+    base = input_dir.rstrip(separators)
     if not path.startswith(base):
         raise ValueError(f"{path!r} is not below {input_dir!r}")
-    return path[len(base):].lstrip("/\\").replace("\\", "/")
+    relpath = path[len(base):].lstrip(separators)
+    return relpath.replace("\\", "/") if len(separators) == 2 else relpath
+
+
+def name_bytes(name: str) -> bytes:
+    """The bytes of a file name as the file system holds them.
+
+    Python names a local file whose name is not UTF-8 with surrogates
+    (os.fsdecode); those go back to their original bytes here.
+    """
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no file system name produces
+        return name.encode("utf-8", "backslashreplace")
+
+
+def display_path(name: str) -> str:
+    """`name` as valid UTF-8 text: bytes that are not UTF-8 become \\xNN (as in errors.jsonl and source_path)."""
+    return name_bytes(name).decode("utf-8", "backslashreplace")
+
+
+def hidden_reason(relpath: str) -> tuple[str, str] | None:
+    """(reason, detail) when a part of `relpath` is hidden (starts with '.'), else None."""
+    hidden = [p for p in relpath.split("/") if p.startswith(".")]
+    if hidden:
+        return HIDDEN, f"hidden name {display_path(hidden[0])!r} (names starting with '.' are skipped)"
+    return None
+
+
+def quoted_name(name: str) -> str:
+    """`name` quoted as Python's repr does, with bytes that are not UTF-8 shown as \\xNN."""
+    return re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", repr(name))
+
+
+def class_name_problem(name: str) -> str | None:
+    """Why a class folder name cannot be written to labels.txt and read back exactly, else None.
+
+    labels.txt holds one name per line and --labels_file strips each line, so a
+    name must be UTF-8, hold no line break or other control character, and have
+    no leading or trailing whitespace. A backslash is refused too: other systems
+    read it as a path separator (as this tool once did).
+    """
+    if name_bytes(name).decode("utf-8", "replace") != name:
+        return "a name that is not UTF-8, which labels.txt (UTF-8 text) cannot hold"
+    if any(c in name for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
+        return "a line break in its name, which labels.txt (one class per line) cannot hold"
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        return "a control character in its name, which labels.txt cannot hold exactly"
+    if name != name.strip() or name.startswith("\ufeff"):
+        return "leading or trailing whitespace in its name, which --labels_file would strip"
+    if "\\" in name or "/" in name:
+        return "a backslash in its name, which other systems read as a path separator"
+    return None
 
 
 def skip_reason(relpath: str) -> tuple[str, str] | None:
     """Why a file is skipped by its name alone, as (reason, detail); None for a candidate image."""
     parts = relpath.split("/")
-    hidden = [p for p in parts if p.startswith(".")]
+    hidden = hidden_reason(relpath)
     if hidden:
-        return HIDDEN, f"hidden name {hidden[0]!r} (names starting with '.' are skipped)"
+        return hidden
     ext = posixpath.splitext(parts[-1])[1].lower()
     if ext not in IMAGE_EXTENSIONS:
         shown = ext or "(none)"
@@ -96,7 +156,8 @@ def split_folder_layout(top_level_folders: Iterable[str]) -> bool:
 
 
 def _hash64(*parts: str) -> int:
-    digest = hashlib.blake2b("\0".join(parts).encode("utf-8"), digest_size=8).digest()
+    # A name that is not UTF-8 hashes by its bytes; a UTF-8 name hashes exactly as it always did.
+    digest = hashlib.blake2b(name_bytes("\0".join(parts)), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
 
