@@ -97,7 +97,8 @@ def check_info(info, path: str = INFO_FILE) -> dict:
     if "format_version" in info and info["format_version"] != FORMAT_VERSION:
         raise DatasetError(f"{path} has format version {info['format_version']!r}, but this reader reads version "
                            f"{FORMAT_VERSION}: convert again")
-    missing = [key for key in ("format_version", "splits", "image", "schema", "class_names", "compression") if key not in info]
+    required = ("format_version", "splits", "image", "schema", "class_names", "compression")
+    missing = [key for key in required if key not in info]
     if missing:
         raise DatasetError(f"{path} lacks {', '.join(missing)}: {tail}")
 
