@@ -9,7 +9,10 @@ as a training job reads them, and each tile is captioned with the label id and
 class name stored next to it: a person sees at a glance that labels,
 orientation and colours are right. Records are read in shard order, so the same
 dataset always gives the same sheet; the shards are shuffled, so the first
-images of a class are a random sample of it.
+images of a class are a random sample of it. A record that cannot be shown (a
+corrupt record, one that is not an Example, an image that does not decode) is
+skipped and named on a `problem:` line with its shard and index; the exit code
+is then 1, and 2 when no image at all could be shown.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ parsed with the reader helper's feature spec and, unless --no_decode, every
 image is decoded as a training job would decode it. Counts are compared with
 dataset_info.json per shard, per split and per class, and the files section
 must satisfy found = written + rejected + skipped, with one errors.jsonl line
-per rejected or skipped file.
+per rejected or skipped file. Every file in the folder that a shard glob
+(`<split>-*.tfrecord*`) matches but dataset_info.json does not list is a problem:
+a reader that globs would read it. A dataset of 0 records is a problem too.
+A record that is not an Example is named and reading goes on.
 
 Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
 --no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded

@@ -143,6 +143,19 @@ def test_benchmark_stops_at_a_record_that_is_not_an_example_naming_it(tmp_path, 
 
 
 @pytest.mark.timeout(120)
+def test_benchmark_by_pattern_names_a_first_record_that_is_not_an_example(tmp_path, capsys):
+    root = hostile.write_dataset(tmp_path / "ds", {"train": [[hostile.NOT_AN_EXAMPLE, hostile.example(0)]]})
+    from pipeline import benchmark
+
+    pattern = f"{root}/train-*.tfrecord"
+    code = main_of(benchmark.run, [f"--file_pattern={pattern}", "--batch_size=2"])
+    assert code == 2
+    assert _error_line(capsys.readouterr().err) == (
+        f"error: {root}/train-00000-of-00001.tfrecord record 0 is not a tf.train.Example (it does not parse): "
+        f"--file_pattern {pattern} matches a file that is not a TFRecord of Examples; narrow the pattern")
+
+
+@pytest.mark.timeout(120)
 def test_benchmark_stops_at_a_flipped_byte_naming_it(tmp_path, capsys):
     root, shard, index = hostile.flipped_byte(tmp_path / "ds")
     code, _, err = _benchmark(capsys, root, "--stages=read")
