@@ -341,14 +341,13 @@ def find_corrupt_record(files: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def find_unparseable_record(files: list[str], compression: str) -> tuple[str, int] | None:
-    """The first (file, record index) that does not parse as a tf.train.Example, or None."""
-    spec = {"": tf.io.FixedLenFeature([], tf.string, default_value="")}  # parses the record, needs no key
+def find_failing_record(files: list[str], compression: str, check: Callable) -> tuple[str, int] | None:
+    """The first (file, record index) on which `check(record)` (TensorFlow ops) fails, or None."""
     for path in files:
         records = tf.data.TFRecordDataset(path, compression_type=compression).enumerate()
-        parsed = records.map(lambda i, record: (i, tf.io.parse_single_example(record, spec)[""])).ignore_errors()
+        checked = records.map(lambda i, record: (i, check(record))).ignore_errors()
         expected = 0
-        for index, _ in parsed.batch(1024).as_numpy_iterator():
+        for index, _ in checked.batch(1024).as_numpy_iterator():
             for i in index.tolist():
                 if i != expected:
                     return path, expected
@@ -357,6 +356,12 @@ def find_unparseable_record(files: list[str], compression: str) -> tuple[str, in
         if total != expected:
             return path, expected
     return None
+
+
+def find_unparseable_record(files: list[str], compression: str) -> tuple[str, int] | None:
+    """The first (file, record index) that does not parse as a tf.train.Example, or None."""
+    spec = {"": tf.io.FixedLenFeature([], tf.string, default_value="")}  # parses the record, needs no key
+    return find_failing_record(files, compression, lambda record: tf.io.parse_single_example(record, spec)[""])
 
 
 def _not_examples(error: Exception) -> bool:
@@ -391,6 +396,14 @@ def explain_error(error: Exception, source: Source | None, files: list[str]) -> 
         height, width = source.image_size
         return DatasetError(f"the images in {where} differ in size (expected {width}x{height}: {message}); pass "
                             "--image_size=N or WxH to resize them")
+    if isinstance(error, tf.errors.InvalidArgumentError) and source is not None:
+        # Name the record: the first one that does not parse with the source's keys, or whose image does not decode.
+        def check(record):
+            example = reader.parse_image_label(record, source.image_key, source.label_key)
+            return tf.shape(tf.io.decode_image(example["image"], channels=3, expand_animations=False))
+
+        found = find_failing_record(files, source.compression, check)
+        where = f"{found[0]} record {found[1]}" if found else where
     if isinstance(error, tf.errors.InvalidArgumentError) and re.search(r"image|JPEG|PNG|decode", message, re.I):
         return DatasetError(f"an image in {where} cannot be decoded ({message}); check --image_key, or verify "
                             "the dataset with python -m pipeline.verify")

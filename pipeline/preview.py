@@ -159,9 +159,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                     example = reader.parse_example(data, schema, decode=True)
                     example = {k: v.numpy() for k, v in example.items()}
                 except (tf.errors.OpError, UnicodeDecodeError) as e:
-                    text = getattr(e, "message", "") or type(e).__name__
-                    problems.append(f"{name} record {index}: cannot be shown ({text.splitlines()[0][:200]}); "
-                                    "skipped")
+                    problems.append(f"{name} record {index}: cannot be shown ({reader.error_text(e)}); skipped")
                     continue
                 wanted[label] -= 1
                 chosen[label].append((offset + index, example))

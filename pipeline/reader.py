@@ -12,6 +12,7 @@ static shape (`drop_remainder=True`), as a TPU needs.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -146,6 +147,20 @@ def check_info(info, path: str = INFO_FILE) -> dict:
             need(shard, "records", f"{where}.shards[{number}].records", "a count")
             need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
     return info
+
+
+def error_text(error: Exception) -> str:
+    """A TensorFlow error reading a record as one short line: no node names, no op suffix, no quoted record.
+
+    TensorFlow quotes a record that does not parse in its message, so one that is
+    not UTF-8 surfaces as a UnicodeDecodeError instead of its InvalidArgumentError.
+    """
+    message = getattr(error, "message", None) or ""
+    if isinstance(error, UnicodeDecodeError) or "Could not parse example input" in message:
+        return "it does not parse as a tf.train.Example protocol buffer"
+    text = re.sub(r"\{\{[^}]*\}\}", "", message)
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text.strip().splitlines()[0] if text.strip() else "")
+    return re.sub(r"\s+", " ", text).strip().rstrip(".")[:300] or type(error).__name__
 
 
 def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[str]:

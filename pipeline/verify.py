@@ -84,14 +84,6 @@ class _ShardResult:
         self.entries.sort(key=lambda entry: entry[0])
 
 
-def _tf_error_text(error: Exception) -> str:
-    """The first line of a TensorFlow error, without the record bytes it may quote."""
-    message = getattr(error, "message", "") or ""
-    if isinstance(error, UnicodeDecodeError) or "Could not parse example input" in message:
-        return "it does not parse as a tf.train.Example protocol buffer"
-    return (message.splitlines() or [type(error).__name__])[0][:300]
-
-
 class _RecordChecker:
     """Parses and decodes records with the reader helper (TensorFlow), many at a time in tf.data.
 
@@ -182,21 +174,19 @@ class _RecordChecker:
         tf = self._tf
         args = (tf.constant(index, tf.int64), tf.constant(data))
         decode_error = None
-        # TensorFlow quotes an unparseable record in its message, and a record that is not UTF-8 then surfaces
-        # as a UnicodeDecodeError instead of its OpError.
-        errors = (tf.errors.OpError, UnicodeDecodeError)
+        errors = (tf.errors.OpError, UnicodeDecodeError)  # see reader.error_text
         if self._decode:
             try:
                 row = {k: v.numpy() for k, v in self._one_decoded(*args).items()}
                 self._check_facts(result, row, decoded=True)
                 return
             except errors as e:
-                decode_error = _tf_error_text(e)
+                decode_error = reader.error_text(e)
         try:
             row = {k: v.numpy() for k, v in self._one_parsed(*args).items()}
         except errors as e:
             result.unread += 1
-            result.problem(index, f"not a valid Example: {_tf_error_text(e)}")
+            result.problem(index, f"not a valid Example: {reader.error_text(e)}")
             return
         if decode_error:
             result.problem(index, f"the image cannot be decoded: {decode_error}")

@@ -184,3 +184,32 @@ def nothing_written(root: Path) -> Path:
         json.dumps({"relpath": f"cat/{i}.jpg", "stage": "rejected", "reason": "truncated", "detail": "cut off"})
         + "\n" for i in range(2)))
     return root
+
+
+UNDECODABLE_INDEX = 4
+
+
+def undecodable_image(root: Path) -> tuple[Path, str, int]:
+    """Record 4 of the train shard is a sound Example whose image bytes are no image."""
+    records = [example(i) for i in range(6)]
+    records[UNDECODABLE_INDEX] = build_example(
+        image=b"\xff\xd8\xff not the rest of a JPEG", image_format="jpeg", label=0, class_name=CLASSES[0],
+        height=SIZE[1], width=SIZE[0], source_path="cat/train-4.jpg")
+    write_dataset(root, {"train": [records], "validation": [[example(i, "validation") for i in range(2)]]})
+    return root, "train-00000-of-00001.tfrecord", UNDECODABLE_INDEX
+
+
+WRONG_LABEL_INDEX = 1
+
+
+def wrong_label_type(root: Path) -> tuple[Path, str, int]:
+    """Record 1 of the train shard is an Example whose label is a string, not an int64."""
+    from transforms.examples import Example
+
+    records = [example(i) for i in range(6)]
+    bad = Example.FromString(records[WRONG_LABEL_INDEX])
+    bad.features.feature["label"].ClearField("int64_list")
+    bad.features.feature["label"].bytes_list.value.append(b"1")
+    records[WRONG_LABEL_INDEX] = bad.SerializeToString()
+    write_dataset(root, {"train": [records], "validation": [[example(i, "validation") for i in range(2)]]})
+    return root, "train-00000-of-00001.tfrecord", WRONG_LABEL_INDEX

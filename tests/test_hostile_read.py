@@ -277,3 +277,40 @@ def test_a_conversion_that_rejects_every_image_exits_non_zero_and_verify_agrees(
         "dataset_info.json: the dataset holds no records: every one of the 2 files found was rejected or skipped "
         "(see errors.jsonl for each file's reason); fix the input and convert again"]
     assert json.loads((out / "dataset_info.json").read_text())["files"]["written"] == 0
+
+
+# ---- Examples that parse as protocol buffers but not as this dataset's records ------------------------------------
+
+BAD_EXAMPLES = {
+    "undecodable_image": dict(
+        verify="the image cannot be decoded: jpeg::Uncompress failed. Invalid JPEG data or crop window",
+        preview="cannot be shown (jpeg::Uncompress failed. Invalid JPEG data or crop window); skipped",
+        benchmark="error: an image in {shard} cannot be decoded (jpeg::Uncompress failed. Invalid JPEG data or crop "
+                  "window); check --image_key, or verify the dataset with python -m pipeline.verify"),
+    "wrong_label_type": dict(
+        verify="not a valid Example: Key: label. Data types don't match. Data type: string but expected type: int64",
+        preview="has no int64 feature 'label'; skipped",
+        benchmark="error: reading {shard} failed: Key: label.  Data types don't match. Data type: string but "
+                  "expected type: int64"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(BAD_EXAMPLES))
+@pytest.mark.parametrize("tool", ["verify", "preview", "benchmark"])
+def test_a_bad_example_is_named_by_shard_and_record(tmp_path, capsys, case, tool):
+    root, shard, index = getattr(hostile, case)(tmp_path / "ds")
+    expected = BAD_EXAMPLES[case][tool]
+    if tool == "verify":
+        code, problems, err = _verify(capsys, root)
+        assert problems == [f"problem: {shard} record {index}: {expected}"]
+    elif tool == "preview":
+        code, out, err = _preview(capsys, root, tmp_path)
+        assert [line for line in err.splitlines() if line.startswith("problem: ")] == [
+            f"problem: {shard} record {index}: {expected}"]
+        assert out.startswith(f"Wrote {tmp_path / 'sheet.png'}: 5 images of 2 classes")
+    else:
+        code, _, err = _benchmark(capsys, root)
+        assert _error_line(err) == expected.format(shard=f"{root}/{shard} record {index}")
+    assert "Traceback" not in err
+    assert code == (2 if tool == "benchmark" else 1)  # benchmark stops: it cannot time a broken dataset
