@@ -212,6 +212,7 @@ def test_the_benchmark_command_on_a_dataset_info_that_is_a_list(tmp_path):
         "convert again"]
 
 
+@pytest.mark.timeout(120)
 def test_the_metadata_checks_name_the_field_and_its_type(tmp_path):
     from pipeline import reader
     from pipeline.errors import DatasetError
@@ -226,6 +227,7 @@ def test_the_metadata_checks_name_the_field_and_its_type(tmp_path):
         reader.load_info(str(root))
 
 
+@pytest.mark.timeout(120)
 def test_a_sound_corpus_dataset_is_sound(tmp_path):
     """The corpus's base dataset passes verify, so each case's problems are its damage alone."""
     from pipeline import verify
