@@ -94,8 +94,9 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     image = info["image"]
     stored = (image["height"], image["width"]) if image.get("fixed_size") else None
     if image_size is None and stored is None:
-        raise UserError(f"the images of {dataset_dir} vary in size (--resize_mode={info['options']['resize_mode']}"
-                        "); pass --image_size=N or WxH to resize them to one size for batching")
+        options = info.get("options") if isinstance(info.get("options"), dict) else {}
+        raise UserError(f"the images of {dataset_dir} vary in size (--resize_mode={options.get('resize_mode')}); "
+                        "pass --image_size=N or WxH to resize them to one size for batching")
     image_key, label_key = reader.image_label_keys(info["schema"])
     return Source(
         name=dataset_dir, files=files, sizes=sizes, compression="GZIP" if info["compression"] == "gzip" else "",
@@ -139,7 +140,7 @@ def first_image_size(source: Source) -> tuple[int, int]:
                 parsed = reader.parse_image_label(record, source.image_key, source.label_key)
                 image = tf.io.decode_image(parsed["image"], channels=3, expand_animations=False)
                 return int(image.shape[0]), int(image.shape[1])
-        except tf.errors.OpError as e:
+        except (tf.errors.OpError, UnicodeDecodeError) as e:
             raise explain_error(e, source, [path]) from None
     raise DatasetError(f"the files matching {source.name} hold no records")
 
@@ -322,7 +323,7 @@ def time_stage(stage: str, batches: Iterable, max_batches: int = 0) -> StageResu
 
 def tf_message(error: tf.errors.OpError) -> str:
     """TensorFlow's message without its node names and context: one line."""
-    text = re.sub(r"\{\{[^}]*\}\}", "", error.message or str(error))
+    text = re.sub(r"\{\{[^}]*\}\}", "", getattr(error, "message", None) or str(error))
     text = re.sub(r"^.*Iterator::[\w:]+: ", "", text.strip().splitlines()[0] if text.strip() else "")
     return text.strip().rstrip(".")
 
@@ -340,8 +341,47 @@ def find_corrupt_record(files: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def explain_error(error: tf.errors.OpError, source: Source | None, files: list[str]) -> UserError:
-    """A one-line user error for a failure while reading `files`, naming the file where it can."""
+def find_failing_record(files: list[str], compression: str, check: Callable) -> tuple[str, int] | None:
+    """The first (file, record index) on which `check(record)` (TensorFlow ops) fails, or None."""
+    for path in files:
+        records = tf.data.TFRecordDataset(path, compression_type=compression).enumerate()
+        checked = records.map(lambda i, record: (i, check(record))).ignore_errors()
+        expected = 0
+        for index, _ in checked.batch(1024).as_numpy_iterator():
+            for i in index.tolist():
+                if i != expected:
+                    return path, expected
+                expected += 1
+        total = sum(1 for _ in tf.data.TFRecordDataset(path, compression_type=compression))
+        if total != expected:
+            return path, expected
+    return None
+
+
+def find_unparseable_record(files: list[str], compression: str) -> tuple[str, int] | None:
+    """The first (file, record index) that does not parse as a tf.train.Example, or None."""
+    spec = {"": tf.io.FixedLenFeature([], tf.string, default_value="")}  # parses the record, needs no key
+    return find_failing_record(files, compression, lambda record: tf.io.parse_single_example(record, spec)[""])
+
+
+def _not_examples(error: Exception) -> bool:
+    """Whether a read failed on a record that is no Example: TensorFlow quotes such a record in its message, so
+    one that is not UTF-8 surfaces as a UnicodeDecodeError instead of its InvalidArgumentError."""
+    return isinstance(error, UnicodeDecodeError) or "Could not parse example input" in getattr(error, "message", "")
+
+
+def explain_error(error: Exception, source: Source | None, files: list[str]) -> UserError:
+    """A one-line user error for a failure while reading `files` (an OpError or a UnicodeDecodeError), naming
+    the file, and the record where it can."""
+    if _not_examples(error):
+        found = find_unparseable_record(files, source.compression if source else "")
+        where = f"{found[0]} record {found[1]}" if found else (files[0] if len(files) == 1 else "a file")
+        if source is not None and source.split is None:
+            return DatasetError(f"{where} is not a tf.train.Example (it does not parse): --file_pattern {source.name} "
+                                "matches a file that is not a TFRecord of Examples; narrow the pattern")
+        return DatasetError(f"{where} is not a tf.train.Example (it does not parse): the file was damaged after "
+                            "the conversion; check the dataset with python -m pipeline.verify, then copy or convert "
+                            "it again")
     message = tf_message(error)
     where = files[0] if len(files) == 1 else (source.name if source else "the input")
     if isinstance(error, tf.errors.DataLossError):
@@ -356,6 +396,14 @@ def explain_error(error: tf.errors.OpError, source: Source | None, files: list[s
         height, width = source.image_size
         return DatasetError(f"the images in {where} differ in size (expected {width}x{height}: {message}); pass "
                             "--image_size=N or WxH to resize them")
+    if isinstance(error, tf.errors.InvalidArgumentError) and source is not None:
+        # Name the record: the first one that does not parse with the source's keys, or whose image does not decode.
+        def check(record):
+            example = reader.parse_image_label(record, source.image_key, source.label_key)
+            return tf.shape(tf.io.decode_image(example["image"], channels=3, expand_animations=False))
+
+        found = find_failing_record(files, source.compression, check)
+        where = f"{found[0]} record {found[1]}" if found else where
     if isinstance(error, tf.errors.InvalidArgumentError) and re.search(r"image|JPEG|PNG|decode", message, re.I):
         return DatasetError(f"an image in {where} cannot be decoded ({message}); check --image_key, or verify "
                             "the dataset with python -m pipeline.verify")

@@ -171,7 +171,7 @@ def run_stages(settings: Settings, source, files, choice) -> list[StageResult]:
         print(f"measuring {stage}: {STAGES[stage]}", file=sys.stderr, flush=True)
         try:
             result = bi.time_stage(stage, batches_of(stage), settings.steps)
-        except tf.errors.OpError as e:
+        except (tf.errors.OpError, UnicodeDecodeError) as e:  # see bench_input.explain_error
             if stage in FILE_STAGES:
                 raise UserError(f"reading the image files under {files.root} failed: {bi.tf_message(e)}") from None
             raise bi.explain_error(e, source, source.files) from None

@@ -9,7 +9,10 @@ as a training job reads them, and each tile is captioned with the label id and
 class name stored next to it: a person sees at a glance that labels,
 orientation and colours are right. Records are read in shard order, so the same
 dataset always gives the same sheet; the shards are shuffled, so the first
-images of a class are a random sample of it.
+images of a class are a random sample of it. A record that cannot be shown (a
+corrupt record, one that is not an Example, an image that does not decode) is
+skipped and named on a `problem:` line with its shard and index; the exit code
+is then 1, and 2 when no image at all could be shown.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from pipeline.cli import main_of
-from pipeline.errors import UserError
+from pipeline.errors import DatasetError, UserError
 from pipeline.quiet import import_tensorflow
+from transforms.describe import INFO_FILE
 from transforms.examples import SCHEMAS
 
 _LOG = logging.getLogger("pipeline.preview")
+_CHECK = "check the dataset with python -m pipeline.verify"
 
 MARGIN = 12
 GAP = 6
@@ -93,38 +98,74 @@ def fit_tile(pixels: np.ndarray, tile_size: int) -> Image.Image:
     return image.resize(size, Image.Resampling.LANCZOS) if size != image.size else image
 
 
-def sample_records(dataset_dir: str, info: dict, split: str, per_class: int,
-                   max_records: int) -> tuple[dict, int]:
+def _label_of(data: bytes, label_key: str) -> int | str:
+    """The int64 label of a serialized Example, or what is wrong with the record (a string)."""
+    from google.protobuf.message import DecodeError
+
+    from transforms.examples import Example
+
+    try:
+        features = Example.FromString(data).features.feature
+    except DecodeError:
+        return "not a tf.train.Example (it does not parse)"
+    values = features[label_key].int64_list.value if label_key in features else []
+    if len(values) != 1:
+        return f"has no int64 feature {label_key!r}"
+    return values[0]
+
+
+def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max_records: int,
+                   problems: list[str] | None = None) -> tuple[dict, int]:
     """The first `per_class` records of each class in shard order, reading at most `max_records`.
 
-    Returns ({label: [(record_index, decoded example dict)]}, records read).
+    A record that cannot be shown (a corrupt record, one that is no Example, an
+    image that does not decode) is skipped and described in `problems` as
+    "<shard> record <index in the shard>: <what>; skipped"; the next record of its
+    class takes its place. A shard whose framing breaks is skipped from there on.
+
+    Returns ({label: [(record_index in the split, decoded example dict)]}, records read).
     """
     import tensorflow as tf
 
     from pipeline import reader
+    from transforms.tfrecord import CorruptRecord, scan_records
 
-    files = reader.shard_paths(dataset_dir, split, info)
+    problems = [] if problems is None else problems
+    paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
     schema = info["schema"]
     label_key = SCHEMAS[schema]["label"][0]
-    label_spec = {label_key: reader.feature_spec(schema)[label_key]}
-    compression = "GZIP" if info["compression"] == "gzip" else ""
-    # Sequential reads (no interleave) keep the order, and so the sheet, the same on every run.
-    records = tf.data.TFRecordDataset(files, compression_type=compression).take(max_records)
-    labeled = records.map(lambda s: (s, tf.io.parse_single_example(s, label_spec)[label_key])).batch(1024)
     # dataset_info.json says how many images each class has here: stop as soon as all of them are found.
     counts = info["splits"][split].get("class_counts", {})
     wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
     chosen: dict[int, list] = {label: [] for label in wanted}
-    read = 0
-    for serialized, labels in labeled:
-        for offset, label in enumerate(labels.numpy().tolist()):
-            if wanted.get(label, 0) > 0:
+    read = offset = 0  # records read; position of the shard's first record in the split
+    # Records are read one shard after another (CRCs checked without TensorFlow), so the sheet is the same on
+    # every run and a bad record is named by its shard and index, and skipped.
+    for path, listed in zip(paths, info["splits"][split]["shards"], strict=True):
+        name = path.rsplit("/", 1)[-1]
+        try:
+            for index, data in scan_records(path):
+                if not any(wanted.values()) or read >= max_records:
+                    return chosen, read
+                read += 1
+                label = "data checksum mismatch (the record's bytes are corrupt)" if data is None else \
+                    _label_of(data, label_key)
+                if isinstance(label, str):
+                    problems.append(f"{name} record {index}: {label}; skipped")
+                    continue
+                if wanted.get(label, 0) <= 0:
+                    continue
+                try:
+                    example = reader.parse_example(data, schema, decode=True)
+                    example = {k: v.numpy() for k, v in example.items()}
+                except (tf.errors.OpError, UnicodeDecodeError) as e:
+                    problems.append(f"{name} record {index}: cannot be shown ({reader.error_text(e)}); skipped")
+                    continue
                 wanted[label] -= 1
-                example = reader.parse_example(serialized[offset], schema, decode=True)
-                chosen[label].append((read + offset, {k: v.numpy() for k, v in example.items()}))
-        read += int(serialized.shape[0])
-        if not any(wanted.values()):
-            break
+                chosen[label].append((offset + index, example))
+        except CorruptRecord as e:
+            problems.append(f"{name} {e}; skipped the rest of this shard")
+        offset += listed["records"]
     return chosen, read
 
 
@@ -167,8 +208,11 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
 
 
 def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: int = 8, tile_size: int = 128,
-                       max_records: int = 100_000) -> tuple[Image.Image, list[Tile]]:
+                       max_records: int = 100_000, problems: list[str] | None = None) -> tuple[Image.Image, list[Tile]]:
     """Read samples of every class from `split` (default: train, else the first split) and draw the sheet.
+
+    Records that cannot be shown are skipped and described in `problems` (see
+    sample_records); without that list each is logged as a warning.
 
     Raises:
         DatasetError: when `dataset_dir` holds no complete dataset or has no such split.
@@ -177,14 +221,23 @@ def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: in
 
     info = reader.load_info(dataset_dir)
     split = split or ("train" if "train" in info["splits"] else next(iter(info["splits"]), "train"))
-    chosen, read = sample_records(dataset_dir, info, split, per_class, max_records)
+    found: list[str] = []
+    chosen, read = sample_records(dataset_dir, info, split, per_class, max_records, found)
+    if problems is None:
+        for problem in found:
+            _LOG.warning("%s", problem)
+    else:
+        problems.extend(found)
     counts = info["splits"][split].get("class_counts", {})
     missed = [f"{name} ({len(chosen[label])} of {counts.get(name, 0)})"
               for label, name in enumerate(info["class_names"])
               if len(chosen[label]) < min(per_class, counts.get(name, 0))]
-    if missed:
+    if missed and read >= max_records:
         _LOG.warning("Not every image to show was found in the first %d records of %s: %s; raise --max_records",
                      read, split, ", ".join(missed))
+    elif missed and not found:
+        _LOG.warning("Fewer images than %s counts were found in %s: %s; check the dataset with python -m "
+                     "pipeline.verify", INFO_FILE, split, ", ".join(missed))
     title = f"{dataset_dir.rstrip('/')}  |  {split}: {info['splits'][split]['records']} images, " \
             f"{len(info['class_names'])} classes  |  label id and class name as stored"
     return draw_contact_sheet(info, chosen, split, per_class, tile_size, title)
@@ -306,16 +359,26 @@ def run(argv: list[str]) -> int:
     from pipeline import reader
 
     info = reader.load_info(args.dataset_dir)
+    problems: list[str] = []
     if args.contact_sheet:
         sheet, tiles = make_contact_sheet(args.dataset_dir, args.split, args.per_class, args.tile_size,
-                                          args.max_records)
+                                          args.max_records, problems)
+        for problem in problems:
+            print(f"problem: {problem}", file=sys.stderr)
+        if problems and not tiles:
+            split = args.split or ("train" if "train" in info["splits"] else next(iter(info["splits"])))
+            raise DatasetError(f"no image of split {split!r} of {args.dataset_dir} could be shown: {len(problems)} "
+                               f"record{'s were' if len(problems) > 1 else ' was'} skipped (listed above); "
+                               f"{_CHECK}")
         _save(sheet, args.contact_sheet)
+        skipped = f"; {len(problems)} record{'s' if len(problems) > 1 else ''} could not be shown (listed " \
+                  f"above); {_CHECK}" if problems else ""
         print(f"Wrote {args.contact_sheet}: {len(tiles)} images of {len(info['class_names'])} classes "
-              f"({sheet.width}x{sheet.height} px)")
+              f"({sheet.width}x{sheet.height} px){skipped}")
     if args.class_chart:
         _save(class_chart(info), args.class_chart)
         print(f"Wrote {args.class_chart}: images per class for {', '.join(info['splits'])}")
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -12,47 +12,164 @@ static shape (`drop_remainder=True`), as a TPU needs.
 from __future__ import annotations
 
 import json
-
-import tensorflow as tf
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
-from transforms.describe import FORMAT_VERSION, INFO_FILE
+from transforms.describe import ERRORS_FILE, FORMAT_VERSION, INFO_FILE
 from transforms.examples import SCHEMAS
 
-_DTYPES = {"int64": tf.int64, "string": tf.string}
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# TensorFlow is imported where it is used, so that load_info can refuse a folder before its slow import.
 
 
 def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name
 
 
-def load_info(dataset_dir: str) -> dict:
-    """The parsed dataset_info.json of `dataset_dir` (local or gs://).
+def _read_with_tensorflow(path: str) -> str | None:
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = None) -> dict:
+    """The parsed and checked dataset_info.json of `dataset_dir` (local or gs://).
+
+    `read_text(path)` returns a file's text, or None when it does not exist;
+    by default TensorFlow's file systems read it (pipeline.verify passes Beam's).
+    Every field the read-side tools use is checked for its JSON type, so a
+    damaged or foreign file is one clear error rather than a crash later.
 
     Raises:
-        DatasetError: when there is no complete dataset there.
+        DatasetError: when there is no complete dataset there, naming what is wrong.
     """
     path = _join(dataset_dir, INFO_FILE)
-    if not tf.io.gfile.exists(path):
+    try:
+        text = (read_text or _read_with_tensorflow)(path)
+    except ValueError as e:  # not UTF-8
+        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
+    except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says
+        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e}); check the path and your "
+                           "access to it") from None
+    if text is None:
         raise DatasetError(
             f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
             "none); convert again with python -m pipeline.main"
         )
     try:
-        with tf.io.gfile.GFile(path, "r") as f:
-            info = json.load(f)
-    except (ValueError, tf.errors.OpError) as e:
+        info = json.loads(text)
+    except ValueError as e:
         raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
-    if info.get("format_version") != FORMAT_VERSION:
-        raise DatasetError(
-            f"{path} has format version {info.get('format_version')!r}; this reader reads version {FORMAT_VERSION}"
-        )
+    check_info(info, path)
     return info
+
+
+_JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), (int, "a number"), (float, "a number"),
+               (str, "a string"), (list, "a list"), (dict, "an object"))
+_KINDS = {
+    "an object": lambda v: isinstance(v, dict),
+    "a list": lambda v: isinstance(v, list),
+    "a string": lambda v: isinstance(v, str),
+    "a count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "a size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+}
+_MISSING = object()
+
+
+def _shown(value) -> str:
+    """A JSON value as a message names it: a number by its value, anything else by its type."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    return next(name for kind, name in _JSON_TYPES if isinstance(value, kind))
+
+
+def check_info(info, path: str = INFO_FILE) -> dict:
+    """`info` if it has every field the read-side tools use, each of its JSON type; else a DatasetError naming it."""
+    tail = "it was not written by this tool; convert again"
+    if not isinstance(info, dict):
+        raise DatasetError(f"{path} is not a JSON object but {_shown(info)}: {tail}")
+    if "format_version" in info and info["format_version"] != FORMAT_VERSION:
+        raise DatasetError(f"{path} has format version {info['format_version']!r}, but this reader reads version "
+                           f"{FORMAT_VERSION}: convert again")
+    required = ("format_version", "splits", "image", "schema", "class_names", "compression")
+    missing = [key for key in required if key not in info]
+    if missing:
+        raise DatasetError(f"{path} lacks {', '.join(missing)}: {tail}")
+
+    def need(parent: dict, key, where: str, kind: str, default=_MISSING):
+        """parent[key], which must be of `kind`; `default` when it is absent and may be."""
+        value = parent.get(key, default) if isinstance(parent, dict) else parent[key]
+        if value is _MISSING:
+            raise DatasetError(f"{path} lacks {where}: {tail}")
+        if not _KINDS[kind](value):
+            raise DatasetError(f"{path} is malformed ({where} is {_shown(value)}, not {kind}): {tail}")
+        return value
+
+    if need(info, "schema", "schema", "a string") not in SCHEMAS:
+        raise DatasetError(f"{path} is malformed (schema {info['schema']!r} is not one of "
+                           f"{', '.join(SCHEMAS)}): {tail}")
+    need(info, "compression", "compression", "a string")
+    names = need(info, "class_names", "class_names", "a list")
+    for i in range(len(names)):
+        need(names, i, f"class_names[{i}]", "a string")
+    image = need(info, "image", "image", "an object")
+    if image.get("fixed_size"):
+        for key in ("height", "width"):
+            need(image, key, f"image.{key}", "a size")
+    for key in ("rejected_by_reason", "skipped_by_reason"):
+        for name in need(info, key, key, "an object", {}):
+            need(info[key], name, f"{key}.{name}", "a count")
+    files = need(info, "files", "files", "an object", {})
+    for name in ("found", "written", "rejected", "skipped"):
+        if files.get(name) is not None:  # verify reports a missing count as a problem of its own
+            need(files, name, f"files.{name}", "a count")
+    for split in need(info, "splits", "splits", "an object"):
+        where = f"splits.{split}"
+        split_info = need(info["splits"], split, where, "an object")
+        need(split_info, "records", f"{where}.records", "a count")
+        counts = need(split_info, "class_counts", f"{where}.class_counts", "an object", {})
+        for name in counts:
+            need(counts, name, f"{where}.class_counts.{name}", "a count")
+        shards = need(split_info, "shards", f"{where}.shards", "a list")
+        for number in range(len(shards)):
+            shard = need(shards, number, f"{where}.shards[{number}]", "an object")
+            name = need(shard, "file", f"{where}.shards[{number}].file", "a string")
+            if not name or "/" in name or name in (".", ".."):
+                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].file {name!r} is not a file "
+                                   f"name in the folder): {tail}")
+            need(shard, "records", f"{where}.shards[{number}].records", "a count")
+            need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
+    return info
+
+
+def error_text(error: Exception) -> str:
+    """A TensorFlow error reading a record as one short line: no node names, no op suffix, no quoted record.
+
+    TensorFlow quotes a record that does not parse in its message, so one that is
+    not UTF-8 surfaces as a UnicodeDecodeError instead of its InvalidArgumentError.
+    """
+    message = getattr(error, "message", None) or ""
+    if isinstance(error, UnicodeDecodeError) or "Could not parse example input" in message:
+        return "it does not parse as a tf.train.Example protocol buffer"
+    text = re.sub(r"\{\{[^}]*\}\}", "", message)
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text.strip().splitlines()[0] if text.strip() else "")
+    return re.sub(r"\s+", " ", text).strip().rstrip(".")[:300] or type(error).__name__
 
 
 def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[str]:
     """Full paths of a split's shards, in order."""
     info = info or load_info(dataset_dir)
+    if not info["splits"]:
+        raise DatasetError(
+            f"{dataset_dir} holds no records: every image was rejected or skipped (see its {ERRORS_FILE} for each "
+            "file's reason); fix the input and convert again")
     if split not in info["splits"]:
         raise DatasetError(
             f"{dataset_dir} has no {split!r} split; it has: {', '.join(info['splits']) or 'none'}"
@@ -60,9 +177,11 @@ def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[
     return [_join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
 
 
-def feature_spec(schema: str = "default") -> dict[str, tf.io.FixedLenFeature]:
+def feature_spec(schema: str = "default") -> dict:
     """The `tf.io.parse_single_example` spec of a schema ('default' or 'tf_slim'), keyed by stored key."""
-    return {key: tf.io.FixedLenFeature([], _DTYPES["int64" if dtype == "int64" else "string"])
+    import tensorflow as tf
+
+    return {key: tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string)
             for key, dtype in SCHEMAS[schema].values()}
 
 
@@ -72,6 +191,8 @@ def parse_example(serialized, schema: str = "default", decode: bool = True, imag
     With `decode`, `image` is a uint8 [H, W, 3] tensor (JPEG or PNG); `image_size`
     (height, width) sets its static shape, as a TPU needs.
     """
+    import tensorflow as tf
+
     parsed = tf.io.parse_single_example(serialized, feature_spec(schema))
     out = {field: parsed[key] for field, (key, _) in SCHEMAS[schema].items()}
     if decode:
@@ -93,6 +214,8 @@ def parse_image_label(serialized, image_key: str = "image", label_key: str | Non
     Other keys may be absent, so this also reads TFRecords written by other
     tools. With `label_key` None the result has no 'label'.
     """
+    import tensorflow as tf
+
     spec = {image_key: tf.io.FixedLenFeature([], tf.string)}
     if label_key:
         spec[label_key] = tf.io.FixedLenFeature([], tf.int64)
@@ -113,6 +236,8 @@ def make_dataset(
     drop_remainder: bool = True,
 ) -> tf.data.Dataset:
     """A tf.data pipeline over one split: parallel reads, parse, decode, batch, prefetch."""
+    import tensorflow as tf
+
     info = load_info(dataset_dir)
     files = shard_paths(dataset_dir, split, info)
     compression = "GZIP" if info["compression"] == "gzip" else ""

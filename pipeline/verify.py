@@ -8,7 +8,10 @@ parsed with the reader helper's feature spec and, unless --no_decode, every
 image is decoded as a training job would decode it. Counts are compared with
 dataset_info.json per shard, per split and per class, and the files section
 must satisfy found = written + rejected + skipped, with one errors.jsonl line
-per rejected or skipped file.
+per rejected or skipped file. Every file in the folder that a shard glob
+(`<split>-*.tfrecord*`) matches but dataset_info.json does not list is a problem:
+a reader that globs would read it. A dataset of 0 records is a problem too.
+A record that is not an Example is named and reading goes on.
 
 Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
 --no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded
@@ -23,6 +26,7 @@ finds near-duplicates (a re-saved JPEG, a crop, a resize).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import struct
@@ -34,11 +38,11 @@ from dataclasses import dataclass, field
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import reader
 from pipeline.cli import main_of
-from pipeline.errors import DatasetError
-from pipeline.plan import SHARD_NAME
+from pipeline.plan import SHARD_NAME, SPLITS
 from pipeline.quiet import import_tensorflow
-from transforms.describe import ERRORS_FILE, FORMAT_VERSION, INFO_FILE, LABELS_FILE
+from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.tfrecord import CorruptRecord, scan_records
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
@@ -91,8 +95,6 @@ class _RecordChecker:
 
     def __init__(self, info: dict, labels: list[str], decode: bool):
         import tensorflow as tf
-
-        from pipeline import reader
 
         self._tf = tf
         self._labels = labels
@@ -172,18 +174,19 @@ class _RecordChecker:
         tf = self._tf
         args = (tf.constant(index, tf.int64), tf.constant(data))
         decode_error = None
+        errors = (tf.errors.OpError, UnicodeDecodeError)  # see reader.error_text
         if self._decode:
             try:
                 row = {k: v.numpy() for k, v in self._one_decoded(*args).items()}
                 self._check_facts(result, row, decoded=True)
                 return
-            except tf.errors.OpError as e:
-                decode_error = e.message.splitlines()[0]
+            except errors as e:
+                decode_error = reader.error_text(e)
         try:
             row = {k: v.numpy() for k, v in self._one_parsed(*args).items()}
-        except tf.errors.OpError as e:
+        except errors as e:
             result.unread += 1
-            result.problem(index, f"not a valid Example: {e.message.splitlines()[0]}")
+            result.problem(index, f"not a valid Example: {reader.error_text(e)}")
             return
         if decode_error:
             result.problem(index, f"the image cannot be decoded: {decode_error}")
@@ -259,32 +262,15 @@ class Report:
 
 
 def load_info(dataset_dir: str) -> dict:
-    """dataset_info.json read through Beam's file systems, with reader.load_info's checks and messages.
+    """dataset_info.json read through Beam's file systems, checked by reader.load_info.
 
     Beam's GCS client, unlike TensorFlow's, is the one every other step of this
     tool uses (credentials, STORAGE_EMULATOR_HOST).
 
     Raises:
-        DatasetError: when there is no complete dataset there.
+        DatasetError: when there is no complete dataset there, or its dataset_info.json is malformed.
     """
-    path = _join(dataset_dir, INFO_FILE)
-    if not FileSystems.exists(path):
-        raise DatasetError(
-            f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
-            "none); convert again with python -m pipeline.main"
-        )
-    try:
-        info = json.loads(_read_text(path))
-    except (ValueError, TypeError) as e:
-        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
-    if not isinstance(info, dict) or info.get("format_version") != FORMAT_VERSION:
-        version = info.get("format_version") if isinstance(info, dict) else None
-        raise DatasetError(f"{path} has format version {version!r}; this reader reads version {FORMAT_VERSION}")
-    expected = {"splits": dict, "image": dict, "schema": str, "class_names": list}
-    missing = [key for key, kind in expected.items() if not isinstance(info.get(key), kind)]
-    if missing:
-        raise DatasetError(f"{path} lacks {', '.join(missing)}: it was not written by this tool; convert again")
-    return info
+    return reader.load_info(dataset_dir, read_text=_read_text)
 
 
 def _read_text(path: str) -> str | None:
@@ -338,9 +324,15 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
             if present[name] != shard.get("bytes"):
                 report.problems.append(f"{name}: {present[name]} bytes, but {INFO_FILE} says {shard.get('bytes')}")
             to_read.append((split, _join(dataset_dir, name), shard))
-    for name in sorted(name for name in set(present) - listed if SHARD_NAME.fullmatch(name)):
-        report.problems.append(f"{name}: a shard file not listed in {INFO_FILE} (stale, from another run?); "
-                               "readers of this folder by glob would read it")
+    # A reader that globs the shards (README: glob("train-*.tfrecord")) reads every match, listed or not.
+    globs = [f"{split}-*.tfrecord*" for split in sorted(set(SPLITS) | set(info["splits"]))]
+    for name in sorted(set(present) - listed):
+        pattern = next((glob for glob in globs if fnmatch.fnmatchcase(name, glob)), None)
+        if pattern:
+            stale = " (a stale shard from another run?)" if SHARD_NAME.fullmatch(name) else ""
+            report.problems.append(
+                f"{name}: not listed in {INFO_FILE}, but the shard glob {pattern} matches it, so readers that glob "
+                f"read it as part of the dataset{stale}: remove it or move it out of this folder")
     return to_read
 
 
@@ -376,6 +368,14 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             if counted[name] != listed_counts.get(name, 0):
                 report.problems.append(f"split {split!r} class {name!r}: {counted[name]} records, but {INFO_FILE} "
                                        f"says {listed_counts.get(name, 0)}")
+
+
+def _nothing_written(info: dict) -> str:
+    """Why a dataset holds no records, as dataset_info.json's files section tells it."""
+    found = info.get("files", {}).get("found")
+    why = (f"every one of the {found} files found was rejected or skipped (see {ERRORS_FILE} for each file's "
+           "reason); fix the input" if found else "no image file was found in the input; check --input_dir")
+    return f"{INFO_FILE}: the dataset holds no records: {why} and convert again"
 
 
 def _check_duplicates(results: list[tuple[dict, _ShardResult]], report: Report) -> set[str]:
@@ -493,6 +493,8 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
         report.split_records[split] = sum(r.records for _, r in results if r.split == split)
         report.split_shards[split] = len(split_info.get("shards", []))
     _check_counts(info, results, report)
+    if not any(split_info["records"] for split_info in info["splits"].values()):
+        report.problems.insert(0, _nothing_written(info))
     written_paths = _check_duplicates(results, report)
     _check_accounting(dataset_dir, info, written_paths, report)
     return report

@@ -202,8 +202,9 @@ def test_a_stale_shard_of_another_run_is_caught(damaged):
     shutil.copy(damaged / "train-00000-of-00002.tfrecord", damaged / "train-00002-of-00003.tfrecord")
     (damaged / "train-notes.txt").write_text("a user's file: not a shard")
     assert _problems(damaged) == [
-        "train-00002-of-00003.tfrecord: a shard file not listed in dataset_info.json (stale, from another run?); "
-        "readers of this folder by glob would read it"]
+        "train-00002-of-00003.tfrecord: not listed in dataset_info.json, but the shard glob train-*.tfrecord* "
+        "matches it, so readers that glob read it as part of the dataset (a stale shard from another run?): remove "
+        "it or move it out of this folder"]
 
 
 def test_a_truncated_shard_is_caught(damaged):
