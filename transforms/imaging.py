@@ -64,7 +64,18 @@ READ_ERROR = "read_error"
 TIMEOUT = "timeout"
 INTERNAL_ERROR = "internal_error"  # a bug here, not a problem of the file: report it
 TOO_LARGE_FOR_JPEG = "too_large_for_jpeg"
+NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO, socket or device: never opened, as a read could block forever
+FILE_TOO_LARGE = "file_too_large"  # over --max_file_mb: never read past the limit
+IMAGE_TOO_LARGE_IN_MEMORY = "image_too_large_in_memory"  # converting would need more than --max_image_mb
+TOO_MANY_STRIPS = "too_many_strips"  # a TIFF cut into more strips or tiles than MAX_TIFF_STRIPS
+STALLED_WORKER = "stalled_worker"  # not tried: this worker's threads are all stuck in earlier images
 JPEG_MAX_SIDE = 65500  # the JPEG format's own limit on either side
+
+# Pillow keeps every strip or tile of a TIFF as a Python object (a few hundred bytes, and
+# microseconds, each) before it decodes any pixel: 4 million one-row strips in a 32 MB file
+# took 1.5 GB and 42 s. Real TIFFs use strips of 8-64 kB or tiles of 256x256 pixels: a
+# 179-megapixel image in 64 kB strips has about 8,000.
+MAX_TIFF_STRIPS = 65_536
 
 # Draft-decode a JPEG to at least this many times the pixels the output needs
 # along each side, then let resize() reduce by whole factors until it is within
@@ -124,6 +135,16 @@ class ImageSettings:
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
+    max_file_mb: int = 256  # larger files are rejected by their listed size, and never read past it
+    max_image_mb: int = 512  # memory one conversion may need (see `working_bytes`), checked before decoding
+
+    @property
+    def max_file_bytes(self) -> int:
+        return self.max_file_mb * 1_000_000
+
+    @property
+    def max_image_bytes(self) -> int:
+        return self.max_image_mb * 1_000_000
 
 
 class EncodedImage(NamedTuple):
@@ -258,9 +279,80 @@ def _header_error(data: bytes, claimed: str) -> Exception | None:
     return None
 
 
+def _tiff_strip_count(data: bytes) -> int:
+    """The strips or tiles the first TIFF directory declares (the larger count); 0 when not a TIFF or unreadable."""
+    if not data.startswith((b"II*\x00", b"MM\x00*")):
+        return 0
+    order = "little" if data[:2] == b"II" else "big"
+    ifd = int.from_bytes(data[4:8], order)
+    entries = min(int.from_bytes(data[ifd:ifd + 2], order), max(0, (len(data) - ifd - 2) // 12))
+    count = 0
+    for i in range(entries):
+        entry = ifd + 2 + 12 * i
+        if int.from_bytes(data[entry:entry + 2], order) in (273, 324):  # StripOffsets, TileOffsets
+            count = max(count, int.from_bytes(data[entry + 4:entry + 8], order))
+    return count
+
+
+def _check_layout(data: bytes) -> None:
+    """Reject what would cost memory and time before Pillow decodes a single pixel: a TIFF in too many pieces."""
+    strips = _tiff_strip_count(data)
+    if strips > MAX_TIFF_STRIPS:
+        raise ImageRejected(
+            TOO_MANY_STRIPS,
+            f"the TIFF stores its pixels in {strips:,} strips or tiles, over the limit of {MAX_TIFF_STRIPS:,} "
+            "(reading its layout alone would take gigabytes); save it again with ordinary strips or tiles",
+        )
+
+
+def _stored_bytes_per_pixel(mode: str) -> int:
+    """Bytes a pixel takes in Pillow's memory: 1 for 1/L/P, 2 for I;16, 4 for I and F and for every
+    multi-band mode (Pillow keeps RGB, LA and YCbCr in 4 bytes a pixel, like RGBA and CMYK)."""
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4
+
+
+def working_bytes(image: Image.Image, orientation: int | None = None) -> int:
+    """About the most memory converting this opened, not yet decoded, image takes at once.
+
+    The decoded pixels (their size after a JPEG's scaled decode), plus one 8-bit
+    RGB copy (4 bytes a pixel in Pillow) for any mode but RGB, plus the
+    intermediate copies of the modes that need them: 16-bit and float samples go
+    through a copy and an 8-bit image, alpha other than RGBA through an RGBA copy.
+    An RGB image needs one more copy when its EXIF orientation turns or flips it;
+    `orientation` None (not known before decoding, as in a PNG) counts that copy.
+    The resized output is small next to these.
+    """
+    pixels = image.width * image.height
+    stored = _stored_bytes_per_pixel(image.mode)
+    has_alpha = image.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in image.info
+    if image.mode == "RGB" and not has_alpha:
+        return pixels * (stored + (0 if orientation == 1 else 4))
+    per_pixel = stored + 4
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        per_pixel += stored + 1
+    if has_alpha and image.mode != "RGBA":
+        per_pixel += 4
+    return pixels * per_pixel
+
+
+def _check_memory(image: Image.Image, orientation: int | None, settings: ImageSettings) -> None:
+    need = working_bytes(image, orientation)
+    if need > settings.max_image_bytes:
+        raise ImageRejected(
+            IMAGE_TOO_LARGE_IN_MEMORY,
+            f"{image.width}x{image.height} {image.mode} would need about {need / 1e6:,.0f} MB to convert, over "
+            f"--max_image_mb={settings.max_image_mb}; raise it if the machine has the memory",
+        )
+
+
 def _open(data: bytes, settings: ImageSettings) -> Image.Image:
     if not data:
         raise ImageRejected(EMPTY_FILE, "the file is empty (0 bytes)")
+    _check_layout(data)
     try:
         image = Image.open(io.BytesIO(data), formats=DECODED_FORMATS)
     except UnidentifiedImageError as e:
@@ -565,6 +657,8 @@ def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> En
     orientation = _orientation(image) if image.format in ("JPEG", "MPO") else 1  # JPEG EXIF is in the header
     stored_size = image.size
     box = _draft(image, orientation, settings)
+    # After the draft: a large JPEG decoded at 1/8 scale needs 1/64 of the memory.
+    _check_memory(image, orientation if image.format in ("JPEG", "MPO") else None, settings)
     image = _load(image, data)
     _check_deadline(deadline, "decoding")
     if image.format not in ("JPEG", "MPO"):
