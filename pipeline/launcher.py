@@ -9,6 +9,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -17,7 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from pipeline import cloud, report
-from pipeline.errors import OutOfSpace
+from pipeline.errors import OutOfSpace, WorkerDied
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.plan import Plan, plan_dataset, prepare_output
@@ -156,6 +157,31 @@ def out_of_space(error: BaseException) -> str | None:
     return None
 
 
+def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None:
+    """Which worker process died, if `error` is how Beam's local runner reports a lost worker, else None.
+
+    `dead` holds (pid, exit code) of the local worker processes that have ended
+    (`WarmWorkerPool.dead()`); Beam's own error names none of them.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if "Channel closed prematurely" in str(error):
+            break
+        error = error.__cause__ or error.__context__
+    else:
+        return None
+    for pid, code in dead:
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"worker process {pid} was killed ({name})"
+        return f"worker process {pid} exited with code {code}"
+    return "a worker process died"
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one conversion; returns the process exit code.
 
@@ -209,6 +235,15 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
                 with beam.Pipeline(runner=runner, options=options) as p:
                     build_pipeline(p, settings, plan, start_time)
         except Exception as e:
+            died = worker_died(e, workers.dead() if workers is not None else [])
+            if died:
+                beam_logs.discard()  # Beam's lost-connection errors: the line below says what happened
+                raise WorkerDied(
+                    f"{died}, probably because the machine ran out of memory: lower what each worker holds with "
+                    f"--conversion_threads=1, a lower --max_image_mb (now {settings.image.max_image_mb}) or "
+                    "--max_pixels, or use fewer --direct_num_workers; then run the same command again: it removes "
+                    "this run's files and starts over cleanly"
+                ) from None
             reason = out_of_space(e)
             if not reason:
                 raise
