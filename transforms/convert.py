@@ -7,7 +7,9 @@ from the image layer, and are counted. The WRITTEN output carries one count
 per (split, label, upscaled) and bundle, for the dataset description. Each
 image gets at most --image_timeout_s seconds. Images are read and converted on
 --conversion_threads helper threads per DoFn instance (see `transforms.pool`);
-results leave in input order.
+results leave in input order. A local file must be a regular file (checked
+before opening: a FIFO or a device could block or never end), and no file is
+read past --max_file_mb.
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ error escape, so one bad file can never fail a job.
 
 The steps, in order:
   1. identify the format from the bytes (never the file name) and check the
-     declared size against `max_pixels` before any pixel is decoded;
+     declared size against `max_pixels` before any pixel is decoded (and a
+     TIFF's strip count before Pillow reads its layout);
   2. for a JPEG that will shrink, ask libjpeg for a scaled-down decode (draft
      mode: 1/2, 1/4 or 1/8 in the DCT), which is fast and needs little memory;
+     then check the memory the conversion will need (`working_bytes`) against
+     `max_image_mb`;
   3. decode the first frame; a short or corrupt stream is rejected, never padded;
   4. scale 16-bit and float samples to 8 bits, fix CMYK polarity, composite
      alpha onto the background, giving RGB;
