@@ -105,6 +105,29 @@ def many_strips_tiff(strips: int = 4_000_000, width: int = 4) -> bytes:
     return b"II*\x00" + struct.pack("<I", 8) + ifd + bytes(range(0, 4 * width, 4))[:width] + offsets + counts
 
 
+def tiff_with_a_huge_tag(numbers: int = 8_000_000, tag: int = 65000) -> bytes:
+    """A small RGB TIFF whose first directory also holds a private tag of `numbers` LONGs (4 bytes each).
+
+    Pillow turns every such value into a Python int while it opens the file: 8 million
+    numbers, a 32 MB file, took 130 MB.
+    """
+    import io
+
+    buffer = io.BytesIO()
+    quadrants(16, 16).save(buffer, "TIFF")
+    data = buffer.getvalue()
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    count = struct.unpack_from("<H", data, ifd)[0]
+    entries = [data[ifd + 2 + 12 * i:ifd + 14 + 12 * i] for i in range(count)]
+    values_at = len(data)
+    values = np.arange(numbers, dtype="<u4").tobytes()
+    entries.append(struct.pack("<HHII", tag, 4, numbers, values_at))
+    entries.sort(key=lambda entry: struct.unpack_from("<H", entry)[0])
+    directory = struct.pack("<H", len(entries)) + b"".join(entries) + struct.pack("<I", 0)
+    whole = data + values + directory
+    return whole[:4] + struct.pack("<I", values_at + len(values)) + whole[8:]
+
+
 # --- A tree of good images -----------------------------------------------------------------------
 
 

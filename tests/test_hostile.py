@@ -112,7 +112,7 @@ def test_a_tiff_in_four_million_strips_is_rejected_before_its_layout_is_read(tmp
     path = tmp_path / "strips.tif"
     path.write_bytes(hostile.many_strips_tiff(4_000_000))  # 32 MB
     result = convert_one(path)
-    assert result["outcome"] == "too_many_strips"
+    assert result["outcome"] == "tiff_layout_too_large"
     assert "4,000,000 strips" in result["detail"]
 
 
@@ -130,6 +130,7 @@ def test_the_hostile_corpus_end_to_end_within_time_and_memory(tmp_path, fifos):
     hostile.sparse_jpeg(cats / "sparse.jpg", 3_000_000_000)
     (cats / "bomb.png").write_bytes(hostile.png_rgba_bomb(13000, 13000))
     (cats / "strips.tif").write_bytes(hostile.many_strips_tiff(4_000_000))
+    (cats / "bigtag.tif").write_bytes(hostile.tiff_with_a_huge_tag(8_000_000))
     out = tmp_path / "out"
     run = hostile.run_bounded([f"--input_dir={tmp_path / 'in'}", f"--output_dir={out}", "--direct_num_workers=2",
                                "--image_timeout_s=5", "--quiet"], RUN_MB, 240)
@@ -138,11 +139,11 @@ def test_the_hostile_corpus_end_to_end_within_time_and_memory(tmp_path, fifos):
     assert errors_by_name(out) == {
         "pipe1.jpg": "not_a_regular_file", "pipe2.jpg": "not_a_regular_file", "pipe3.jpg": "not_a_regular_file",
         "zero.jpg": "not_a_regular_file", "sparse.jpg": "file_too_large", "bomb.png": "image_too_large_in_memory",
-        "strips.tif": "too_many_strips",
+        "strips.tif": "tiff_layout_too_large", "bigtag.tif": "tiff_layout_too_large",
     }
     counts = files_counts(out)
-    assert (counts["found"], counts["written"], counts["rejected"]) == (good + 7, good, 7)
-    assert "Found 37 files: 30 written, 7 rejected" in run.stdout
+    assert (counts["found"], counts["written"], counts["rejected"]) == (good + 8, good, 8)
+    assert "Found 38 files: 30 written, 8 rejected" in run.stdout
 
 
 @pytest.mark.timeout(180)

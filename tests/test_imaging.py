@@ -639,19 +639,32 @@ def test_a_large_jpeg_is_counted_at_its_scaled_decode():
     assert "4000x3000 RGB would need about 48 MB" in error.detail
 
 
-def test_a_tiff_in_too_many_strips_is_rejected_before_pillow_reads_its_layout(monkeypatch):
+def test_a_tiff_in_tiff_layout_too_large_is_rejected_before_pillow_reads_its_layout(monkeypatch):
     from tests.hostile_files import many_strips_tiff
 
     opened = []
     real_open = Image.open
     monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
     error = rejection(many_strips_tiff(imaging.MAX_TIFF_STRIPS + 1))
-    assert error.reason == "too_many_strips"
+    assert error.reason == "tiff_layout_too_large"
     assert "65,537 strips or tiles, over the limit of 65,536" in error.detail
     assert not opened
     converted = pixels(many_strips_tiff(imaging.MAX_TIFF_STRIPS, width=4))  # the limit itself is fine
     assert converted.shape == (imaging.MAX_TIFF_STRIPS, 4, 3)
     assert converted[0, :, 0].tolist() == [0, 4, 8, 12]
+
+
+def test_a_tiff_with_a_tag_of_millions_of_numbers_is_rejected_before_pillow_reads_it(monkeypatch):
+    from tests.hostile_files import tiff_with_a_huge_tag
+
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    error = rejection(tiff_with_a_huge_tag(imaging.MAX_TIFF_NUMBERS + 1))
+    assert error.reason == "tiff_layout_too_large"
+    assert f"tag 65000 holds {imaging.MAX_TIFF_NUMBERS + 1:,} numbers" in error.detail
+    assert not opened
+    assert pixels(tiff_with_a_huge_tag(1000)).shape == (16, 16, 3)  # a large private tag within the limit
 
 
 NOISE = Image.effect_noise((96, 64), 60).convert("RGB")

@@ -7,7 +7,7 @@ error escape, so one bad file can never fail a job.
 The steps, in order:
   1. identify the format from the bytes (never the file name) and check the
      declared size against `max_pixels` before any pixel is decoded (and a
-     TIFF's strip count before Pillow reads its layout);
+     TIFF's strip count and directory size before Pillow reads them);
   2. for a JPEG that will shrink, ask libjpeg for a scaled-down decode (draft
      mode: 1/2, 1/4 or 1/8 in the DCT), which is fast and needs little memory;
      then check the memory the conversion will need (`working_bytes`) against
@@ -70,7 +70,7 @@ TOO_LARGE_FOR_JPEG = "too_large_for_jpeg"
 NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO, socket or device: never opened, as a read could block forever
 FILE_TOO_LARGE = "file_too_large"  # over --max_file_mb: never read past the limit
 IMAGE_TOO_LARGE_IN_MEMORY = "image_too_large_in_memory"  # converting would need more than --max_image_mb
-TOO_MANY_STRIPS = "too_many_strips"  # a TIFF cut into more strips or tiles than MAX_TIFF_STRIPS
+TIFF_LAYOUT_TOO_LARGE = "tiff_layout_too_large"  # over MAX_TIFF_STRIPS strips or tiles, or MAX_TIFF_NUMBERS numbers
 STALLED_WORKER = "stalled_worker"  # not tried: this worker's threads are all stuck in earlier images
 JPEG_MAX_SIDE = 65500  # the JPEG format's own limit on either side
 
@@ -79,6 +79,9 @@ JPEG_MAX_SIDE = 65500  # the JPEG format's own limit on either side
 # took 1.5 GB and 42 s. Real TIFFs use strips of 8-64 kB or tiles of 256x256 pixels: a
 # 179-megapixel image in 64 kB strips has about 8,000.
 MAX_TIFF_STRIPS = 65_536
+# The same for the numbers in a TIFF directory's other tags (a colour map or transfer
+# function of a 16-bit image has 196,608; private tags can hold millions, each a Python int).
+MAX_TIFF_NUMBERS = 1_000_000
 
 # Draft-decode a JPEG to at least this many times the pixels the output needs
 # along each side, then let resize() reduce by whole factors until it is within
@@ -282,29 +285,51 @@ def _header_error(data: bytes, claimed: str) -> Exception | None:
     return None
 
 
-def _tiff_strip_count(data: bytes) -> int:
-    """The strips or tiles the first TIFF directory declares (the larger count); 0 when not a TIFF or unreadable."""
+_TIFF_PIECES = (273, 279, 324, 325)  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
+_TIFF_BYTE_TYPES = (1, 2, 7)  # BYTE, ASCII, UNDEFINED: read as one bytes object, whatever their count
+
+
+def _tiff_layout(data: bytes) -> tuple[int, int, int, int]:
+    """From the first TIFF directory: (strips or tiles, numbers in its other tags, the tag with most, its count).
+
+    Zeros when the data is not a TIFF. Only the directory's entries are read, never their values.
+    """
     if not data.startswith((b"II*\x00", b"MM\x00*")):
-        return 0
+        return 0, 0, 0, 0
     order = "little" if data[:2] == b"II" else "big"
     ifd = int.from_bytes(data[4:8], order)
     entries = min(int.from_bytes(data[ifd:ifd + 2], order), max(0, (len(data) - ifd - 2) // 12))
-    count = 0
+    pieces = numbers = biggest = biggest_count = 0
     for i in range(entries):
         entry = ifd + 2 + 12 * i
-        if int.from_bytes(data[entry:entry + 2], order) in (273, 324):  # StripOffsets, TileOffsets
-            count = max(count, int.from_bytes(data[entry + 4:entry + 8], order))
-    return count
+        tag = int.from_bytes(data[entry:entry + 2], order)
+        kind = int.from_bytes(data[entry + 2:entry + 4], order)
+        count = int.from_bytes(data[entry + 4:entry + 8], order)
+        if tag in _TIFF_PIECES:
+            pieces = max(pieces, count)
+        elif kind not in _TIFF_BYTE_TYPES:
+            numbers += count
+            if count > biggest_count:
+                biggest, biggest_count = tag, count
+    return pieces, numbers, biggest, biggest_count
 
 
 def _check_layout(data: bytes) -> None:
-    """Reject what would cost memory and time before Pillow decodes a single pixel: a TIFF in too many pieces."""
-    strips = _tiff_strip_count(data)
-    if strips > MAX_TIFF_STRIPS:
+    """Reject what would cost memory and time before Pillow decodes a single pixel: a TIFF whose
+    directory holds millions of numbers (Pillow makes each one a Python object when it opens the file)."""
+    pieces, numbers, tag, count = _tiff_layout(data)
+    if pieces > MAX_TIFF_STRIPS:
         raise ImageRejected(
-            TOO_MANY_STRIPS,
-            f"the TIFF stores its pixels in {strips:,} strips or tiles, over the limit of {MAX_TIFF_STRIPS:,} "
+            TIFF_LAYOUT_TOO_LARGE,
+            f"the TIFF stores its pixels in {pieces:,} strips or tiles, over the limit of {MAX_TIFF_STRIPS:,} "
             "(reading its layout alone would take gigabytes); save it again with ordinary strips or tiles",
+        )
+    if numbers > MAX_TIFF_NUMBERS:
+        raise ImageRejected(
+            TIFF_LAYOUT_TOO_LARGE,
+            f"the TIFF directory holds {numbers:,} numbers besides its strip and tile tables (tag {tag} holds "
+            f"{count:,} numbers), over the limit of {MAX_TIFF_NUMBERS:,}: reading them would take far more memory "
+            "than the image; save it again without that metadata",
         )
 
 
