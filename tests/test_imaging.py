@@ -633,7 +633,8 @@ def test_a_large_jpeg_is_counted_at_its_scaled_decode():
     data = cases.jpeg(Image.new("RGB", (4000, 3000), RED), quality=50)  # 48 MB decoded in full
     small = ImageSettings(max_image_mb=12)  # enough for the 1/2-scale decode (2000x1500) to 512x512
     assert pixels(data, small).shape == (512, 512, 3)
-    assert rejection(data, ImageSettings(max_image_mb=11)).detail.startswith("2000x1500 RGB would need about 12 MB")
+    assert rejection(data, ImageSettings(max_image_mb=11)).detail.startswith(
+        "2000x1500 RGB (decoded at reduced scale from 4000x3000) would need about 12 MB")
     error = rejection(data, ImageSettings(resize_mode="none", max_image_mb=12))
     assert error.reason == "image_too_large_in_memory"
     assert "4000x3000 RGB would need about 48 MB" in error.detail

@@ -367,12 +367,14 @@ def working_bytes(image: Image.Image, orientation: int | None = None) -> int:
     return pixels * per_pixel
 
 
-def _check_memory(image: Image.Image, orientation: int | None, settings: ImageSettings) -> None:
+def _check_memory(image: Image.Image, orientation: int | None, stored_size: tuple[int, int],
+                  settings: ImageSettings) -> None:
     need = working_bytes(image, orientation)
     if need > settings.max_image_bytes:
+        scaled = "" if image.size == stored_size else " (decoded at reduced scale from {}x{})".format(*stored_size)
         raise ImageRejected(
             IMAGE_TOO_LARGE_IN_MEMORY,
-            f"{image.width}x{image.height} {image.mode} would need about {need / 1e6:,.0f} MB to convert, over "
+            f"{image.width}x{image.height} {image.mode}{scaled} would need about {need / 1e6:,.0f} MB to convert, over "
             f"--max_image_mb={settings.max_image_mb}; raise it if the machine has the memory",
         )
 
@@ -686,7 +688,7 @@ def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> En
     stored_size = image.size
     box = _draft(image, orientation, settings)
     # After the draft: a large JPEG decoded at 1/8 scale needs 1/64 of the memory.
-    _check_memory(image, orientation if image.format in ("JPEG", "MPO") else None, settings)
+    _check_memory(image, orientation if image.format in ("JPEG", "MPO") else None, stored_size, settings)
     image = _load(image, data)
     _check_deadline(deadline, "decoding")
     if image.format not in ("JPEG", "MPO"):
