@@ -171,7 +171,7 @@ def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None
         error = error.__cause__ or error.__context__
     else:
         return None
-    for pid, code in dead:
+    for pid, code in sorted(dead, key=lambda worker: worker[1] >= 0):  # one killed by a signal first
         if code < 0:
             try:
                 name = signal.Signals(-code).name

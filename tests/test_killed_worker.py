@@ -41,6 +41,8 @@ def test_a_dead_worker_is_recognised_by_beams_error_and_nothing_else_is():
     lost = RuntimeError("Channel closed prematurely.")
     assert worker_died(lost, [(1234, -9)]) == "worker process 1234 was killed (SIGKILL)"
     assert worker_died(lost, [(1234, -11)]) == "worker process 1234 was killed (SIGSEGV)"
+    assert worker_died(lost, [(1000, 1), (1234, -9)]) == "worker process 1234 was killed (SIGKILL)"
+    assert worker_died(lost, [(1000, 1)]) == "worker process 1000 exited with code 1"
     assert worker_died(lost, []) == "a worker process died"
     wrapped = RuntimeError("Pipeline failed")
     wrapped.__context__ = lost
