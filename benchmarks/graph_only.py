@@ -25,11 +25,11 @@ _ready: dict = {}  # ImageSettings -> the EncodedImage handed out for every imag
 _lock = threading.Lock()  # the helper threads of a worker: one conversion, not one each
 
 
-def convert_once(path, settings, deadline):
+def convert_once(path, settings, deadline, **kwargs):
     """The first image's conversion, reused for every image after it (per process)."""
     with _lock:
         if settings not in _ready:
-            _ready[settings] = _real_read_and_convert(path, settings, deadline)
+            _ready[settings] = _real_read_and_convert(path, settings, deadline, **kwargs)
     return _ready[settings]
 
 

@@ -18,3 +18,9 @@ class OutOfSpace(UserError):
     """The output folder's disk filled up during a run."""
 
     exit_code = 1
+
+
+class WorkerDied(UserError):
+    """A local worker process died during a run (most often killed by the out-of-memory killer)."""
+
+    exit_code = 1

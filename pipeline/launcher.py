@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -15,7 +16,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from pipeline import cloud
-from pipeline.errors import OutOfSpace
+from pipeline.errors import OutOfSpace, WorkerDied
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.output import existing_dataset, give_back_lock, prepare_output, take_lock
@@ -127,6 +128,31 @@ def out_of_space(error: BaseException) -> str | None:
     return None
 
 
+def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None:
+    """Which worker process died, if `error` is how Beam's local runner reports a lost worker, else None.
+
+    `dead` holds (pid, exit code) of the local worker processes that have ended
+    (`WarmWorkerPool.dead()`); Beam's own error names none of them.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if "Channel closed prematurely" in str(error):
+            break
+        error = error.__cause__ or error.__context__
+    else:
+        return None
+    for pid, code in sorted(dead, key=lambda worker: worker[1] >= 0):  # one killed by a signal first
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"worker process {pid} was killed ({name})"
+        return f"worker process {pid} exited with code {code}"
+    return "a worker process died"
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one conversion; returns the process exit code.
 
@@ -210,6 +236,15 @@ def _run_locally(argv: list[str], options: PipelineOptions, settings: Settings, 
                 with beam.Pipeline(runner=runner, options=options) as p:
                     build_pipeline(p, settings, plan, start_time, run_id)
         except Exception as e:
+            died = worker_died(e, workers.dead() if workers is not None else [])
+            if died:
+                beam_logs.discard()  # Beam's lost-connection errors: the line below says what happened
+                raise WorkerDied(
+                    f"{died}, probably because the machine ran out of memory: lower what each worker holds with "
+                    f"--conversion_threads=1, a lower --max_image_mb (now {settings.image.max_image_mb}) or "
+                    "--max_pixels, or use fewer --direct_num_workers; then run the same command again: it removes "
+                    "this run's files and starts over cleanly"
+                ) from None
             reason = out_of_space(e)
             if not reason:
                 raise

@@ -98,6 +98,14 @@ class ConvertOptions(PipelineOptions):
         add("--max_pixels", type=int, default=ImageSettings.max_pixels,
             help="Images declaring more pixels than this are rejected as decompression bombs before "
                  f"decoding. Default: {ImageSettings.max_pixels}.")
+        add("--max_image_mb", type=int, default=ImageSettings.max_image_mb,
+            help="Memory in MB one image may need while it is converted (its decoded pixels, by pixel mode and "
+                 "bit depth, plus an RGB copy), checked from the header before decoding; a larger one is rejected "
+                 "as image_too_large_in_memory. JPEGs count at the reduced scale they are decoded at. "
+                 f"Default: {ImageSettings.max_image_mb}.")
+        add("--max_file_mb", type=int, default=ImageSettings.max_file_mb,
+            help="Files larger than this many MB are rejected as file_too_large without being read, and no read "
+                 f"goes past it. Default: {ImageSettings.max_file_mb}.")
         add("--image_timeout_s", type=float, default=ImageSettings.timeout_s,
             help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
                  f"Default: {ImageSettings.timeout_s:g}.")
@@ -176,6 +184,8 @@ class Settings:
             "chroma_subsampling": image.chroma_subsampling,
             "background": "#{:02x}{:02x}{:02x}".format(*image.background),
             "max_pixels": image.max_pixels,
+            "max_image_mb": image.max_image_mb,
+            "max_file_mb": image.max_file_mb,
             "image_timeout_s": image.timeout_s,
             "schema": self.schema,
             "num_shards": self.num_shards,
@@ -268,6 +278,9 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--jpeg_quality={o.jpeg_quality} is out of range: give 1 to 100")
     if o.max_pixels < 1:
         raise UserError(f"--max_pixels={o.max_pixels} must be a positive number of pixels")
+    for name in ("max_image_mb", "max_file_mb"):
+        if getattr(o, name) < 1:
+            raise UserError(f"--{name}={getattr(o, name)} must be a positive number of MB")
     if not (o.image_timeout_s >= 0 and math.isfinite(o.image_timeout_s)):
         raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
@@ -295,6 +308,8 @@ def validate(options: PipelineOptions) -> Settings:
         chroma_subsampling=o.chroma_subsampling,
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
+        max_image_mb=o.max_image_mb,
+        max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
     )
     return Settings(

@@ -77,6 +77,17 @@ class _AfterInterrupt(logging.Filter):
         return not (self._interrupted.is_set() and record.name.startswith("apache_beam"))
 
 
+# The runner's threads that read a worker's gRPC streams: when the worker process dies, each
+# ends with an RpcError traceback, and the run fails with Beam's "Channel closed prematurely",
+# which the launcher explains in one line (`pipeline.launcher.worker_died`).
+_WORKER_STREAM_THREADS = ("read_grpc_client_inputs", "beam_control_read")
+
+
+def _lost_worker_stream(args) -> bool:
+    return (type(args.exc_value).__name__ == "RpcError" and args.thread is not None
+            and args.thread.name in _WORKER_STREAM_THREADS)
+
+
 @contextlib.contextmanager
 def quiet_workers(enabled: bool = True):
     """For the block: worker subprocesses started in it get /dev/null as stderr; Ctrl-C ends quietly.
@@ -109,7 +120,7 @@ def quiet_workers(enabled: bool = True):
         raise KeyboardInterrupt
 
     def thread_hook(args):
-        if not interrupted.is_set():
+        if not interrupted.is_set() and not _lost_worker_stream(args):
             previous_hook(args)
 
     devnull = os.open(os.devnull, os.O_WRONLY)

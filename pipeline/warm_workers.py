@@ -139,6 +139,10 @@ class WarmWorkerPool:
             "WORKER_ID": request.worker_id,
         })
 
+    def dead(self) -> list[tuple[int, int]]:
+        """(pid, exit code) of each worker process that has ended; a negative code is the signal that killed it."""
+        return [(w.process.pid, w.process.exitcode) for w in self._workers if w.process.exitcode is not None]
+
     def pids(self) -> list[int]:
         return [worker.process.pid for worker in self._workers]
 

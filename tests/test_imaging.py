@@ -581,6 +581,93 @@ def test_max_pixels_is_configurable():
     assert convert_image(data, ImageSettings(max_pixels=3072)).width == 512
 
 
+MEGAPIXEL = (1000, 1000)  # so that MB to convert = bytes per pixel
+
+
+def _megapixel(mode: str, format: str = "PNG", **params) -> bytes:
+    return cases.encode(Image.new(mode, MEGAPIXEL), format, **params)
+
+
+# (file, MB its conversion is counted as needing): the decoded pixels by mode and bit depth, plus copies.
+MEMORY_BY_MODE = {
+    "L": (lambda: _megapixel("L"), 5),  # 1 decoded + 4 for the RGB copy
+    "P": (lambda: _megapixel("P"), 5),
+    "RGB png": (lambda: _megapixel("RGB"), 8),  # 4 + 4: its EXIF orientation is unknown until decoded
+    "RGB jpeg upright": (lambda: _megapixel("RGB", "JPEG"), 4),  # no copy at all
+    "RGB jpeg rotated": (lambda: cases.jpeg(Image.new("RGB", MEGAPIXEL), exif=cases.exif_orientation(6)), 8),
+    "RGBA": (lambda: _megapixel("RGBA"), 8),
+    "LA": (lambda: _megapixel("LA"), 12),  # + an RGBA copy to composite
+    "P transparent": (lambda: _megapixel("P", "GIF", transparency=0), 9),
+    "I;16": (lambda: cases.png(np.zeros((1000, 1000), np.uint16), 16, 0), 9),  # 2 + copy 2 + 8-bit 1 + 4
+    "CMYK": (lambda: _megapixel("CMYK", "JPEG"), 8),
+    "F": (lambda: _megapixel("F", "TIFF"), 13),
+}
+
+
+@pytest.mark.parametrize("case", MEMORY_BY_MODE)
+def test_the_memory_budget_counts_the_pixel_mode_and_depth(case, monkeypatch):
+    make, megabytes = MEMORY_BY_MODE[case]
+    data = make()
+    loads = []
+    real_load = imaging._load
+    monkeypatch.setattr(imaging, "_load", lambda image, data: loads.append(1) or real_load(image, data))
+    error = rejection(data, ImageSettings(resize_mode="none", max_image_mb=megabytes - 1))
+    assert error.reason == "image_too_large_in_memory"
+    assert "1000x1000" in error.detail and f"about {megabytes} MB" in error.detail
+    assert f"--max_image_mb={megabytes - 1}" in error.detail
+    assert not loads  # refused from the header: no pixel decoded
+    assert convert_image(data, ImageSettings(resize_mode="none", max_image_mb=megabytes)).width == 1000
+
+
+def test_an_rgba_bomb_under_max_pixels_is_refused_unless_the_memory_limit_is_raised():
+    from tests.hostile_files import png_rgba_bomb
+
+    data = png_rgba_bomb(2000, 2000)  # 4 MP: 16 MB decoded, 32 MB to convert
+    error = rejection(data, ImageSettings(max_image_mb=31))
+    assert error.reason == "image_too_large_in_memory"
+    assert "2000x2000 RGBA would need about 32 MB" in error.detail
+    assert convert_image(data, ImageSettings(max_image_mb=32)).width == 512
+
+
+def test_a_large_jpeg_is_counted_at_its_scaled_decode():
+    data = cases.jpeg(Image.new("RGB", (4000, 3000), RED), quality=50)  # 48 MB decoded in full
+    small = ImageSettings(max_image_mb=12)  # enough for the 1/2-scale decode (2000x1500) to 512x512
+    assert pixels(data, small).shape == (512, 512, 3)
+    assert rejection(data, ImageSettings(max_image_mb=11)).detail.startswith(
+        "2000x1500 RGB (decoded at reduced scale from 4000x3000) would need about 12 MB")
+    error = rejection(data, ImageSettings(resize_mode="none", max_image_mb=12))
+    assert error.reason == "image_too_large_in_memory"
+    assert "4000x3000 RGB would need about 48 MB" in error.detail
+
+
+def test_a_tiff_in_tiff_layout_too_large_is_rejected_before_pillow_reads_its_layout(monkeypatch):
+    from tests.hostile_files import many_strips_tiff
+
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    error = rejection(many_strips_tiff(imaging.MAX_TIFF_STRIPS + 1))
+    assert error.reason == "tiff_layout_too_large"
+    assert "65,537 strips or tiles, over the limit of 65,536" in error.detail
+    assert not opened
+    converted = pixels(many_strips_tiff(imaging.MAX_TIFF_STRIPS, width=4))  # the limit itself is fine
+    assert converted.shape == (imaging.MAX_TIFF_STRIPS, 4, 3)
+    assert converted[0, :, 0].tolist() == [0, 4, 8, 12]
+
+
+def test_a_tiff_with_a_tag_of_millions_of_numbers_is_rejected_before_pillow_reads_it(monkeypatch):
+    from tests.hostile_files import tiff_with_a_huge_tag
+
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    error = rejection(tiff_with_a_huge_tag(imaging.MAX_TIFF_NUMBERS + 1))
+    assert error.reason == "tiff_layout_too_large"
+    assert f"tag 65000 holds {imaging.MAX_TIFF_NUMBERS + 1:,} numbers" in error.detail
+    assert not opened
+    assert pixels(tiff_with_a_huge_tag(1000)).shape == (16, 16, 3)  # a large private tag within the limit
+
+
 NOISE = Image.effect_noise((96, 64), 60).convert("RGB")
 TRUNCATABLE = {
     "jpeg": lambda: cases.jpeg(NOISE),

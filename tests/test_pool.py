@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import apache_beam as beam
 import pytest
@@ -77,18 +78,61 @@ def test_a_queued_job_is_not_timed_while_it_waits():
     pool.close()
 
 
-def test_abandoned_helpers_are_capped():
-    release = threading.Event()
-    pool = ConversionPool(0.05, threads=1, max_abandoned=1)
-    with pytest.raises(ImageRejected):
-        pool.result(pool.submit(lambda deadline: release.wait(30)))
-    # A second stuck helper passes the cap of one: the pool waits for the oldest before replacing it.
-    threading.Timer(0.5, release.set).start()
-    with pytest.raises(ImageRejected):
-        pool.result(pool.submit(lambda deadline: release.wait(30)))
-    assert release.is_set()
+def _helper_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "convert-image"}
+
+
+@pytest.mark.timeout(30)
+def test_stuck_helpers_are_never_waited_for_and_a_full_pool_rejects_at_once():
+    """Work that blocks forever: the pool never joins a stuck helper; it keeps at most
+    threads + max_abandoned threads, then rejects what it cannot run as stalled_worker."""
+    never = threading.Event()
+    ran = []
+    before = _helper_threads()
+    pool = ConversionPool(0.1, threads=2, max_abandoned=1)
+    try:
+        stuck = [pool.submit(lambda deadline: never.wait()) for _ in range(3)]
+        queued = [pool.submit(lambda deadline, i=i: ran.append(i) or i) for i in range(3)]
+        for job in stuck:
+            with pytest.raises(ImageRejected) as caught:
+                pool.result(job)
+            assert caught.value.reason == "timeout"
+        # Three threads are stuck, the most two helpers and one spare place allow: none is left to run the rest.
+        assert len(_helper_threads() - before) == 3
+        for job in queued:
+            with pytest.raises(ImageRejected) as caught:
+                pool.result(job)
+            assert caught.value.reason == "stalled_worker"
+            assert "3 earlier images on this worker are stuck" in caught.value.detail
+        with pytest.raises(ImageRejected) as caught:
+            pool.result(pool.submit(lambda deadline: "later"))
+        assert caught.value.reason == "stalled_worker"
+        assert len(_helper_threads() - before) == 3  # no thread was added for them
+    finally:
+        never.set()
+    # The stuck threads return: their places are free again, and the jobs given up on are never run.
+    for _ in range(200):
+        if not _helper_threads() - before:
+            break
+        time.sleep(0.05)
     assert pool.result(pool.submit(lambda deadline: "after")) == "after"
+    assert ran == []
     pool.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_helper_past_the_spare_places_leaves_the_others_working():
+    never = threading.Event()
+    pool = ConversionPool(0.1, threads=2, max_abandoned=0)
+    try:
+        with pytest.raises(ImageRejected) as caught:
+            pool.result(pool.submit(lambda deadline: never.wait()))
+        assert caught.value.reason == "timeout"
+        # No spare place: the stuck helper is not replaced, and the other one carries on alone.
+        assert [pool.result(pool.submit(lambda deadline, i=i: i)) for i in range(5)] == list(range(5))
+    finally:
+        never.set()
+        pool.close()
 
 
 def test_a_stuck_conversion_is_given_up_and_the_next_images_carry_on(tmp_path, monkeypatch):

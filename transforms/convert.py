@@ -7,13 +7,17 @@ from the image layer, and are counted. The WRITTEN output carries one count
 per (split, label, upscaled) and bundle, for the dataset description. Each
 image gets at most --image_timeout_s seconds. Images are read and converted on
 --conversion_threads helper threads per DoFn instance (see `transforms.pool`);
-results leave in input order.
+results leave in input order. A local file must be a regular file (checked
+before opening: a FIFO or a device could block or never end), and no file is
+read past --max_file_mb.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import os
+import stat
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -22,7 +26,15 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import counters, imaging
 from transforms.examples import build_example
-from transforms.imaging import DECODE_ERROR, READ_ERROR, EncodedImage, ImageRejected, ImageSettings
+from transforms.imaging import (
+    DECODE_ERROR,
+    FILE_TOO_LARGE,
+    NOT_A_REGULAR_FILE,
+    READ_ERROR,
+    EncodedImage,
+    ImageRejected,
+    ImageSettings,
+)
 from transforms.layout import SPLITS, display_path
 from transforms.pool import ConversionPool, time_limit
 from transforms.records import ImageRef, Rejection
@@ -31,20 +43,80 @@ REJECTED = "rejected"
 WRITTEN = "written"
 
 
-def read_bytes(path: str) -> bytes:
-    """The whole file at `path`, through Beam's file systems (local or gs://)."""
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        return f.read()
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+)
 
 
-def read_and_convert(path: str, settings: ImageSettings, deadline: float | None) -> EncodedImage:
-    """Read one file and convert it.
+def check_regular_file(path: str) -> int:
+    """The size of the local file at `path` (symbolic links followed), which must be a regular file.
+
+    Checked before opening: reading a FIFO or a device (a link to /dev/zero, say)
+    can block forever or never end.
 
     Raises:
-        ImageRejected: `read_error` when the file cannot be read, or the image layer's reason.
+        ImageRejected: `not_a_regular_file`; OSError when `path` cannot be looked at.
+    """
+    info = os.stat(path)
+    mode = info.st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise ImageRejected(NOT_A_REGULAR_FILE, f"the path is {kind}, not a regular file: it is not opened")
+    return info.st_size
+
+
+def _too_large(size: int, limit: int, how: str) -> ImageRejected:
+    return ImageRejected(
+        FILE_TOO_LARGE,
+        f"{how} {size:,} bytes, over --max_file_mb={limit // 1_000_000} ({limit:,} bytes); "
+        "raise it to convert this file",
+    )
+
+
+def read_bytes(path: str, max_bytes: int, size: int | None = None) -> bytes:
+    """The whole file at `path`, through Beam's file systems (local or gs://), if it is at most `max_bytes`.
+
+    `size` is the size the listing gave. Never reads more than `max_bytes` + 1
+    bytes, so a file that grew, or one that reports no size, cannot fill memory.
+
+    Raises:
+        ImageRejected: `not_a_regular_file` (local paths), `file_too_large`.
+    """
+    if FileSystems.get_scheme(path) is None:  # a local path
+        size = check_regular_file(path)
+    if size is not None and size > max_bytes:
+        raise _too_large(size, max_bytes, "the file has")
+    first = max_bytes if size is None else min(size, max_bytes)
+    with FileSystems.open(path, compression_type="uncompressed") as f:
+        parts = [f.read(first + 1)]
+        total = len(parts[0])
+        while first < total <= max_bytes:  # the file grew since it was listed: read on, up to the limit
+            part = f.read(min(1 << 20, max_bytes + 1 - total))
+            if not part:
+                break
+            parts.append(part)
+            total += len(part)
+    if total > max_bytes:
+        raise _too_large(total, max_bytes, "reading stopped at")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None
+                     ) -> EncodedImage:
+    """Read one file (listed with `size` bytes) and convert it.
+
+    Raises:
+        ImageRejected: `read_error` when the file cannot be read, `not_a_regular_file`,
+            `file_too_large`, or the image layer's reason.
     """
     try:
-        data = read_bytes(path)
+        data = read_bytes(path, settings.max_file_bytes, size)
+    except ImageRejected:
+        raise
     except Exception as e:  # a vanished or unreadable file is this file's problem only
         raise ImageRejected(READ_ERROR, f"{type(e).__name__}: {e}") from None
     return imaging.convert_image(data, settings, deadline)
@@ -67,7 +139,7 @@ class _ConvertImage(beam.DoFn):
         self._written: collections.Counter = collections.Counter()
 
     def process(self, ref: ImageRef, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
-        job = self._pool.submit(functools.partial(read_and_convert, ref.path, self._settings))
+        job = self._pool.submit(functools.partial(read_and_convert, ref.path, self._settings, size=ref.size))
         self._pending.append((ref, job, timestamp, window))
         # Keep one image queued behind every busy helper; emit finished ones in input order.
         while len(self._pending) > 2 * self._threads or (self._pending and self._pending[0][1].done.is_set()):

@@ -6,9 +6,12 @@ error escape, so one bad file can never fail a job.
 
 The steps, in order:
   1. identify the format from the bytes (never the file name) and check the
-     declared size against `max_pixels` before any pixel is decoded;
+     declared size against `max_pixels` before any pixel is decoded (and a
+     TIFF's strip count and directory size before Pillow reads them);
   2. for a JPEG that will shrink, ask libjpeg for a scaled-down decode (draft
      mode: 1/2, 1/4 or 1/8 in the DCT), which is fast and needs little memory;
+     then check the memory the conversion will need (`working_bytes`) against
+     `max_image_mb`;
   3. decode the first frame; a short or corrupt stream is rejected, never padded;
   4. scale 16-bit and float samples to 8 bits, fix CMYK polarity, composite
      alpha onto the background, giving RGB;
@@ -64,7 +67,21 @@ READ_ERROR = "read_error"
 TIMEOUT = "timeout"
 INTERNAL_ERROR = "internal_error"  # a bug here, not a problem of the file: report it
 TOO_LARGE_FOR_JPEG = "too_large_for_jpeg"
+NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO, socket or device: never opened, as a read could block forever
+FILE_TOO_LARGE = "file_too_large"  # over --max_file_mb: never read past the limit
+IMAGE_TOO_LARGE_IN_MEMORY = "image_too_large_in_memory"  # converting would need more than --max_image_mb
+TIFF_LAYOUT_TOO_LARGE = "tiff_layout_too_large"  # over MAX_TIFF_STRIPS strips or tiles, or MAX_TIFF_NUMBERS numbers
+STALLED_WORKER = "stalled_worker"  # not tried: this worker's threads are all stuck in earlier images
 JPEG_MAX_SIDE = 65500  # the JPEG format's own limit on either side
+
+# Pillow keeps every strip or tile of a TIFF as a Python object (a few hundred bytes, and
+# microseconds, each) before it decodes any pixel: 4 million one-row strips in a 32 MB file
+# took 1.5 GB and 42 s. Real TIFFs use strips of 8-64 kB or tiles of 256x256 pixels: a
+# 179-megapixel image in 64 kB strips has about 8,000.
+MAX_TIFF_STRIPS = 65_536
+# The same for the numbers in a TIFF directory's other tags (a colour map or transfer
+# function of a 16-bit image has 196,608; private tags can hold millions, each a Python int).
+MAX_TIFF_NUMBERS = 1_000_000
 
 # Draft-decode a JPEG to at least this many times the pixels the output needs
 # along each side, then let resize() reduce by whole factors until it is within
@@ -124,6 +141,16 @@ class ImageSettings:
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
+    max_file_mb: int = 256  # larger files are rejected by their listed size, and never read past it
+    max_image_mb: int = 512  # memory one conversion may need (see `working_bytes`), checked before decoding
+
+    @property
+    def max_file_bytes(self) -> int:
+        return self.max_file_mb * 1_000_000
+
+    @property
+    def max_image_bytes(self) -> int:
+        return self.max_image_mb * 1_000_000
 
 
 class EncodedImage(NamedTuple):
@@ -258,9 +285,104 @@ def _header_error(data: bytes, claimed: str) -> Exception | None:
     return None
 
 
+_TIFF_PIECES = (273, 279, 324, 325)  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
+_TIFF_BYTE_TYPES = (1, 2, 7)  # BYTE, ASCII, UNDEFINED: read as one bytes object, whatever their count
+
+
+def _tiff_layout(data: bytes) -> tuple[int, int, int, int]:
+    """From the first TIFF directory: (strips or tiles, numbers in its other tags, the tag with most, its count).
+
+    Zeros when the data is not a TIFF. Only the directory's entries are read, never their values.
+    """
+    if not data.startswith((b"II*\x00", b"MM\x00*")):
+        return 0, 0, 0, 0
+    order = "little" if data[:2] == b"II" else "big"
+    ifd = int.from_bytes(data[4:8], order)
+    entries = min(int.from_bytes(data[ifd:ifd + 2], order), max(0, (len(data) - ifd - 2) // 12))
+    pieces = numbers = biggest = biggest_count = 0
+    for i in range(entries):
+        entry = ifd + 2 + 12 * i
+        tag = int.from_bytes(data[entry:entry + 2], order)
+        kind = int.from_bytes(data[entry + 2:entry + 4], order)
+        count = int.from_bytes(data[entry + 4:entry + 8], order)
+        if tag in _TIFF_PIECES:
+            pieces = max(pieces, count)
+        elif kind not in _TIFF_BYTE_TYPES:
+            numbers += count
+            if count > biggest_count:
+                biggest, biggest_count = tag, count
+    return pieces, numbers, biggest, biggest_count
+
+
+def _check_layout(data: bytes) -> None:
+    """Reject what would cost memory and time before Pillow decodes a single pixel: a TIFF whose
+    directory holds millions of numbers (Pillow makes each one a Python object when it opens the file)."""
+    pieces, numbers, tag, count = _tiff_layout(data)
+    if pieces > MAX_TIFF_STRIPS:
+        raise ImageRejected(
+            TIFF_LAYOUT_TOO_LARGE,
+            f"the TIFF stores its pixels in {pieces:,} strips or tiles, over the limit of {MAX_TIFF_STRIPS:,} "
+            "(reading its layout alone would take gigabytes); save it again with ordinary strips or tiles",
+        )
+    if numbers > MAX_TIFF_NUMBERS:
+        raise ImageRejected(
+            TIFF_LAYOUT_TOO_LARGE,
+            f"the TIFF directory holds {numbers:,} numbers besides its strip and tile tables (tag {tag} holds "
+            f"{count:,} numbers), over the limit of {MAX_TIFF_NUMBERS:,}: reading them would take far more memory "
+            "than the image; save it again without that metadata",
+        )
+
+
+def _stored_bytes_per_pixel(mode: str) -> int:
+    """Bytes a pixel takes in Pillow's memory: 1 for 1/L/P, 2 for I;16, 4 for I and F and for every
+    multi-band mode (Pillow keeps RGB, LA and YCbCr in 4 bytes a pixel, like RGBA and CMYK)."""
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4
+
+
+def working_bytes(image: Image.Image, orientation: int | None = None) -> int:
+    """About the most memory converting this opened, not yet decoded, image takes at once.
+
+    The decoded pixels (their size after a JPEG's scaled decode), plus one 8-bit
+    RGB copy (4 bytes a pixel in Pillow) for any mode but RGB, plus the
+    intermediate copies of the modes that need them: 16-bit and float samples go
+    through a copy and an 8-bit image, alpha other than RGBA through an RGBA copy.
+    An RGB image needs one more copy when its EXIF orientation turns or flips it;
+    `orientation` None (not known before decoding, as in a PNG) counts that copy.
+    The resized output is small next to these.
+    """
+    pixels = image.width * image.height
+    stored = _stored_bytes_per_pixel(image.mode)
+    has_alpha = image.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in image.info
+    if image.mode == "RGB" and not has_alpha:
+        return pixels * (stored + (0 if orientation == 1 else 4))
+    per_pixel = stored + 4
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        per_pixel += stored + 1
+    if has_alpha and image.mode != "RGBA":
+        per_pixel += 4
+    return pixels * per_pixel
+
+
+def _check_memory(image: Image.Image, orientation: int | None, stored_size: tuple[int, int],
+                  settings: ImageSettings) -> None:
+    need = working_bytes(image, orientation)
+    if need > settings.max_image_bytes:
+        scaled = "" if image.size == stored_size else " (decoded at reduced scale from {}x{})".format(*stored_size)
+        raise ImageRejected(
+            IMAGE_TOO_LARGE_IN_MEMORY,
+            f"{image.width}x{image.height} {image.mode}{scaled} would need about {need / 1e6:,.0f} MB to convert, over "
+            f"--max_image_mb={settings.max_image_mb}; raise it if the machine has the memory",
+        )
+
+
 def _open(data: bytes, settings: ImageSettings) -> Image.Image:
     if not data:
         raise ImageRejected(EMPTY_FILE, "the file is empty (0 bytes)")
+    _check_layout(data)
     try:
         image = Image.open(io.BytesIO(data), formats=DECODED_FORMATS)
     except UnidentifiedImageError as e:
@@ -565,6 +687,8 @@ def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> En
     orientation = _orientation(image) if image.format in ("JPEG", "MPO") else 1  # JPEG EXIF is in the header
     stored_size = image.size
     box = _draft(image, orientation, settings)
+    # After the draft: a large JPEG decoded at 1/8 scale needs 1/64 of the memory.
+    _check_memory(image, orientation if image.format in ("JPEG", "MPO") else None, stored_size, settings)
     image = _load(image, data)
     _check_deadline(deadline, "decoding")
     if image.format not in ("JPEG", "MPO"):

@@ -5,12 +5,17 @@ No Beam here. Two reasons for helper threads:
 * **The time limit.** Signals (SIGALRM) only reach a process's main thread,
   and Beam runs DoFns on its own worker threads, so a conversion runs on a
   helper thread and its caller waits at most `timeout_s` for the result. A C
-  decoder cannot be interrupted: a conversion that overruns is abandoned with
-  its thread (the image is rejected as `timeout`), stops at its next step once
-  past its deadline, and a fresh helper takes its place. At most
-  `max_abandoned` overrunning conversions are left running; beyond that the
-  caller waits for the oldest, so a folder of pathological files cannot
-  exhaust memory.
+  decoder, or a read of a hung network mount, cannot be interrupted: a
+  conversion that overruns is abandoned with its thread (the image is rejected
+  as `timeout`), stops at its next step once past its deadline, and a fresh
+  helper takes its place. Nothing ever waits for an abandoned thread.
+* **Bounded threads, and no hang.** At most `threads + max_abandoned` threads
+  exist at once, so stuck conversions cannot pile up without limit (each holds
+  at most one conversion's memory). Once abandoned threads fill the spare
+  places, a further overrun is not replaced: the pool works on with fewer
+  helpers, and when every helper is stuck it rejects the images still waiting
+  at once as `stalled_worker` instead of waiting for threads that may never
+  return. An abandoned thread that does return frees its place again.
 * **Keeping every core busy.** Pillow releases the GIL while it decodes and
   resizes (not while it encodes a JPEG: two threads encode no faster than
   one), so two helpers per worker process overlap one image's file read,
@@ -33,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from transforms.imaging import TIMEOUT, ImageRejected, ImageSettings
+from transforms.imaging import STALLED_WORKER, TIMEOUT, ImageRejected, ImageSettings
 
 T = TypeVar("T")
 # work(deadline) -> result; `deadline` is a time.monotonic() value or None.
@@ -43,10 +48,11 @@ Work = Callable[[float | None], T]
 class Job(Generic[T]):
     """One submitted piece of work and, once `done` is set, its outcome."""
 
-    __slots__ = ("work", "started", "thread", "done", "outcome")
+    __slots__ = ("work", "started", "thread", "done", "outcome", "cancelled")
 
     def __init__(self, work: Work):
         self.work = work
+        self.cancelled = False  # given up before it started: a helper that finds it later skips it
         self.started: float | None = None  # time.monotonic() when a helper took it
         self.thread: threading.Thread | None = None
         self.done = threading.Event()
@@ -85,6 +91,8 @@ class ConversionPool:
             job = self._jobs.get()
             if job is None:  # close()
                 return
+            if job.cancelled:
+                continue
             job.thread = me
             job.started = time.monotonic()
             try:
@@ -94,10 +102,11 @@ class ConversionPool:
             job.done.set()
 
     def _start_helpers(self) -> None:
-        while len(self._helpers) < self._threads:
-            self._abandoned = [t for t in self._abandoned if t.is_alive()]
-            while len(self._abandoned) > self._max_abandoned:
-                self._abandoned.pop(0).join()
+        """Fill the helpers up to `threads`, within `threads + max_abandoned` threads in all. Never blocks."""
+        self._abandoned = [t for t in self._abandoned if t.is_alive()]
+        self._quit.intersection_update(self._abandoned)
+        while (len(self._helpers) < self._threads
+               and len(self._helpers) + len(self._abandoned) < self._threads + self._max_abandoned):
             helper = threading.Thread(target=self._serve, name="convert-image", daemon=True)
             helper.start()
             self._helpers.append(helper)
@@ -109,16 +118,27 @@ class ConversionPool:
         return job
 
     def result(self, job: Job):
-        """The job's result; re-raises its exception.
+        """The job's result; re-raises its exception. Returns within the time limit of the job's start.
 
         Raises:
-            ImageRejected: `timeout` when the job ran longer than the limit.
+            ImageRejected: `timeout` when the job ran longer than the limit;
+                `stalled_worker`, at once, when the job has not started and every helper is stuck.
         """
         while not job.done.is_set():
-            if self._limit is None:
-                job.done.wait()
-            elif job.started is None:  # queued behind other jobs: its clock has not started
+            if job.started is None:  # queued behind other jobs: its clock has not started
+                self._start_helpers()  # an abandoned helper that returned frees its place
+                if not self._helpers:
+                    job.cancelled = True
+                    raise ImageRejected(
+                        STALLED_WORKER,
+                        f"not tried: {len(self._abandoned)} earlier images on this worker are stuck past the time "
+                        "limit and never returned (a FIFO, a hung network mount or a decoder that does not end: see "
+                        "their `timeout` lines); no more threads are started for this worker, so that stuck ones "
+                        "cannot pile up. Remove or fix those files and run again",
+                    )
                 job.done.wait(self._POLL_S)
+            elif self._limit is None:
+                job.done.wait()
             elif not job.done.wait(max(0.0, job.started + self._limit - time.monotonic())):
                 self._abandon(job.thread)
                 raise ImageRejected(TIMEOUT, f"no result within the time limit of {self._limit:g} s per image")
@@ -127,8 +147,8 @@ class ConversionPool:
         return job.outcome
 
     def _abandon(self, helper: threading.Thread) -> None:
-        # The helper is stuck in a C call: it ends quietly once that returns,
-        # and a new one takes its place now.
+        # The helper is stuck in a C call or a read: it ends quietly once that
+        # returns (if ever), and a new one takes its place now if there is room.
         self._quit.add(helper)
         self._helpers.remove(helper)
         self._abandoned.append(helper)
