@@ -10,6 +10,7 @@ hold; this wraps the emulator's handlers to do the same, then starts it as
 from __future__ import annotations
 
 import sys
+import threading
 from http import HTTPStatus
 
 from gcp_storage_emulator.exceptions import NotFound
@@ -44,13 +45,19 @@ def _holds(request, storage) -> bool:
     return current is None if wanted[0] == "0" else current == wanted[0]
 
 
+_ATOMIC = threading.Lock()  # the check and the write are one step, as on GCS, also when requests come at once
+
+
 def _with_precondition(handler):
     def checked(request, response, storage, *args, **kwargs):
-        if not _holds(request, storage):
-            response.status = HTTPStatus.PRECONDITION_FAILED
-            response.json(_CONDITION_NOT_MET)
-            return None
-        return handler(request, response, storage, *args, **kwargs)
+        if not request.query.get("ifGenerationMatch"):
+            return handler(request, response, storage, *args, **kwargs)
+        with _ATOMIC:
+            if not _holds(request, storage):
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                response.json(_CONDITION_NOT_MET)
+                return None
+            return handler(request, response, storage, *args, **kwargs)
 
     return checked
 

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -253,13 +254,18 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
     assert_user_files_intact(out)
 
 
-def assert_complete(out, images: int, shards: int) -> None:
+def assert_complete(out, images: int, shards: int, user_files: bool = True) -> None:
     """A verified dataset of `images` records in `shards` shards per split, no stale file, user files intact."""
     report = verify.verify_dataset(str(out), decode=False)
+    if not user_files:
+        assert report.problems == []
+        user_files = {}
+    else:
+        user_files = USER_FILES
     # The user's files that a shard glob reads are verify's problems (a reader that globs would read them), and
     # the only ones.
-    strays = sorted(name for name in USER_FILES if fnmatch.fnmatchcase(name, "train-*.tfrecord*"))
-    assert strays and [problem.split(": ")[0] for problem in report.problems] == strays
+    strays = sorted(name for name in user_files if fnmatch.fnmatchcase(name, "train-*.tfrecord*"))
+    assert [problem.split(": ")[0] for problem in report.problems] == strays
     assert all("the shard glob train-*.tfrecord* matches it" in problem for problem in report.problems)
     info = json.loads((out / INFO_FILE).read_text())
     assert info["files"]["written"] == images == sum(s["records"] for s in info["splits"].values())
@@ -267,9 +273,10 @@ def assert_complete(out, images: int, shards: int) -> None:
     assert {name for name in os.listdir(out) if SHARD_NAME.fullmatch(name)} == listed
     assert all(name.endswith(f"-of-{shards:05d}.tfrecord") for name in listed)
     leftovers = [name for name in os.listdir(out) if name.startswith((".", "beam-temp-"))
-                 and name not in {n.split("/")[0] for n in USER_FILES}]
+                 and name not in {n.split("/")[0] for n in user_files}]
     assert leftovers == []
-    assert_user_files_intact(out)
+    if user_files:
+        assert_user_files_intact(out)
 
 
 # --- SIGKILL, end to end --------------------------------------------------------------------------------------
@@ -323,3 +330,64 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     # The same command (other shard count, no compression), with no --overwrite needed.
     assert convert(source, out, "--num_shards=2", "--image_size=16") == 0
     assert_complete(out, images=200, shards=2)
+
+
+# --- --overwrite and the lock ---------------------------------------------------------------------------------
+
+
+def shard_bytes(out) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in os.listdir(out) if SHARD_NAME.fullmatch(name)}
+
+
+def test_overwrite_that_fails_before_it_finishes_leaves_the_old_dataset_whole(small_tree, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert convert(small_tree, out, "--num_shards=2", "--image_size=16") == 0
+    before, info_before = shard_bytes(out), (out / INFO_FILE).read_text()
+
+    import transforms.describe
+
+    def killed(*args, **kwargs):
+        raise CrashAtMarker("killed just before publishing")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(transforms.describe, "publish_shards", killed)
+        with pytest.raises(Exception, match="killed just before publishing"):
+            convert(small_tree, out, "--num_shards=3", "--image_size=24", "--overwrite")
+    # The new run's shards never took final names; the old dataset is exactly as it was, and verifies.
+    assert shard_bytes(out) == before and (out / INFO_FILE).read_text() == info_before
+    assert verify.verify_dataset(str(out), decode=True).problems == []
+    assert not (out / LOCK_FILE).exists()  # the failed run gave its lock back
+
+    # The same command again replaces it, and leaves nothing of the failed run.
+    assert convert(small_tree, out, "--num_shards=3", "--image_size=24", "--overwrite") == 0
+    assert_complete(out, images=24, shards=3, user_files=False)
+
+
+def test_a_second_run_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_path):
+    source = tmp_path / "in"
+    generate_dataset(str(source), images_per_class=60, seed=12, min_side=200, max_side=400)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
+               "--image_size=64", "--quiet", "--direct_num_workers=1", "--conversion_threads=1"]
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while first.poll() is None and not (out / LOCK_FILE).exists():
+            time.sleep(0.01)
+        second = cli("pipeline.main", *command[3:], "--overwrite", timeout=120)
+        first_still_running = first.poll() is None
+        stdout, stderr = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first_still_running, "the first run ended before the second started: make it longer"
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        f"error: --output_dir {out} is being written by run {second.stderr.split('by run ')[1].split()[0]} "
+        f"(process {first.pid} on {socket.gethostname()}, started "
+        + second.stderr.split(", started ")[1].strip()]
+    assert "two runs must not write one folder; wait for it to finish, or stop it (Ctrl-C)" in second.stderr
+    # The first run was not disturbed: it finishes with a complete dataset.
+    assert first.returncode == 0, stderr
+    assert stdout.startswith("Found 240 files: 240 written")
+    assert_complete(out, images=240, shards=1, user_files=False)

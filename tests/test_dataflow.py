@@ -350,6 +350,17 @@ def test_refused_submission_is_a_one_line_user_error(gcs_emulator, dry_run, refu
     assert gcs_emulator.list_names(f"gs://{BUCKET}/refused") == []
 
 
+def _check_against_the_template(parameters: dict) -> None:
+    """Every parameter is one of the template's, and its value passes that parameter's regexes."""
+    with open(METADATA) as f:
+        known = {p["name"]: p for p in json.load(f)["parameters"]}
+    assert set(parameters) <= set(known), set(parameters) - set(known)
+    for name, value in parameters.items():
+        for pattern in known[name].get("regexes", []):
+            assert re.fullmatch(pattern, value), (name, value, pattern)
+    assert {"input_dir", "output_dir"} <= set(parameters)  # the required ones
+
+
 def test_readme_scheduler_body_is_a_valid_launch_request():
     """The Cloud Scheduler body in the README parses as the Flex Template launch API's request."""
     from google.cloud.dataflow_v1beta3.types import templates
@@ -361,7 +372,41 @@ def test_readme_scheduler_body_is_a_valid_launch_request():
     launch = templates.LaunchFlexTemplateRequest.from_json(body).launch_parameter
     assert launch.container_spec_gcs_path == "gs://my-bucket/templates/image-tfrecords.json"
     assert launch.environment.sdk_container_image.endswith("image-tfrecords:1")
-    with open(METADATA) as f:
-        known = {p["name"] for p in json.load(f)["parameters"]}
-    assert set(launch.parameters) <= known
+    _check_against_the_template(dict(launch.parameters))
     assert launch.parameters["output_dir"].endswith("/{date}")
+    assert launch.parameters["if_exists"] == "skip"  # Scheduler's retries are harmless
+
+
+def test_readme_airflow_task_is_a_valid_launch_of_the_template(monkeypatch):
+    """The README's DataflowStartFlexTemplateOperator task: its body, rendered for a logical date, launches the
+    template with valid parameters, and its run_date makes the dated folder of that date."""
+    import textwrap
+    import types
+
+    from google.cloud.dataflow_v1beta3.types import templates
+
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    code = next(textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+                if "DataflowStartFlexTemplateOperator" in block)
+    # Airflow is not installed here: a stand-in operator records what the task is given.
+    created = []
+    module = types.ModuleType("airflow.providers.google.cloud.operators.dataflow")
+    module.DataflowStartFlexTemplateOperator = lambda **kwargs: created.append(kwargs)
+    for name in ("airflow", "airflow.providers", "airflow.providers.google", "airflow.providers.google.cloud",
+                 "airflow.providers.google.cloud.operators"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, "README.md", "exec"), {})
+
+    (task,) = created
+    # What Airflow's templating does with the two macros used, for the logical date 2024-01-31.
+    rendered = json.dumps(task["body"]).replace("{{ ds_nodash }}", "20240131").replace("{{ ds }}", "2024-01-31")
+    assert "{{" not in rendered
+    launch = templates.LaunchFlexTemplateParameter.from_json(json.dumps(json.loads(rendered)["launchParameter"]))
+    parameters = dict(launch.parameters)
+    _check_against_the_template(parameters)
+    assert re.fullmatch(r"[a-z][-a-z0-9]*[a-z0-9]", launch.job_name)  # a valid Dataflow job name
+    settings = validate(PipelineOptions([f"--{name}={value}" for name, value in parameters.items()]))
+    assert settings.output_dir == "gs://my-bucket/tfrecords/2024-01-31"
+    assert settings.if_exists == "skip"
