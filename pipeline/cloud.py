@@ -149,7 +149,9 @@ def _check_with_beams_validator(options: PipelineOptions) -> None:
     from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
-    errors = [" ".join(e.split()) for e in PipelineOptionsValidator(options, DataflowRunner()).validate()]
+    # Only the checks of names: Beam's whole validate() would create a default staging bucket (a network call).
+    validator = PipelineOptionsValidator(options, DataflowRunner())
+    errors = [" ".join(e.split()) for e in validator.validate_cloud_options(options.view_as(GoogleCloudOptions))]
     if errors:
         raise UserError(f"{errors[0].rstrip('.')}: correct that Dataflow option and run again")
 

@@ -186,6 +186,8 @@ class ProgressDisplay:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="progress-display", daemon=True)
         self._bar = None
+        self._logged = -1  # the count of the last plain line
+        self._rate = _Rate()
 
     def __enter__(self) -> ProgressDisplay:
         if self._interactive:
@@ -207,6 +209,10 @@ class ProgressDisplay:
     def __exit__(self, exc_type, *_) -> None:
         self._stop.set()
         self._thread.join()
+        done = self._counts.processed
+        if self._bar is None and exc_type is None and done != self._logged:
+            # The run can end between two looks: the last count gets its line all the same.
+            _LOG.info(progress_line(done, self._total, self._rate.add(time.monotonic(), done)))
         if self._bar is not None:
             if exc_type is None:
                 self._update_bar(self._counts.processed)
@@ -231,7 +237,7 @@ class ProgressDisplay:
         bar.refresh()
 
     def _loop(self) -> None:
-        rate = _Rate()
+        rate = self._rate
         last_line, last_step = time.monotonic(), 0
         while not self._stop.wait(REFRESH_SECONDS):
             done = self._counts.processed
@@ -243,7 +249,7 @@ class ProgressDisplay:
             step = int(done / self._total / LOG_STEP) if self._total else 0
             if now - last_line >= LOG_SECONDS or step > last_step:
                 _LOG.info(progress_line(done, self._total, per_second))
-                last_line, last_step = now, step
+                last_line, last_step, self._logged = now, step, done
 
 
 @contextlib.contextmanager

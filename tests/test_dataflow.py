@@ -208,7 +208,7 @@ def test_scripts_are_shellcheck_clean():
 def test_launcher_checks_dataflow_prerequisites_before_anything_else(args, message):
     argv = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args}
     with pytest.raises(UserError, match=re.escape(message)):
-        convert(argv.pop("--input_dir"), argv.pop("--output_dir"), "--runner=DataflowRunner", "--project=p",
+        convert(argv.pop("--input_dir"), argv.pop("--output_dir"), "--runner=DataflowRunner", "--project=my-project",
                 *(f"{k}={v}" for k, v in argv.items()))
 
 

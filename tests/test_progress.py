@@ -53,6 +53,20 @@ def test_bundle_counts_add_running_and_finished_bundles_without_double_counting(
     assert counts.processed == 6 + 4
 
 
+def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two_looks(caplog):
+    """A run that finishes before the display looks again still gets its 'Converted N/N' line."""
+    import logging
+
+    from pipeline.progress import ProgressDisplay
+
+    counts = BundleCounts()
+    caplog.set_level(logging.INFO, logger="pipeline")
+    with ProgressDisplay(counts, 5, interactive=False):
+        counts.finished("bundle_1", [_counter("images_converted", 5)])  # done before the first look
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Converted")] == [
+        "Converted 5/5 images (100%); writing shards and dataset_info.json"]
+
+
 def test_progress_line_states_count_share_rate_and_time_left():
     assert progress_line(120, 400, 40.0) == "Converted 120/400 images (30%), 40.0 images/s, about 7 s left"
     assert progress_line(0, 400, 0.0) == "Converted 0/400 images (0%)"

@@ -278,7 +278,7 @@ def test_a_file_both_written_and_reported_rejected_is_caught(damaged):
 
 def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tmp_path):
     """The in-job invariant: no dataset_info.json unless found = written + rejected + skipped."""
-    fn = _WriteInfo(str(tmp_path), ["cat", "dog"], "default", {"compression": "none"}, {}, 0.0, "test")
+    fn = _WriteInfo(str(tmp_path), "run-1", ["cat", "dog"], "default", {"compression": "none"}, {}, 0.0, "test")
     tallies = [(("written", "train", 0, False), 2), (("written", "train", 1, False), 1),
                (("rejected", "truncated"), 1), (("skipped", "hidden_file"), 1)]
     shards = [("train", "train-00000-of-00001.tfrecord", 3, 100)]
@@ -291,7 +291,13 @@ def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tm
     with pytest.raises(DatasetIncomplete, match="the shards hold 2 records but 3 images were converted"):
         list(fn.process(None, [*tallies, (("found",), 5)], short, rejections))
     assert not (tmp_path / "dataset_info.json").exists()
+    # The run's finished shard waits in its temporary folder; publishing moves it into place.
+    written = tmp_path / ".image-tfrecords-tmp" / "run-1" / "shards" / "train-00000-of-00001.tfrecord"
+    written.parent.mkdir(parents=True)
+    written.write_bytes(b"x" * 100)
     (info,) = fn.process(None, [*tallies, (("found",), 5)], shards, iter(rejections))
+    assert (tmp_path / "train-00000-of-00001.tfrecord").read_bytes() == b"x" * 100
+    assert not (tmp_path / ".image-tfrecords-tmp").exists()
     errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert [(e["relpath"], e["stage"], e["reason"]) for e in errors] == [
         ("cat/bad.jpg", "rejected", "truncated"), ("cat/.hidden.jpg", "skipped", "hidden_file")]
