@@ -150,7 +150,10 @@ def _check_with_beams_validator(options: PipelineOptions) -> None:
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
     # Only the checks of names: Beam's whole validate() would create a default staging bucket (a network call).
+    # As Beam does, not against a local stand-in of the service (--dataflow_endpoint=http://localhost:PORT).
     validator = PipelineOptionsValidator(options, DataflowRunner())
+    if not validator.is_service_runner():
+        return
     errors = [" ".join(e.split()) for e in validator.validate_cloud_options(options.view_as(GoogleCloudOptions))]
     if errors:
         raise UserError(f"{errors[0].rstrip('.')}: correct that Dataflow option and run again")
@@ -234,9 +237,15 @@ RUN_LABEL = "image-tfrecords-run"  # the Dataflow job label that carries the run
 
 
 def label_job(options: PipelineOptions, run_id: str) -> None:
-    """Label the Dataflow job with the run id, so that the output folder's lock can be matched to it."""
+    """Label the Dataflow job with the run id, so that the output folder's lock can be matched to it.
+
+    A job without --job_name is named after the run (image-tfrecords-20240131-030000-1a2b3c4d), so that
+    its name, the lock and the run's temporary folder tell the same story.
+    """
     cloud = options.view_as(GoogleCloudOptions)
     cloud.labels = [*(cloud.labels or []), f"{RUN_LABEL}={run_id}"]
+    if not cloud.job_name:
+        cloud.job_name = f"image-tfrecords-{run_id}"
 
 
 def _jobs_client(options: PipelineOptions):

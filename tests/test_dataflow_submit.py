@@ -82,7 +82,8 @@ def test_submission_waits_for_the_job_and_prints_the_summary(gcs_emulator, dataf
     # The job carries the run id as a label; the run's temporary folder was under it, and is gone.
     run_id = job.request["labels"]["image-tfrecords-run"]
     assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", run_id)
-    assert f"run {run_id}" in result.stdout
+    assert job.name == f"image-tfrecords-{run_id}"  # no --job_name: named after the run
+    assert f"Submitted Dataflow job image-tfrecords-{run_id} ({job_id}) for run {run_id}." in result.stdout
 
 
 @pytest.mark.timeout(300)

@@ -133,7 +133,7 @@ def test_a_started_worker_that_died_is_replaced():
 def test_workers_are_forked_from_the_launcher_with_beam_already_loaded(tmp_path):
     """A default run forks its workers: they share the launcher's command line and import nothing."""
     process, launcher, _ = _start_launcher(tmp_path, images_per_class=40, seed=6, stdout=subprocess.PIPE)
-    command = launcher.cmdline()
+    command = process.args  # (read from /proc right after the fork, it can still be empty or the parent's)
     seen = {}
     try:
         while process.poll() is None and len(seen) < 2:

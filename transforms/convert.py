@@ -36,6 +36,7 @@ from transforms.imaging import (
     ImageSettings,
 )
 from transforms.layout import SPLITS, display_path
+from transforms.listing import file_kind
 from transforms.pool import ConversionPool, time_limit
 from transforms.records import ImageRef, Rejection
 
@@ -43,13 +44,6 @@ REJECTED = "rejected"
 WRITTEN = "written"
 
 
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a folder"),
-)
 
 
 def check_regular_file(path: str) -> int:
@@ -64,7 +58,7 @@ def check_regular_file(path: str) -> int:
     info = os.stat(path)
     mode = info.st_mode
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        kind = file_kind(mode)
         raise ImageRejected(NOT_A_REGULAR_FILE, f"the path is {kind}, not a regular file: it is not opened")
     return info.st_size
 

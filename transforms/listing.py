@@ -48,7 +48,13 @@ _FILE_TYPES = (
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
 )
+
+
+def file_kind(mode: int) -> str:
+    """What a path of this st_mode is, in words, for the entries that are not regular files."""
+    return next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
 
 
 class Entry(NamedTuple):
@@ -80,10 +86,8 @@ def listing_pattern(input_dir: str) -> str:
 
 
 def _kind(mode: int) -> str | None:
-    for test, name in _FILE_TYPES:
-        if test(mode):
-            return name
-    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else "not a regular file"
+    """None for what the listing walks or lists (files and folders), else what the entry is."""
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else file_kind(mode)
 
 
 def _inside(path: str, root: str) -> bool:
