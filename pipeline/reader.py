@@ -147,6 +147,10 @@ def check_info(info, path: str = INFO_FILE) -> dict:
                                    f"name in the folder): {tail}")
             need(shard, "records", f"{where}.shards[{number}].records", "a count")
             need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
+            index = need(shard, "index", f"{where}.shards[{number}].index", "a string") if "index" in shard else None
+            if index is not None and (not index or "/" in index or index in (".", "..")):
+                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].index {index!r} is not a file "
+                                   f"name in the folder): {tail}")
     return info
 
 
