@@ -184,6 +184,25 @@ def test_reruns_replace_stale_indexes_and_keep_a_users_files(tree, tmp_path):
     assert {name: (out / name).read_text() for name in user} == user
 
 
+def test_index_files_on_gcs(gcs_emulator, tree, tmp_path):
+    """gs:// output: the indexes go through the run's temporary folder and are published beside the shards."""
+    from tests.gcs_fixtures import NO_AUTH
+
+    bucket = gcs_emulator.create_bucket("index-files")
+    out = f"{bucket}/tfrecords"
+    assert convert(tree, out, NO_AUTH, "--image_size=16", "--num_shards=2", "--index_files") == 0
+    info = json.loads(gcs_emulator.read(f"{out}/dataset_info.json"))
+    shards = [shard for split in info["splits"].values() for shard in split["shards"]]
+    names = gcs_emulator.list_names(out)
+    assert sorted(n for n in names if n.endswith(".idx")) == sorted(s["index"] for s in shards)
+    assert not any(n.startswith(TEMP_DIR) for n in names)
+    for shard in shards:
+        (tmp_path / "shard").write_bytes(gcs_emulator.read(f"{out}/{shard['file']}"))
+        (tmp_path / "index").write_bytes(gcs_emulator.read(f"{out}/{shard['index']}"))
+        assert read_index(tmp_path / "index") == framing_index(tmp_path / "shard")
+    assert verify.verify_dataset(out, decode=False).problems == []
+
+
 # --- verify -------------------------------------------------------------------------------------------------
 
 

@@ -206,8 +206,9 @@ class _PlanSplit(beam.DoFn):
     def process(self, split: str, pieces):
         mine = [(path, offsets) for piece_split, path, offsets in pieces if piece_split == split]
         shards = plan_shards(mine, self._num_shards[split])
+        offsets_of = dict(mine)
         for index, segments in enumerate(shards):
-            sizes = record_sizes(segments, dict(mine)) if self._index_files else None
+            sizes = record_sizes(segments, offsets_of) if self._index_files else None
             # (split, final file name, [Segment], framed record sizes or None)
             yield split, shard_name(split, index, len(shards), self._compression), segments, sizes
 
