@@ -37,7 +37,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     )
     # {split: serialized Examples} -> ShardInfo
     shards = {split: converted[split] for split in plan.num_shards} | "WriteShards" >> WriteShards(
-        settings.output_dir, run_id, plan.num_shards, settings.compression
+        settings.output_dir, run_id, plan.num_shards, settings.compression, settings.index_files
     )
     rejections = (listed[SKIPPED], labeled[UNLABELED], converted[REJECTED]) | "AllRejections" >> beam.Flatten()
     info = {

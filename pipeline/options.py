@@ -122,6 +122,10 @@ class ConvertOptions(PipelineOptions):
             help="Target shard size in MB when --num_shards is 0. Default: 150.")
         add("--compression", default="none", choices=COMPRESSIONS,
             help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
+        add("--index_files", **ON_OFF,
+            help="Also write each shard's index for DALI's TFRecord reader and the tfrecord package, beside it: "
+                 "train-00000-of-00004.idx for train-00000-of-00004.tfrecord, one 'offset length' line per record. "
+                 "Uncompressed shards only. Default: off.")
         add("--if_exists", default="refuse", choices=IF_EXISTS,
             help="What a complete dataset already in --output_dir means: refuse stops with an error; overwrite "
                  "replaces it once the new run has finished (only files this tool writes are removed); skip exits "
@@ -162,6 +166,7 @@ class Settings:
     follow_symlinks: bool
     quiet: bool
     verbose: bool
+    index_files: bool = False
 
     @property
     def overwrite(self) -> bool:
@@ -192,6 +197,7 @@ class Settings:
             "shard_size_mb": self.shard_size_mb,
             "compression": self.compression,
             "follow_symlinks": self.follow_symlinks,
+            "index_files": self.index_files,
         }
 
 
@@ -290,6 +296,9 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--num_shards={o.num_shards} must be 0 (automatic) or a positive count")
     if o.shard_size_mb < 1:
         raise UserError(f"--shard_size_mb={o.shard_size_mb} must be at least 1")
+    if o.index_files and o.compression != "none":
+        raise UserError(f"--index_files needs uncompressed shards, but --compression={o.compression}: an index "
+                        "holds byte offsets into the uncompressed file; drop one of the two options")
     if o.quiet and o.verbose:
         raise UserError("--quiet and --verbose contradict each other: give one of them")
     if_exists = o.if_exists
@@ -329,6 +338,7 @@ def validate(options: PipelineOptions) -> Settings:
         follow_symlinks=o.follow_symlinks,
         quiet=o.quiet,
         verbose=o.verbose,
+        index_files=o.index_files,
     )
 
 

@@ -2,6 +2,7 @@
 
     from pipeline import reader
     ds = reader.make_dataset("tfrecords/", "train", batch_size=128)   # {'image': uint8[B,H,W,3], 'label': ...}
+    model.fit(reader.make_dataset("tfrecords/", "train", batch_size=128, supervised=True, one_hot=True, scale=True))
 
 `dataset_info.json` names the shards, the keys and the image size, so the
 reader never guesses. Files are read in parallel with no fixed order
@@ -146,6 +147,10 @@ def check_info(info, path: str = INFO_FILE) -> dict:
                                    f"name in the folder): {tail}")
             need(shard, "records", f"{where}.shards[{number}].records", "a count")
             need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
+            index = need(shard, "index", f"{where}.shards[{number}].index", "a string") if "index" in shard else None
+            if index is not None and (not index or "/" in index or index in (".", "..")):
+                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].index {index!r} is not a file "
+                                   f"name in the folder): {tail}")
     return info
 
 
@@ -234,15 +239,34 @@ def make_dataset(
     shuffle_buffer: int = 0,
     repeat: bool = False,
     drop_remainder: bool = True,
+    supervised: bool = False,
+    one_hot: bool = False,
+    scale: bool = False,
 ) -> tf.data.Dataset:
-    """A tf.data pipeline over one split: parallel reads, parse, decode, batch, prefetch."""
+    """A tf.data pipeline over one split: parallel reads, parse, decode, batch, prefetch.
+
+    By default each element is a dict of every field (see `parse_example`).
+    With `supervised`, it is an `(image, label)` tuple instead, which Keras'
+    `model.fit` takes as (inputs, targets). `one_hot` makes the label a float32
+    vector of `num_classes` (from dataset_info.json), for
+    `categorical_crossentropy`; without it the label is the int64 class id, for
+    `sparse_categorical_crossentropy`. `scale` makes the image float32 in
+    [0, 1] (pixel / 255) instead of uint8 0-255.
+
+    Raises:
+        DatasetError: when `dataset_dir` holds no complete dataset or no such split.
+        ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale).
+    """
     import tensorflow as tf
 
+    if scale and not decode:
+        raise ValueError("scale=True needs decode=True: only decoded pixels can be scaled to [0, 1]")
     info = load_info(dataset_dir)
     files = shard_paths(dataset_dir, split, info)
     compression = "GZIP" if info["compression"] == "gzip" else ""
     image = info["image"]
     image_size = (image["height"], image["width"]) if image.get("fixed_size") else None
+    num_classes = info.get("num_classes", len(info["class_names"]))
     ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = False
@@ -251,8 +275,16 @@ def make_dataset(
         ds = ds.shuffle(shuffle_buffer)
     if repeat:
         ds = ds.repeat()
-    ds = ds.map(lambda s: parse_example(s, info["schema"], decode, image_size),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+
+    def parse(serialized):
+        fields = parse_example(serialized, info["schema"], decode, image_size)
+        if scale:
+            fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
+        if one_hot:
+            fields["label"] = tf.one_hot(fields["label"], num_classes, dtype=tf.float32)
+        return (fields["image"], fields["label"]) if supervised else fields
+
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     if batch_size:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,
                       deterministic=False)

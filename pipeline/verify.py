@@ -12,6 +12,9 @@ per rejected or skipped file. Every file in the folder that a shard glob
 (`<split>-*.tfrecord*`) matches but dataset_info.json does not list is a problem:
 a reader that globs would read it. A dataset of 0 records is a problem too.
 A record that is not an Example is named and reading goes on.
+Index files (--index_files) must match their shards line for line: a missing,
+wrong or stale index is a problem, and so is an index named like one of this
+tool's whose shard is not in the dataset.
 
 Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
 --no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded
@@ -43,7 +46,9 @@ from pipeline.cli import main_of
 from pipeline.plan import SHARD_NAME, SPLITS
 from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.outputs import INDEX_NAME, index_name
 from transforms.tfrecord import CorruptRecord, scan_records
+from transforms.write import record_offsets
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
@@ -233,6 +238,7 @@ class Report:
     files: dict = field(default_factory=dict)
     error_lines: int = 0
     decoded: bool = True
+    index_files: int = 0  # index files checked against their shards
 
     @property
     def ok(self) -> bool:
@@ -249,6 +255,8 @@ class Report:
                      f"listed{'' if self.decoded else '; images not decoded: --no_decode'}):")
         for split, records in self.split_records.items():
             lines.append(f"  {split:<10} {records:>8} records in {self.split_shards[split]} shard(s)")
+        if self.index_files:
+            lines.append(f"Index files: {self.index_files} checked against their shards.")
         if self.files:
             f = self.files
             lines.append(f"Files: {f.get('found')} found = {f.get('written')} written + {f.get('rejected')} rejected"
@@ -334,6 +342,58 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
                 f"{name}: not listed in {INFO_FILE}, but the shard glob {pattern} matches it, so readers that glob "
                 f"read it as part of the dataset{stale}: remove it or move it out of this folder")
     return to_read
+
+
+def _index_problem(index_path: str, shard_path: str) -> str | None:
+    """What is wrong with an index file (`offset length` per record) for its shard, or None when it matches."""
+    name, shard = index_path.rsplit("/", 1)[-1], shard_path.rsplit("/", 1)[-1]
+    redo = "convert again with --index_files (or rebuild it with tfrecord2idx)"
+    text = _read_text(index_path)
+    if text is None:
+        return f"{name}: listed in {INFO_FILE} as the index of {shard} but missing; {redo}"
+    try:
+        offsets = record_offsets(shard_path)
+    except Exception as e:  # noqa: BLE001 - the shard's own check names what is wrong with it
+        return f"{name}: cannot be checked, its shard {shard} is unreadable ({e})"
+    expected = [(a, b - a) for a, b in zip(offsets, offsets[1:], strict=False)]
+    lines = text.splitlines()
+    for number, (line, (offset, length)) in enumerate(zip(lines, expected, strict=False)):
+        if line.split() != [str(offset), str(length)]:
+            return (f"{name} line {number + 1}: {line.strip()[:60]!r}, but record {number} of {shard} is at byte "
+                    f"{offset} and {length} bytes long: a wrong or stale index; {redo}")
+    if len(lines) != len(expected):
+        return (f"{name}: {len(lines)} lines, but {shard} holds {len(expected)} records: a wrong or stale index; "
+                f"{redo}")
+    return None
+
+
+def _check_index_files(dataset_dir: str, info: dict, report: Report) -> None:
+    """Every listed index matches its shard; an unlisted index named like this tool's must match a listed shard."""
+    shards = {shard["file"]: shard for split in info["splits"].values() for shard in split.get("shards", [])}
+    listed = {}
+    for name, shard in shards.items():
+        index = shard.get("index")
+        if index is None:
+            continue
+        if index != index_name(name):
+            report.problems.append(f"{name}: its index is listed as {index!r} in {INFO_FILE}, but the index of this "
+                                   f"shard is named {index_name(name)}: convert again")
+        listed[index] = name
+    by_stem = {index_name(name): name for name in shards}
+    for metadata in FileSystems.match([_join(dataset_dir, "*.idx")])[0].metadata_list:
+        name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
+        if "/" in name or name in listed or not INDEX_NAME.fullmatch(name):
+            continue
+        if name in by_stem:
+            listed[name] = by_stem[name]  # a user's own tfrecord2idx output: it must be right too
+        else:
+            report.problems.append(f"{name}: an index file, but its shard is not in {INFO_FILE} (a stale index from "
+                                   "another run?): remove it")
+    for index, shard in sorted(listed.items()):
+        problem = _index_problem(_join(dataset_dir, index), _join(dataset_dir, shard))
+        if problem:
+            report.problems.append(problem)
+    report.index_files = len(listed)
 
 
 def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: Report) -> None:
@@ -479,6 +539,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     report = Report(dataset_dir, decoded=decode)
     labels = _check_labels(dataset_dir, info, report)
     to_read = _check_shard_files(dataset_dir, info, report)
+    _check_index_files(dataset_dir, info, report)
     checker = _RecordChecker(info, labels, decode)
     # A few shards at a time: tf.data already decodes each chunk on every core; more threads would only
     # overlap reading (GCS latency) and hold more chunks in memory.

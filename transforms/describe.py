@@ -96,8 +96,11 @@ class _WriteInfo(beam.DoFn):
                 by_reason[key[0]][key[1]] += count
 
         shards = defaultdict(list)
-        for split, name, count, size in sorted(shard_stats):
-            shards[split].append({"file": name, "records": count, "bytes": size})
+        for split, name, count, size, *index in sorted(shard_stats):  # index: [file name or ''], or none
+            entry = {"file": name, "records": count, "bytes": size}
+            if index and index[0]:
+                entry["index"] = index[0]
+            shards[split].append(entry)
 
         splits = {}
         for split in SPLITS:
@@ -156,7 +159,8 @@ class _WriteInfo(beam.DoFn):
         }
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
         # The previous dataset (if any) gives way to this run's shards, then the descriptions follow.
-        publish_shards(self._output_dir, self._run_id, [s["file"] for s in all_shards])
+        publish_shards(self._output_dir, self._run_id,
+                       [s["file"] for s in all_shards] + [s["index"] for s in all_shards if "index" in s])
         # Streamed from the side input, never held in memory: a messy folder may have millions.
         write_lines(join(ERRORS_FILE), (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections))
         write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
@@ -198,7 +202,7 @@ class DescribeDataset(beam.PTransform):
             # (event, count)
             | "CountTallies" >> beam.CombinePerKey(sum)
         )
-        # (split, file name, records, bytes)
+        # (split, file name, records, bytes, index file name or '')
         shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
         return (
             rejections.pipeline

@@ -47,12 +47,14 @@ LOCK_FILE = ".image-tfrecords.lock"
 
 _SPLITS = "|".join(SPLITS)
 SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(?:\.gz)?")
+# --index_files: a shard's index for DALI and the tfrecord package, beside it (train-00000-of-00004.idx).
+INDEX_NAME = re.compile(r"(?:" + _SPLITS + r")-\d{5,}-of-\d{5,}\.idx")
 _DESCRIPTIONS = "|".join(re.escape(name) for name in DESCRIPTION_FILES)
 # Beam's temporary folders of earlier versions of this tool, which wrote next to the shards.
 _BEAM_TEMP_DIR = r"beam-temp-(?:" + _SPLITS + "|" + re.escape(os.path.splitext(ERRORS_FILE)[0]) + r")-[0-9a-f]{32}"
 BEAM_TEMP_DIR = re.compile(_BEAM_TEMP_DIR)
 # The final names of a run's files: replaced when a new run publishes.
-_FINAL_NAME = re.compile(SHARD_NAME.pattern + "|" + _DESCRIPTIONS)
+_FINAL_NAME = re.compile(SHARD_NAME.pattern + "|" + INDEX_NAME.pattern + "|" + _DESCRIPTIONS)
 # Every name this tool writes, relative to --output_dir, except the lock. Nothing else there is ever
 # removed, also not names that merely look alike (train-notes.txt, beam-temp-mine/, .notes.tmp-1).
 _OWN_NAME = re.compile(
@@ -78,6 +80,15 @@ def is_local(path: str) -> bool:
 
 def relative_to(path: str, folder: str) -> str:
     return path[len(folder.rstrip("/")):].lstrip("/")
+
+
+def index_name(shard_file: str) -> str:
+    """The index file of a shard: its name without .tfrecord, plus .idx (train-00000-of-00004.idx).
+
+    Not `<shard>.tfrecord.idx`: the shard glob `train-*.tfrecord*` would read it as a shard.
+    """
+    stem = shard_file[:-len(".tfrecord")] if shard_file.endswith(".tfrecord") else shard_file
+    return stem + ".idx"
 
 
 def run_dir(output_dir: str, run_id: str) -> str:
@@ -145,6 +156,8 @@ def remove_run_dir(output_dir: str, run_id: str) -> None:
 
 def publish_shards(output_dir: str, run_id: str, shard_files: list[str]) -> None:
     """Replace the folder's previous dataset with this run's shards; the descriptions follow, by the caller.
+
+    `shard_files` names every file of the run's shards folder to publish: the shards and their index files.
 
     dataset_info.json goes first, so that from here until the caller writes the
     new one, the folder is visibly incomplete.

@@ -7,10 +7,16 @@ are then cut at record boundaries into the requested number of shards: each
 shard is a byte-range copy of consecutive records, written under a temporary
 name and renamed, so shards are balanced to one record, never empty, and a
 reader never sees a half-written shard.
+
+With index files on, each shard gets `<shard stem>.idx` beside it: one
+`offset length` line per record, the index DALI's TFRecord reader and the
+`tfrecord` package read. It is derived from the record offsets of the pieces,
+known before the shard is copied, never by reading the shard again.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 import uuid
@@ -21,20 +27,22 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.layout import SPLITS
-from transforms.outputs import TEMP_DIR, delete_tree, pieces_dir, shards_dir
+from transforms.outputs import TEMP_DIR, delete_tree, index_name, pieces_dir, shards_dir
 
-__all__ = ["TEMP_DIR", "ShardInfo", "WriteShards", "copy_shard", "plan_shards", "record_offsets", "shard_name"]
+__all__ = ["TEMP_DIR", "ShardInfo", "WriteShards", "copy_shard", "index_name", "index_text", "plan_shards",
+           "record_offsets", "record_sizes", "shard_name", "write_index"]
 SHARD_NAME_TEMPLATE = "-SSSSS-of-NNNNN"
 _COPY_CHUNK = 8 << 20
 
 
 class ShardInfo(NamedTuple):
-    """One final shard: its split, file name, record count and size in bytes."""
+    """One final shard: its split, file name, record count, size in bytes and index file name ('' for none)."""
 
     split: str
     file: str
     records: int
     bytes: int
+    index: str = ""
 
 
 class Segment(NamedTuple):
@@ -93,6 +101,42 @@ def plan_shards(pieces: list[tuple[str, list[int]]], num_shards: int) -> list[li
                 shards[k].append(Segment(path, offsets[lo - first], offsets[hi - first], hi - lo))
         first += n
     return shards
+
+
+def record_sizes(segments: list[Segment], offsets_of: dict[str, list[int]]) -> list[int]:
+    """The framed size of every record of a shard made of `segments`, in order, from its pieces' record offsets.
+
+    `offsets_of` maps each piece path to its `record_offsets`. A framed size
+    counts the 12-byte header, the data and the 4-byte data CRC.
+    """
+    sizes = []
+    for segment in segments:
+        offsets = offsets_of[segment.path]
+        first = bisect.bisect_left(offsets, segment.start)
+        run = offsets[first:first + segment.records + 1]
+        if len(run) != segment.records + 1 or run[0] != segment.start or run[-1] != segment.end:
+            raise ValueError(f"{segment.path}: bytes {segment.start}-{segment.end} are not {segment.records} whole "
+                             "records of its index")
+        sizes.extend(b - a for a, b in zip(run, run[1:], strict=False))
+    return sizes
+
+
+def index_text(sizes: list[int]) -> str:
+    """An index file's text: `offset length` per record, as DALI's and the tfrecord package's tfrecord2idx write."""
+    lines, offset = [], 0
+    for size in sizes:
+        lines.append(f"{offset} {size}\n")
+        offset += size
+    return "".join(lines)
+
+
+def write_index(folder: str, name: str, sizes: list[int]) -> None:
+    """Write the index of a shard whose records have framed `sizes` to `folder/name`, via a temporary name."""
+    destination = FileSystems.join(folder, name)
+    temp = FileSystems.join(folder, f"{uuid.uuid4().hex}.partial")
+    with FileSystems.create(temp, mime_type="text/plain", compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        out.write(index_text(sizes).encode("ascii"))
+    FileSystems.rename([temp], [destination])
 
 
 def _copy_in_kernel(source, out, start: int, count: int) -> int:
@@ -154,16 +198,19 @@ def copy_shard(segments: list[Segment], folder: str, name: str, compression: str
 
 
 class _PlanSplit(beam.DoFn):
-    def __init__(self, num_shards: dict[str, int], compression: str):
+    def __init__(self, num_shards: dict[str, int], compression: str, index_files: bool = False):
         self._num_shards = num_shards
         self._compression = compression
+        self._index_files = index_files
 
     def process(self, split: str, pieces):
         mine = [(path, offsets) for piece_split, path, offsets in pieces if piece_split == split]
         shards = plan_shards(mine, self._num_shards[split])
+        offsets_of = dict(mine)
         for index, segments in enumerate(shards):
-            # (split, final file name, [Segment])
-            yield split, shard_name(split, index, len(shards), self._compression), segments
+            sizes = record_sizes(segments, offsets_of) if self._index_files else None
+            # (split, final file name, [Segment], framed record sizes or None)
+            yield split, shard_name(split, index, len(shards), self._compression), segments, sizes
 
 
 class _CopyShard(beam.DoFn):
@@ -172,9 +219,15 @@ class _CopyShard(beam.DoFn):
         self._compression = compression
 
     def process(self, job):
-        split, name, segments = job
+        split, name, segments, sizes = job
         size = copy_shard(segments, self._folder, name, self._compression)
-        yield ShardInfo(split, name, sum(s.records for s in segments), size)
+        index = ""
+        if sizes is not None:
+            if sum(sizes) != size:
+                raise ValueError(f"{name}: the index adds up to {sum(sizes)} bytes but the shard holds {size}")
+            index = index_name(name)
+            write_index(self._folder, index, sizes)
+        yield ShardInfo(split, name, sum(s.records for s in segments), size, index)
 
 
 def _remove_pieces(_, pieces_folder: str, shards, pieces):
@@ -193,14 +246,19 @@ class WriteShards(beam.PTransform):
     splits not in it are not written. Shards are written to the run's own
     temporary folder under their final names; the dataset description
     publishes them into `output_dir` once every count is checked.
+    With `index_files`, each shard's index file is written beside it (uncompressed shards only).
     """
 
-    def __init__(self, output_dir: str, run_id: str, num_shards: dict[str, int], compression: str):
+    def __init__(self, output_dir: str, run_id: str, num_shards: dict[str, int], compression: str,
+                 index_files: bool = False):
         super().__init__()
+        if index_files and compression != "none":
+            raise ValueError("index files hold byte offsets into uncompressed shards: not with compression")
         self._pieces = pieces_dir(output_dir, run_id)
         self._shards = shards_dir(output_dir, run_id)
         self._num_shards = num_shards
         self._compression = compression
+        self._index_files = index_files
 
     def expand(self, records_by_split):
         splits = [s for s in SPLITS if s in self._num_shards]
@@ -223,8 +281,8 @@ class WriteShards(beam.PTransform):
             pipeline
             # split name (at most three: spreading them over workers is not worth a shuffle stage)
             | "Splits" >> beam.Create(splits, reshuffle=False)
-            # (split, shard file name, [Segment])
-            | "PlanShards" >> beam.ParDo(_PlanSplit(self._num_shards, self._compression),
+            # (split, shard file name, [Segment], record sizes or None)
+            | "PlanShards" >> beam.ParDo(_PlanSplit(self._num_shards, self._compression, self._index_files),
                                          beam.pvalue.AsList(all_pieces))
             | "SpreadShards" >> beam.Reshuffle()
             | "CopyShards" >> beam.ParDo(_CopyShard(self._shards, self._compression))
