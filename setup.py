@@ -41,6 +41,7 @@ setuptools.setup(
             "hypothesis>=6.100,<7",
             "psutil>=5.9,<8",
             "ruff>=0.6,<1",
+            "tfrecord>=1.14,<2",  # PyTorch-side reader of the --index_files indexes, in tests/test_index_files.py
         ],
     },
 )

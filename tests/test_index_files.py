@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import textwrap
 import types
 
@@ -21,14 +24,24 @@ from tests.test_write import write_piece
 from transforms.outputs import TEMP_DIR, index_name
 from transforms.write import copy_shard, index_text, plan_shards, record_offsets, record_sizes
 
-try:
-    import tfrecord  # noqa: F401  (the `tfrecord` package on PyPI; a dev extra, when the lead adds it)
-    from tfrecord.reader import tfrecord_loader
-    from tfrecord.tools.tfrecord2idx import create_index
-except ImportError:
-    tfrecord_loader = create_index = None
+# The `tfrecord` package (a dev extra) registers its own copy of TensorFlow's Example protos, so it cannot share a
+# process with TensorFlow: it runs in a process of its own, as in a PyTorch training job.
+HAS_TFRECORD = importlib.util.find_spec("tfrecord") is not None
 NO_TFRECORD = "the tfrecord package (pip install tfrecord) is not installed: its own indexer and indexed reader " \
               "are not run; the index is checked against the framing parsed here"
+_TFRECORD_READ = """
+import json, sys
+from tfrecord.reader import tfrecord_loader
+from tfrecord.tools.tfrecord2idx import create_index
+shard, index, theirs, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+create_index(shard, theirs)
+description = {"label": "int", "source_path": "byte"}
+row = lambda r: [int(r["label"][0]), bytes(r["source_path"]).decode("utf-8", "replace")]
+whole = [row(r) for r in tfrecord_loader(shard, None, description)]
+parts = {n: [row(r) for k in range(n) for r in tfrecord_loader(shard, index, description, shard=(k, n))]
+         for n in range(1, workers + 1)}
+print(json.dumps({"whole": whole, "parts": parts}))
+"""
 
 
 def framing_index(path) -> list[tuple[int, int]]:
@@ -131,24 +144,23 @@ def test_without_the_option_no_index_is_written(tree, tmp_path):
     assert json.loads((out / "dataset_info.json").read_text())["options"]["index_files"] is False
 
 
-@pytest.mark.skipif(tfrecord_loader is None, reason=NO_TFRECORD)
+@pytest.mark.skipif(not HAS_TFRECORD, reason=NO_TFRECORD)
 def test_the_tfrecord_package_reads_the_shards_with_their_index(tree, tmp_path):
     out = tmp_path / "out"
     # 2 shards per split: the tfrecord package cannot load the index of a one-record shard (vahidk/tfrecord#9).
     assert convert(tree, out, "--image_size=16", "--num_shards=2", "--index_files") == 0
     for shard in listed_shards(out):
         theirs = tmp_path / f"theirs-{shard['index']}"
-        create_index(str(out / shard["file"]), str(theirs))
-        assert (out / shard["index"]).read_text() == theirs.read_text()
-        description = {"label": "int", "source_path": "byte"}
-        whole = [(int(r["label"][0]), bytes(r["source_path"])) for r in
-                 tfrecord_loader(str(out / shard["file"]), None, description)]
-        assert len(whole) == shard["records"]
+        read = subprocess.run([sys.executable, "-c", _TFRECORD_READ, str(out / shard["file"]),
+                               str(out / shard["index"]), str(theirs), "3"],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=""))
+        assert read.returncode == 0, read.stderr
+        assert (out / shard["index"]).read_text() == theirs.read_text()  # the package's own indexer agrees
+        result = json.loads(read.stdout)
+        assert len(result["whole"]) == shard["records"]
         # Each worker of n reads its own part, found through the index; together they are the shard, in order.
-        for n in (1, 2, 3):
-            parts = [(int(r["label"][0]), bytes(r["source_path"])) for k in range(n) for r in
-                     tfrecord_loader(str(out / shard["file"]), str(out / shard["index"]), description, shard=(k, n))]
-            assert parts == whole
+        for n in ("1", "2", "3"):
+            assert result["parts"][n] == result["whole"]
 
 
 def test_index_files_refuse_gzip_in_one_line(tree, tmp_path):
@@ -328,14 +340,17 @@ def test_readme_dali_example_names_every_shard_with_its_index(indexed, monkeypat
     assert set(call["features"]) == {"image", "label"}
 
 
-@pytest.mark.skipif(tfrecord_loader is None, reason=NO_TFRECORD)
+@pytest.mark.skipif(not HAS_TFRECORD, reason=NO_TFRECORD)
 def test_readme_tfrecord_package_example_reads_every_record(indexed, monkeypatch):
     monkeypatch.chdir(indexed.parent)
     os.rename(indexed, indexed.parent / "tfrecords")
-    namespace: dict = {}
-    exec(compile(readme_block("tfrecord_loader"), "README.md", "exec"), namespace)
+    # In a process of its own, as a PyTorch job runs it (see HAS_TFRECORD).
+    code = readme_block("tfrecord_loader") + "\nimport json\nprint(json.dumps([int(r['label'][0]) for r in records]))\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=""))
+    assert run.returncode == 0, run.stderr
     info = json.loads(open("tfrecords/dataset_info.json").read())
-    labels = sorted(int(r["label"][0]) for r in namespace["records"])
+    labels = sorted(json.loads(run.stdout.strip().splitlines()[-1]))
     assert len(labels) == info["splits"]["train"]["records"]
     counts = {name: labels.count(i) for i, name in enumerate(info["class_names"]) if labels.count(i)}
     assert counts == info["splits"]["train"]["class_counts"]
