@@ -63,8 +63,15 @@ def read_existing_info(output_dir: str) -> dict | None:
 
 
 def option_differences(recorded: dict, settings: Settings) -> list[str]:
-    """The options in which a recorded dataset differs from this run's, as 'name: old -> new'."""
+    """The options in which a recorded dataset differs from this run's, as 'name: old -> new'.
+
+    An option that a dataset of an earlier version does not record counts as its default then.
+    """
+    from pipeline.options import validate
+
     current = json.loads(json.dumps(settings.as_dict()))
+    defaults = validate(PipelineOptions(["--input_dir=.", "--output_dir=."])).as_dict()
+    recorded = {**{name: value for name, value in defaults.items() if name not in recorded}, **recorded}
     names = sorted(set(recorded) | set(current))
     return [f"{name}: {recorded.get(name)!r} -> {current.get(name)!r}" for name in names
             if recorded.get(name) != current.get(name)]

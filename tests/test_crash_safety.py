@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -363,31 +364,43 @@ def test_overwrite_that_fails_before_it_finishes_leaves_the_old_dataset_whole(sm
     assert_complete(out, images=24, shards=3, user_files=False)
 
 
-def test_a_second_run_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_path):
-    source = tmp_path / "in"
-    generate_dataset(str(source), images_per_class=60, seed=12, min_side=200, max_side=400)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "pipeline.main", f"--input_dir={source}", f"--output_dir={out}",
-               "--image_size=64", "--quiet", "--direct_num_workers=1", "--conversion_threads=1"]
-    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_second_run_into_a_folder_in_use_stops_at_once_naming_the_first(small_tree, tmp_path):
+    out, go = tmp_path / "out", tmp_path / "go"
+    args = [f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet"]
+    # The first run converts everything, then waits before it publishes, holding the lock, until `go` exists.
+    first = subprocess.Popen([sys.executable, "-m", "tests.held_run_main", *args], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, HOLD_UNTIL=str(go)))
     try:
         while first.poll() is None and not (out / LOCK_FILE).exists():
             time.sleep(0.01)
-        second = cli("pipeline.main", *command[3:], "--overwrite", timeout=120)
-        first_still_running = first.poll() is None
+        second = cli("pipeline.main", *args, "--overwrite", timeout=120)
+        assert first.poll() is None, first.communicate()
+        go.touch()
         stdout, stderr = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
             first.kill()
             first.wait()
-    assert first_still_running, "the first run ended before the second started: make it longer"
     assert second.returncode == 2
-    assert second.stderr.strip().splitlines() == [
-        f"error: --output_dir {out} is being written by run {second.stderr.split('by run ')[1].split()[0]} "
-        f"(process {first.pid} on {socket.gethostname()}, started "
-        + second.stderr.split(", started ")[1].strip()]
-    assert "two runs must not write one folder; wait for it to finish, or stop it (Ctrl-C)" in second.stderr
+    (line,) = second.stderr.strip().splitlines()
+    assert re.fullmatch(
+        rf"error: --output_dir {re.escape(str(out))} is being written by run \d{{8}}-\d{{6}}-[0-9a-f]{{8}} "
+        rf"\(process {first.pid} on {re.escape(socket.gethostname())}, started \S+ by \S+\): two runs must not "
+        r"write one folder; wait for it to finish, or stop it \(Ctrl-C\), then run again, or choose another folder",
+        line), line
     # The first run was not disturbed: it finishes with a complete dataset.
     assert first.returncode == 0, stderr
-    assert stdout.startswith("Found 240 files: 240 written")
-    assert_complete(out, images=240, shards=1, user_files=False)
+    assert stdout.startswith("Found 24 files: 24 written")
+    assert_complete(out, images=24, shards=1, user_files=False)
+
+
+def test_if_exists_skip_takes_an_option_an_older_dataset_does_not_record_as_its_default(tmp_path):
+    from pipeline.output import option_differences
+
+    settings = settings_for(tmp_path / "out", "--seed=7")
+    recorded = settings.as_dict()
+    del recorded["index_files"]  # a dataset made before the option existed: made without index files
+    assert option_differences(recorded, settings) == []
+    assert option_differences(recorded, settings_for(tmp_path / "out", "--seed=7", "--index_files")) == [
+        "index_files: False -> True"]
+    assert option_differences(settings.as_dict(), settings_for(tmp_path / "out")) == ["seed: 7 -> 42"]
