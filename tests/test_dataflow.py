@@ -28,6 +28,7 @@ BUCKET = "dataflow-dry"
 SCRIPT = os.path.join(REPO, "run_dataflow.sh")
 BUILD_SCRIPT = os.path.join(REPO, "dataflow", "build_template.sh")
 METADATA = os.path.join(REPO, "dataflow", "metadata.json")
+DATAFLOW_GUIDE = os.path.join(REPO, "docs", "dataflow.md")  # the README links to it
 JOB_ENV = {
     "PROJECT": "test-project",
     "REGION": "europe-west4",
@@ -362,10 +363,10 @@ def _check_against_the_template(parameters: dict) -> None:
 
 
 def test_readme_scheduler_body_is_a_valid_launch_request():
-    """The Cloud Scheduler body in the README parses as the Flex Template launch API's request."""
+    """The Cloud Scheduler body in the Dataflow guide parses as the Flex Template launch API's request."""
     from google.cloud.dataflow_v1beta3.types import templates
 
-    with open(os.path.join(REPO, "README.md")) as f:
+    with open(DATAFLOW_GUIDE) as f:
         readme = f.read()
     body = re.search(r"cat > launch.json <<JSON\n(.*?)\n\s*JSON\n", readme, re.DOTALL).group(1)
     body = body.replace("$BUCKET", "my-bucket").replace("$IMAGE", "europe-docker.pkg.dev/p/r/image-tfrecords:1")
@@ -378,14 +379,14 @@ def test_readme_scheduler_body_is_a_valid_launch_request():
 
 
 def test_readme_airflow_task_is_a_valid_launch_of_the_template(monkeypatch):
-    """The README's DataflowStartFlexTemplateOperator task: its body, rendered for a logical date, launches the
+    """The Dataflow guide's DataflowStartFlexTemplateOperator task: its body, rendered for a logical date, launches the
     template with valid parameters, and its run_date makes the dated folder of that date."""
     import textwrap
     import types
 
     from google.cloud.dataflow_v1beta3.types import templates
 
-    with open(os.path.join(REPO, "README.md")) as f:
+    with open(DATAFLOW_GUIDE) as f:
         readme = f.read()
     code = next(textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
                 if "DataflowStartFlexTemplateOperator" in block)
@@ -397,7 +398,7 @@ def test_readme_airflow_task_is_a_valid_launch_of_the_template(monkeypatch):
                  "airflow.providers.google.cloud.operators"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/dataflow.md", "exec"), {})
 
     (task,) = created
     # What Airflow's templating does with the two macros used, for the logical date 2024-01-31.

@@ -304,9 +304,9 @@ def test_a_malformed_index_entry_in_dataset_info_is_a_dataset_error(indexed):
 
 
 def readme_block(marker: str) -> str:
-    readme = open(os.path.join(REPO, "README.md")).read()
+    readme = open(os.path.join(REPO, "docs", "dali-pytorch.md")).read()
     blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if marker in b]
-    assert len(blocks) == 1, f"the README should have one python example with {marker}"
+    assert len(blocks) == 1, f"docs/dali-pytorch.md should have one python example with {marker}"
     return blocks[0]
 
 

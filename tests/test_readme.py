@@ -1,4 +1,5 @@
-"""The README's option tables and the command-line parsers list the same options, with the same defaults."""
+"""The documentation's option tables (README.md and docs/*.md) and the command-line parsers list the same options,
+with the same defaults."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tests.conftest import REPO
 
 README = Path(REPO) / "README.md"
+DOCS = sorted((Path(REPO) / "docs").glob("*.md"))
 # Commands whose options the README must list in full.
 REQUIRED_TABLES = ("pipeline.main", "pipeline.preview")
 # Commands whose table is checked when the README has one.
@@ -111,9 +113,19 @@ def default_matches(cell: str, action: argparse.Action) -> bool:
     return shown == str(default).lower()
 
 
+def all_tables() -> dict[str, dict[str, str]]:
+    """The option tables of the README and of every page in docs/: one table a command at most."""
+    tables: dict[str, dict[str, str]] = {}
+    for path in [README, *DOCS]:
+        for module, rows in readme_tables(path).items():
+            assert module not in tables, f"{path.name}: a second options table for {module}"
+            tables[module] = rows
+    return tables
+
+
 @pytest.mark.parametrize("module", REQUIRED_TABLES + OPTIONAL_TABLES)
 def test_readme_option_table_matches_the_cli(module):
-    tables = readme_tables()
+    tables = all_tables()
     if module not in tables:
         assert module not in REQUIRED_TABLES, f"README has no options table for {module}"
         pytest.skip(f"README has no options table for {module}")
@@ -149,3 +161,28 @@ def test_default_matching_rules():
     assert default_matches("required", actions["--b"]) and not default_matches("5", actions["--b"])
     assert default_matches("off", actions["--c"]) and not default_matches("on", actions["--c"])
     assert default_matches("0 (auto)", actions["--d"])
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_pages_leads_somewhere():
+    """The README's links to docs/ (and theirs back) name files and headings that exist."""
+    pages = [README, *DOCS]
+    assert {p.name for p in DOCS} >= {"dataflow.md", "guarantees.md", "imaging.md", "dali-pytorch.md"}
+    readme_text = README.read_text()
+    for doc in DOCS:  # every page of docs/ is reachable from the README
+        assert f"](docs/{doc.name}" in readme_text, f"the README does not link to docs/{doc.name}"
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.exists(), f"{page.name}: the link {target} leads to no file"
+            if anchor and file.suffix == ".md":
+                headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
+                assert anchor in headings, f"{page.name}: the link {target} names no heading of {file.name}"
