@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,33 @@ def test_splits_in_order_and_shard_counts_in_words(tmp_path):
 def test_validate_rejects_a_bad_num_shards_in_process(tmp_path):
     with pytest.raises(UserError, match="--num_shards='x'"):
         convert(tmp_path, tmp_path / "out", "--num_shards=x")
+
+
+# --- The README's hand-typed reader ---------------------------------------------------------------
+
+
+def _readme_hand_typed_reader() -> str:
+    text = (Path(REPO) / "README.md").read_text()
+    after = text[text.index("With the keys typed by hand"):]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("schema, compression", [("tf_slim", "gzip"), ("default", "none")])
+def test_readme_hand_typed_reader_reads_gzip_and_tf_slim(tmp_path, schema, compression):
+    pytest.importorskip("tensorflow")
+    code = _readme_hand_typed_reader()
+    assert 'compression_type=compression' in code and '"GZIP"' in code and "train-*.tfrecord*" in code
+    assert '"image/encoded"' in code and '"image/class/label"' in code
+    src = _tree(tmp_path / "in", per_class=6)
+    out = tmp_path / "out"
+    assert convert(src, out, f"--schema={schema}", f"--compression={compression}", "--image_size=24",
+                   "--num_shards=2") == 0
+    code = (code.replace('schema = "default"', f'schema = "{schema}"').replace('"tfrecords/', f'"{out}/')
+            .replace("[512, 512, 3]", "[24, 24, 3]").replace(".batch(128,", ".batch(2,"))
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    images, labels = next(iter(scope["ds"]))
+    assert tuple(images.shape) == (2, 24, 24, 3) and set(labels.numpy()) <= {0, 1}
+    info = json.loads((out / "dataset_info.json").read_text())
+    assert sum(1 for _ in scope["ds"].unbatch()) == info["splits"]["train"]["records"] // 2 * 2
