@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import os
 import stat
 import statistics
@@ -39,6 +40,11 @@ from transforms.pool import ConversionPool
 SIZE_SAMPLE = 200  # headers read to learn the input's image sizes
 ENCODE_SAMPLE = 12  # images converted to measure the output bytes of one image
 SAMPLE_LIMIT_S = 10.0  # per file: a slower read is left out of the sample
+HEADER_BYTES = 256 * 1024  # read of each file for its size: headers sit at the start (a TIFF's may not: skipped)
+# The launcher converts its sample next to the workers already started: an image that needs more memory or a
+# larger file than these is left out of the sample (the workers still convert it within the run's limits).
+SAMPLE_MAX_IMAGE_MB = 64
+SAMPLE_MAX_FILE_MB = 16
 RECORD_FRAMING = 16  # a TFRecord's length, its CRC and the data's CRC
 
 
@@ -60,14 +66,19 @@ def _readable(path: str) -> bool:
         return False
 
 
-def header_size(path: str, max_bytes: int) -> tuple[int, int] | None:
-    """(width, height) from the image's header, or None when it cannot be read. Decodes no pixels."""
+def header_size(path: str, max_bytes: int = HEADER_BYTES) -> tuple[int, int] | None:
+    """(width, height) from the image's header, or None when it cannot be read. Decodes no pixels.
+
+    Only the first `max_bytes` of the file are read, so a hostile header (a TIFF
+    tag claiming gigabytes) cannot take memory: one whose size is not in them is left out.
+    """
     if not _readable(path):
         return None
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:
-            with Image.open(f, formats=DECODED_FORMATS) as image:
-                width, height = image.size
+            head = f.read(max_bytes)
+        with Image.open(io.BytesIO(head), formats=DECODED_FORMATS) as image:
+            width, height = image.size
     except Exception:  # not an image, unreadable: the conversion rejects it with its reason
         return None
     return (width, height) if width > 0 and height > 0 else None
@@ -92,7 +103,7 @@ def _run_all(jobs: list, limit_s: float, threads: int) -> list:
 def sample_sizes(paths: Sequence[str], settings: ImageSettings, count: int = SIZE_SAMPLE) -> list[tuple[int, int]]:
     """The header sizes of up to `count` of `paths`, spread over them; unreadable files are left out."""
     chosen = spread(paths, count)
-    jobs = [lambda _deadline, path=path: header_size(path, settings.max_file_bytes) for path in chosen]
+    jobs = [lambda _deadline, path=path: header_size(path) for path in chosen]
     threads = 8 if any(FileSystems.get_scheme(p) for p in chosen[:1]) else 2  # gs:// reads wait on the network
     return [size for size in _run_all(jobs, SAMPLE_LIMIT_S, threads) if size]
 
@@ -118,6 +129,8 @@ def measure_output(files: Sequence[tuple[str, str, int]], settings: ImageSetting
     together as the shard writer does, so the figure is bytes of a shard.
     """
     chosen = spread(files, count)
+    settings = dataclasses.replace(settings, max_image_mb=min(settings.max_image_mb, SAMPLE_MAX_IMAGE_MB),
+                                   max_file_mb=min(settings.max_file_mb, SAMPLE_MAX_FILE_MB))
 
     def work(path, relpath, size):
         def convert(deadline):
