@@ -38,7 +38,7 @@ from pipeline.bench_report import (
 )
 from pipeline.cli import main_of
 from pipeline.errors import UserError
-from pipeline.options import parse_image_size
+from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
 from pipeline.quiet import import_tensorflow
 from transforms.examples import SCHEMAS
 

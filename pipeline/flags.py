@@ -8,7 +8,9 @@ from them with --input_dir and --output_dir marked required.
 from __future__ import annotations
 
 import argparse
+import re
 
+from pipeline.errors import UserError
 from transforms.examples import SCHEMAS
 from transforms.imaging import CHROMA_SUBSAMPLING, IMAGE_FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings
 
@@ -140,3 +142,14 @@ def help_text() -> str:
     )
     add_convert_arguments(parser, mark_required=True)
     return parser.format_help()
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
+    width = int(match.group(1))
+    height = int(match.group(2) or width)
+    if not (1 <= width <= 16384 and 1 <= height <= 16384):
+        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
+    return width, height

@@ -25,6 +25,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     add_convert_arguments,
     help_text,
     parse_bool,
+    parse_image_size,
 )
 from transforms.imaging import ImageSettings
 
@@ -95,17 +96,6 @@ class Settings:
             "compression": self.compression,
             "follow_symlinks": self.follow_symlinks,
         }
-
-
-def parse_image_size(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
-    if not match:
-        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
-    width = int(match.group(1))
-    height = int(match.group(2) or width)
-    if not (1 <= width <= 16384 and 1 <= height <= 16384):
-        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
-    return width, height
 
 
 SPLIT_NAMES = ("train", "validation", "test")

@@ -232,3 +232,16 @@ def test_readme_hand_typed_reader_reads_gzip_and_tf_slim(tmp_path, schema, compr
     assert tuple(images.shape) == (2, 24, 24, 3) and set(labels.numpy()) <= {0, 1}
     info = json.loads((out / "dataset_info.json").read_text())
     assert sum(1 for _ in scope["ds"].unbatch()) == info["splits"]["train"]["records"] // 2 * 2
+
+
+def test_benchmark_help_and_option_errors_need_neither_beam_nor_tensorflow():
+    code = ("import sys\n"
+            "from pipeline import benchmark\n"
+            "from pipeline.errors import UserError\n"
+            "try:\n"
+            "    benchmark.validate(benchmark.build_parser().parse_args(['x', '--dataset_dir=y']))\n"
+            "except UserError as e:\n"
+            "    print(e)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'tensorflow'}))\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.stdout.splitlines() == ["two dataset folders: x and --dataset_dir=y; give one", "[]"], run.stderr
