@@ -140,11 +140,30 @@ def slowest_stage(results: list[StageResult]) -> tuple[str, float] | None:
 
 
 def host_rate(results: list[StageResult]) -> tuple[str, float] | None:
-    """The images/s the host delivers: its fullest measured pipeline (decode, else parse, else read)."""
+    """The images/s the host delivers, and the stage that measured it.
+
+    That is its fullest pipeline: decode, or device (which does the decode
+    stage's work and more), whichever measured faster (a slower pass of the
+    same work is noise); else parse, else read.
+    """
     rates = {r.stage: r.images_per_s for r in results if r.images_per_s}
-    for stage in ("decode", "parse", "read", "device"):
+    full = [(rates[stage], stage) for stage in ("decode", "device") if stage in rates]
+    if full:
+        rate, stage = max(full)
+        return stage, rate
+    for stage in ("parse", "read"):
         if stage in rates:
             return stage, rates[stage]
+    return None
+
+
+def noise_note(results: list[StageResult]) -> str | None:
+    """When device ran much faster than decode, although it does decode's work too: the figures are noisy."""
+    rates = {r.stage: r.images_per_s for r in results if r.images_per_s}
+    if "decode" in rates and "device" in rates and rates["device"] > 1.5 * rates["decode"]:
+        return (f"device ran {rates['device'] / rates['decode']:.1f}x faster than decode although it decodes too: "
+                "the machine was busy or the files came from disk in one pass and from the cache in the other; "
+                "run again with more batches (--epochs) before trusting the difference")
     return None
 
 
@@ -202,9 +221,9 @@ def format_report(setup: dict, results: list[StageResult]) -> str:
         for note in r.notes:
             stages_of.setdefault(note, []).append(r.stage)
     lines += [f"note: {', '.join(stages)}: {note}" for note, stages in stages_of.items()]
-    device = device_row_note(setup, results)
-    if device:
-        lines.append(f"note: {device}")
+    for extra in (device_row_note(setup, results), noise_note(results)):
+        if extra:
+            lines.append(f"note: {extra}")
     conclusion = verdict(setup, results)
     if conclusion:
         lines += ["", conclusion]
