@@ -66,8 +66,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
         help="Seed of the split hash and of the shuffle order. Default: 42.")
     add("--image_size", default="512",
         help="Output size: N for NxN, or WxH such as 640x480. When most input images are smaller, a notice "
-             "before converting gives their typical size and the dataset's size at each; the run goes on with "
-             "this size. Default: 512.")
+             "before converting (not with --quiet) gives their typical size and the dataset's size at each; the "
+             "run goes on with this size. Default: 512.")
     add("--resize_mode", default="stretch", choices=RESIZE_MODES,
         help="stretch to the size (as image_dataset_from_directory does), crop the centre to the aspect "
              "ratio then resize, pad (letterbox) with --background, fit inside the size keeping the aspect "

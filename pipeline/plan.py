@@ -219,7 +219,7 @@ def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample
 
 
 def plan_dataset(settings: Settings) -> Plan:
-    """List the input (metadata only) and decide class ids, splits and shard counts.
+    """List the input (metadata, and a sample of images: `pipeline.estimate`); decide class ids, splits, shards.
 
     Raises:
         UserError: for an empty input, no images, no class folders, or a bad layout.
@@ -295,7 +295,8 @@ def plan_dataset(settings: Settings) -> Plan:
     sample = estimate.measure_output(placed_files, settings.image, settings.schema, settings.compression)
     estimated_bytes = {split: split_bytes(settings, sample, expected[split], source_bytes[split])
                        for split in expected}
-    upscale = upscale_notice(settings, placed_files, sample, sum(expected.values()))
+    # --quiet prints nothing but errors and the summary: no advice either.
+    upscale = None if settings.quiet else upscale_notice(settings, placed_files, sample, sum(expected.values()))
     if upscale:
         notes.insert(0, upscale)
     num_shards = {}

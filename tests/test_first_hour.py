@@ -50,7 +50,7 @@ def test_small_images_get_a_notice_before_converting(small_photos, tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("args", [["--image_size=128"], ["--resize_mode=fit"]])
+@pytest.mark.parametrize("args", [["--image_size=128"], ["--resize_mode=fit"], ["--quiet"]])
 def test_no_notice_when_the_images_are_not_enlarged(small_photos, tmp_path, args):
     run = cli("pipeline.main", f"--input_dir={small_photos}", f"--output_dir={tmp_path / 'out'}",
               "--direct_running_mode=in_memory", "--direct_num_workers=1", *args)
