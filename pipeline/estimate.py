@@ -6,10 +6,10 @@ Two samples, both spread evenly over the listing:
   (Pillow's `Image.open(...).size` parses the header and decodes nothing), so
   the launcher can say *before* converting that most images are smaller than
   --image_size and would be upscaled;
-* **bytes per image**: up to `ENCODE_SAMPLE` files converted with the run's
-  own settings (`transforms.convert.read_and_convert`, the function the
-  workers use) and built into Examples, so that shard counts come from a
-  measured size rather than a guess.
+* **bytes per image**: up to `ENCODE_SAMPLE` files read and converted with the
+  run's own settings (`transforms.convert.read_bytes` and
+  `transforms.imaging.convert_image`, what the workers run) and built into
+  Examples, so that shard counts come from a measured size rather than a guess.
 
 Every read goes through Beam's file systems (local or gs://) on helper threads
 with a time limit (`transforms.pool.ConversionPool`), and local files that are
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
-from transforms.convert import read_and_convert
+from transforms.convert import read_bytes
 from transforms.examples import build_example
-from transforms.imaging import DECODED_FORMATS, ImageSettings
+from transforms.imaging import DECODED_FORMATS, ImageSettings, convert_image
 from transforms.layout import display_path
 from transforms.pool import ConversionPool
 
@@ -134,7 +134,7 @@ def measure_output(files: Sequence[tuple[str, str, int]], settings: ImageSetting
 
     def work(path, relpath, size):
         def convert(deadline):
-            image = read_and_convert(path, settings, deadline, size)
+            image = convert_image(read_bytes(path, settings.max_file_bytes, size), settings, deadline)
             return size, build_example(
                 image=image.data, image_format=image.format, label=0, class_name=relpath.split("/")[-2],
                 height=image.height, width=image.width, source_path=display_path(relpath), schema=schema,
