@@ -120,6 +120,84 @@ def format_table(results: list[StageResult]) -> str:
     return "\n".join(lines)
 
 
+def slowest_stage(results: list[StageResult]) -> tuple[str, float] | None:
+    """The TFRecord stage whose own work costs the most time per image, and that cost in ms.
+
+    The stages are cumulative (parse = read + parsing, ...), so a stage's own
+    cost is its time per image minus the previous measured stage's.
+    """
+    costs, before = [], 0.0
+    for r in results:
+        if r.stage not in TFRECORD_STAGES or not r.images_per_s:
+            continue
+        per_image = 1.0 / r.images_per_s
+        costs.append((max(per_image - before, 0.0) * 1000.0, r.stage))
+        before = per_image
+    if not costs:
+        return None
+    cost, stage = max(costs)
+    return stage, cost
+
+
+def host_rate(results: list[StageResult]) -> tuple[str, float] | None:
+    """The images/s the host delivers, and the stage that measured it.
+
+    That is its fullest pipeline: decode, or device (which does the decode
+    stage's work and more), whichever measured faster (a slower pass of the
+    same work is noise); else parse, else read.
+    """
+    rates = {r.stage: r.images_per_s for r in results if r.images_per_s}
+    full = [(rates[stage], stage) for stage in ("decode", "device") if stage in rates]
+    if full:
+        rate, stage = max(full)
+        return stage, rate
+    for stage in ("parse", "read"):
+        if stage in rates:
+            return stage, rates[stage]
+    return None
+
+
+def noise_note(results: list[StageResult]) -> str | None:
+    """When device ran much faster than decode, although it does decode's work too: the figures are noisy."""
+    rates = {r.stage: r.images_per_s for r in results if r.images_per_s}
+    if "decode" in rates and "device" in rates and rates["device"] > 1.5 * rates["decode"]:
+        return (f"device ran {rates['device'] / rates['decode']:.1f}x faster than decode although it decodes too: "
+                "the machine was busy or the files came from disk in one pass and from the cache in the other; "
+                "run again with more batches (--epochs) before trusting the difference")
+    return None
+
+
+def device_row_note(setup: dict, results: list[StageResult]) -> str | None:
+    """What the device row measured when there is no accelerator."""
+    if setup.get("strategy_kind") != "cpu" or not any(r.stage in ("device", "files_device") for r in results):
+        return None
+    return ("device row: no TPU or GPU here, so it measured batches handed to this host's own CPU (a "
+            "strategy.run step on the CPU), competing with decoding for the same cores; it is no accelerator's "
+            "figure, and its rate changes little with --dtype")
+
+
+def verdict(setup: dict, results: list[StageResult]) -> str | None:
+    """One plain conclusion: the slowest stage, the host's feed rate, and whether it covers the accelerator's need."""
+    fed = host_rate(results)
+    if fed is None:
+        return None
+    stage, rate = fed
+    needed = setup.get("required_images_per_s")
+    batch, steps = setup.get("global_batch"), setup.get("target_steps_per_s")
+    slowest = slowest_stage(results)
+    text = "Verdict: "
+    if slowest:
+        text += f"{slowest[0]} is the slowest stage ({slowest[1]:,.2f} ms of its own per image); "
+    text += f"this host feeds about {rate:,.0f} images/s (the {stage} stage)"
+    if not needed:
+        return text + "."
+    need = f"the {needed:,.0f} images/s an accelerator needs at a global batch of {batch:,} and {steps:g} steps/s"
+    if rate >= needed:
+        return text + f", {rate / needed:,.1f}x {need}: enough."
+    return (text + f", {rate / needed:.0%} of {need}: NOT enough, the accelerator would wait for input (see "
+            "'Is it enough?' in the README's benchmark guide).")
+
+
 def format_report(setup: dict, results: list[StageResult]) -> str:
     """The heading lines (what was measured, on what), the table and the notes."""
     lines = [
@@ -143,6 +221,12 @@ def format_report(setup: dict, results: list[StageResult]) -> str:
         for note in r.notes:
             stages_of.setdefault(note, []).append(r.stage)
     lines += [f"note: {', '.join(stages)}: {note}" for note, stages in stages_of.items()]
+    for extra in (device_row_note(setup, results), noise_note(results)):
+        if extra:
+            lines.append(f"note: {extra}")
+    conclusion = verdict(setup, results)
+    if conclusion:
+        lines += ["", conclusion]
     return "\n".join(lines)
 
 
@@ -152,8 +236,12 @@ def write_json(path: str, setup: dict, results: list[StageResult]) -> None:
     _write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
 
 
-def write_plot(path: str, setup: dict, results: list[StageResult]) -> None:
-    """A PNG bar chart of images/s per stage (matplotlib's Agg backend: no display needed)."""
+NEEDED_COLOUR = "#c0392b"
+
+
+def plot_figure(setup: dict, results: list[StageResult]):
+    """The bar chart as a matplotlib Figure: a linear axis (a log axis made 166 and 127 look alike),
+    each bar's value written, and the accelerator's need as a labelled vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,18 +250,30 @@ def write_plot(path: str, setup: dict, results: list[StageResult]) -> None:
     names = [r.stage for r in results]
     rates = [r.images_per_s or 0.0 for r in results]
     colours = ["#e07b39" if r.stage in FILE_STAGES else "#3b75af" for r in results]
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(results)), dpi=100)
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.55 * len(results)), dpi=100)
     bars = ax.barh(names, rates, color=colours)
     ax.invert_yaxis()
-    positive = [rate for rate in rates if rate > 0]
-    if positive and max(positive) > 20 * min(positive):
-        ax.set_xscale("log")  # raw reads are often 100x faster than decoding: keep every bar readable
+    ax.set_xscale("linear")
     ax.set_xlabel("images/s, warm-up excluded (blue: TFRecords, orange: image files)")
     ax.set_title(f"{setup['source']}: batch {setup['batch_size']}, {setup['strategy']}", fontsize=9)
     for bar, rate in zip(bars, rates, strict=True):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {rate:,.0f}", va="center", fontsize=8)
-    ax.margins(x=0.15)
+    needed = setup.get("required_images_per_s")
+    if needed:
+        ax.axvline(needed, color=NEEDED_COLOUR, linestyle="--", linewidth=1.5,
+                   label=f"needed: {needed:,.0f} images/s (batch {setup.get('global_batch'):,} x "
+                         f"{setup.get('target_steps_per_s'):g} steps/s)")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(0, max(rates + [needed or 0.0, 1.0]) * 1.18)
     fig.tight_layout()
+    return fig
+
+
+def write_plot(path: str, setup: dict, results: list[StageResult]) -> None:
+    """A PNG bar chart of images/s per stage (matplotlib's Agg backend: no display needed)."""
+    from matplotlib import pyplot as plt
+
+    fig = plot_figure(setup, results)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)

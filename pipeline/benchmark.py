@@ -1,8 +1,9 @@
 """Measure how fast a converted dataset feeds a TPU, the GPUs or the CPU, stage by stage.
 
-    python -m pipeline.benchmark --dataset_dir=tfrecords/
-    python -m pipeline.benchmark --dataset_dir=gs://bucket/tfrecords --tpu=local --batch_size=1024 --steps=200
-    python -m pipeline.benchmark --dataset_dir=tfrecords/ --compare_files=photos/ --json=bench.json --plot=bench.png
+    python -m pipeline.benchmark tfrecords/
+    python -m pipeline.benchmark gs://bucket/tfrecords --tpu=local --batch_size=1024 --steps=200
+    python -m pipeline.benchmark tfrecords/ --global_batch=256 --target_steps_per_s=5
+    python -m pipeline.benchmark tfrecords/ --compare_files=photos/ --json=bench.json --plot=bench.png
     python -m pipeline.benchmark --file_pattern='other/train-*' --schema=tf_slim --image_size=224
 
 Stages, each a separate pass over the same files in one run:
@@ -12,12 +13,15 @@ Stages, each a separate pass over the same files in one run:
     device   + every batch handed to the device(s): a strategy.run step reduces it to one number
 With --compare_files, files_decode and files_device run the same decode pipeline over the
 original image files. The first batch of every stage is warm-up: reported as time to first
-batch, excluded from the rates.
+batch, excluded from the rates. After the table, one verdict line names the slowest stage and
+compares the images/s the host feeds with what the accelerator needs: --global_batch images
+--target_steps_per_s times a second.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import sys
 import time
@@ -34,7 +38,7 @@ from pipeline.bench_report import (
 )
 from pipeline.cli import main_of
 from pipeline.errors import UserError
-from pipeline.options import parse_image_size
+from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
 from pipeline.quiet import import_tensorflow
 from transforms.examples import SCHEMAS
 
@@ -47,9 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure how fast TFRecords feed a TPU, the GPUs or the CPU: raw read, parse, decode and "
                     "device feed, each measured separately in one run.")
     add = parser.add_argument
+    add("dataset", nargs="?", default=None, metavar="DATASET_DIR",
+        help="A converted dataset (the --output_dir of pipeline.main), local or gs://, as for verify and preview; "
+             "its dataset_info.json names the shards, keys and image size. This (or --dataset_dir) or "
+             "--file_pattern is required.")
     add("--dataset_dir", default=None,
-        help="A converted dataset (the --output_dir of pipeline.main), local or gs://; its dataset_info.json "
-             "names the shards, keys and image size. This or --file_pattern is required.")
+        help="The same as the DATASET_DIR argument. Default: none.")
     add("--file_pattern", default=None,
         help="Any TFRecord files instead, as a glob (quote it), local or gs://; .gz files are read as GZIP. "
              "Keys from --schema or --image_key/--label_key.")
@@ -79,8 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compare_files", default=None,
         help="Folder of the original image files (e.g. the conversion's --input_dir): run the decode and device "
              "stages over them too, resized to the same size. Default: none.")
+    add("--global_batch", type=int, default=0,
+        help="Global batch size of the training the verdict line compares with: images per step over all "
+             "replicas. Default: 0, the --batch_size.")
+    add("--target_steps_per_s", type=float, default=10.0,
+        help="Training steps a second the accelerator should run (10 = a 100 ms step, typical of a mid-sized "
+             "image model on one accelerator): the verdict needs --global_batch x this many images/s. "
+             "Default: 10.")
     add("--json", default=None, help="Also write the figures to this JSON file (local or gs://). Default: none.")
-    add("--plot", default=None, help="Also draw images/s per stage as a PNG bar chart here. Default: none.")
+    add("--plot", default=None,
+        help="Also draw images/s per stage as a PNG bar chart here, on a linear axis with each value written "
+             "and the images/s the accelerator needs drawn as a line. Default: none.")
     add("--verbose", action="store_true", help="Show TensorFlow's own logs. Default: off.")
     return parser
 
@@ -105,19 +121,29 @@ class Settings:
     json_path: str | None
     plot_path: str | None
     verbose: bool
+    global_batch: int = 0  # 0: the batch_size
+    target_steps_per_s: float = 10.0
 
 
 def validate(args: argparse.Namespace) -> Settings:
     """Check the options before TensorFlow is even imported."""
+    if args.dataset and args.dataset_dir and args.dataset.rstrip("/") != args.dataset_dir.rstrip("/"):
+        raise UserError(f"two dataset folders: {args.dataset} and --dataset_dir={args.dataset_dir}; give one")
+    args.dataset_dir = args.dataset or args.dataset_dir
     if bool(args.dataset_dir) == bool(args.file_pattern):
-        raise UserError("give --dataset_dir=DIR (a converted dataset) or --file_pattern='GLOB' (any TFRecords), "
-                        "not both and not neither")
+        raise UserError("give the dataset folder (python -m pipeline.benchmark DIR, or --dataset_dir=DIR) or "
+                        "--file_pattern='GLOB' (any TFRecords), not both and not neither")
     if args.dataset_dir and (args.schema or args.image_key or args.label_key is not None):
         raise UserError("--schema, --image_key and --label_key are for --file_pattern; with --dataset_dir the "
                         "keys come from dataset_info.json")
     for name in ("batch_size", "epochs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}={getattr(args, name)} must be at least 1")
+    if args.global_batch < 0:
+        raise UserError(f"--global_batch={args.global_batch} must be 0 (the --batch_size) or a number of images")
+    if not (args.target_steps_per_s > 0 and math.isfinite(args.target_steps_per_s)):
+        raise UserError(f"--target_steps_per_s={args.target_steps_per_s} must be a positive number of steps a "
+                        "second, such as 10 for a 100 ms step")
     if args.steps < 0 or args.steps == 1:
         raise UserError(f"--steps={args.steps} must be 0 (no limit) or at least 2: the first batch is warm-up")
     stages = [stage.strip() for stage in args.stages.split(",") if stage.strip()]
@@ -139,6 +165,7 @@ def validate(args: argparse.Namespace) -> Settings:
         image_size=image_size, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
         stages=[stage for stage in TFRECORD_STAGES if stage in stages], dtype=args.dtype, tpu=args.tpu,
         compare_files=args.compare_files, json_path=args.json, plot_path=args.plot, verbose=args.verbose,
+        global_batch=args.global_batch or args.batch_size, target_steps_per_s=args.target_steps_per_s,
     )
 
 
@@ -250,6 +277,9 @@ def _run(argv: list[str]) -> int:
         "replicas": replicas,
         "compare_files": settings.compare_files,
         "compare_files_count": len(files.paths) if files else 0,
+        "global_batch": settings.global_batch,
+        "target_steps_per_s": settings.target_steps_per_s,
+        "required_images_per_s": settings.global_batch * settings.target_steps_per_s,
         "tensorflow_version": tf.__version__,
         "host": socket.gethostname(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -207,8 +207,7 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
             "Converting %d images in %d classes (%s) to %s",
             plan.total_images,
             len(plan.class_names),
-            ", ".join(f"{split} {n} in {plan.num_shards[split]} shards"
-                      for split, n in plan.expected_per_split.items()),
+            plan.splits_text(),
             settings.output_dir,
         )
     except BaseException:

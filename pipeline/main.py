@@ -15,11 +15,18 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from pipeline.cli import main_of  # noqa: E402  (after the variable above)
-from pipeline.launcher import run  # noqa: E402
 
 
 def main() -> int:
     """Run the converter on sys.argv; returns the exit code. The process should exit right after."""
+    if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
+        # The options are defined without Beam: the help page needs no Beam import (seconds on a cold disk).
+        from pipeline.flags import help_text
+
+        print(help_text())
+        return 0
+    from pipeline.launcher import run
+
     code = main_of(run)
     # Beam, gRPC and protobuf leave millions of objects behind; the interpreter's
     # last garbage collection over them took about 0.9 s of every run. Frozen

@@ -17,31 +17,18 @@ from dataclasses import dataclass
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.errors import UserError
-from transforms.examples import SCHEMAS
-from transforms.imaging import (
-    CHROMA_SUBSAMPLING,
-    IMAGE_FORMATS,
-    RESAMPLE_FILTERS,
-    RESIZE_MODES,
-    ImageSettings,
+from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, parse_bool, help_text stay importable here)
+    COMPRESSIONS,
+    IF_EXISTS,
+    MAX_CONVERSION_THREADS,
+    ON_OFF,
+    add_convert_arguments,
+    help_text,
+    parse_bool,
+    parse_image_size,
 )
+from transforms.imaging import ImageSettings
 
-COMPRESSIONS = ("none", "gzip")
-IF_EXISTS = ("refuse", "overwrite", "skip")
-MAX_CONVERSION_THREADS = 32
-
-
-def parse_bool(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-
-
-# On/off flags: `--overwrite` alone, or `--overwrite=true|false` as Dataflow Flex Templates pass them.
-ON_OFF = dict(nargs="?", const=True, default=False, type=parse_bool, metavar="true|false")
 NAMED_COLOURS = {
     "white": (255, 255, 255),
     "black": (0, 0, 0),
@@ -55,95 +42,7 @@ class ConvertOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        add = parser.add_argument
-        add("--input_dir", default=None,
-            help="Folder of images, local or gs://: <input_dir>/<class>/<image>, or "
-                 "<input_dir>/<split>/<class>/<image> with split folders train/, validation/ (or val/), test/. "
-                 "Required.")
-        add("--output_dir", default=None,
-            help="Folder for the TFRecord shards and dataset_info.json, local or gs://. {date} and {timestamp} in "
-                 "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "
-                 "--run_date sets the date. Required.")
-        add("--run_date", default=None,
-            help="The date that {date} in --output_dir stands for, YYYY-MM-DD: a scheduler's logical date "
-                 "(Airflow's {{ ds }}), so that backfills and late retries write the right folder. "
-                 "Default: none, the UTC launch date.")
-        add("--labels_file", default=None,
-            help="Text file with one class name per line; line i gets label id i, so ids stay fixed across "
-                 "runs. Default: none, ids are 0..K-1 in sorted order of the class folder names.")
-        add("--validation_split", type=float, default=0.2,
-            help="Share of images assigned to validation by a hash of their path, when the input has no "
-                 "split folders. Default: 0.2.")
-        add("--test_split", type=float, default=0.0,
-            help="Share of images assigned to test, like --validation_split. Default: 0.0.")
-        add("--seed", type=int, default=42,
-            help="Seed of the split hash and of the shuffle order. Default: 42.")
-        add("--image_size", default="512",
-            help="Output size: N for NxN, or WxH such as 640x480. Default: 512.")
-        add("--resize_mode", default="stretch", choices=RESIZE_MODES,
-            help="stretch to the size (as image_dataset_from_directory does), crop the centre to the aspect "
-                 "ratio then resize, pad (letterbox) with --background, fit inside the size keeping the aspect "
-                 "ratio (variable size), or none (original size). Default: stretch.")
-        add("--resample", default="bilinear", choices=tuple(RESAMPLE_FILTERS),
-            help="Resampling filter. Default: bilinear.")
-        add("--image_format", default="jpeg", choices=IMAGE_FORMATS,
-            help="Encoding of the stored images; png is lossless. Default: jpeg.")
-        add("--jpeg_quality", type=int, default=95,
-            help="JPEG quality, 1-100. Default: 95.")
-        add("--chroma_subsampling", default="4:2:0", choices=tuple(CHROMA_SUBSAMPLING),
-            help="JPEG chroma subsampling. Default: 4:2:0.")
-        add("--background", default="white",
-            help="Colour that transparent pixels are composited onto and that pads letterboxed images: "
-                 "white, black, grey, #rrggbb or r,g,b. Default: white.")
-        add("--max_pixels", type=int, default=ImageSettings.max_pixels,
-            help="Images declaring more pixels than this are rejected as decompression bombs before "
-                 f"decoding. Default: {ImageSettings.max_pixels}.")
-        add("--max_image_mb", type=int, default=ImageSettings.max_image_mb,
-            help="Memory in MB one image may need while it is converted (its decoded pixels, by pixel mode and "
-                 "bit depth, plus an RGB copy), checked from the header before decoding; a larger one is rejected "
-                 "as image_too_large_in_memory. JPEGs count at the reduced scale they are decoded at. "
-                 f"Default: {ImageSettings.max_image_mb}.")
-        add("--max_file_mb", type=int, default=ImageSettings.max_file_mb,
-            help="Files larger than this many MB are rejected as file_too_large without being read, and no read "
-                 f"goes past it. Default: {ImageSettings.max_file_mb}.")
-        add("--image_timeout_s", type=float, default=ImageSettings.timeout_s,
-            help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
-                 f"Default: {ImageSettings.timeout_s:g}.")
-        add("--conversion_threads", type=int, default=2,
-            help="Threads reading and converting images in each worker process. Pillow decodes and resizes "
-                 "outside Python's lock, so two keep a core busy while the other waits, and let busy workers use "
-                 "the cores of idle ones. Default: 2.")
-        add("--schema", default="default", choices=tuple(SCHEMAS),
-            help="Example keys: default (image, label, class_name, height, width, source_path) or tf_slim "
-                 "(image/encoded, image/class/label, ...). Default: default.")
-        add("--num_shards", type=int, default=0,
-            help="Shards per split. Default: 0, sized for shards of about --shard_size_mb.")
-        add("--shard_size_mb", type=int, default=150,
-            help="Target shard size in MB when --num_shards is 0. Default: 150.")
-        add("--compression", default="none", choices=COMPRESSIONS,
-            help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
-        add("--index_files", **ON_OFF,
-            help="Also write each shard's index for DALI's TFRecord reader and the tfrecord package, beside it: "
-                 "train-00000-of-00004.idx for train-00000-of-00004.tfrecord, one 'offset length' line per record. "
-                 "Uncompressed shards only. Default: off.")
-        add("--if_exists", default="refuse", choices=IF_EXISTS,
-            help="What a complete dataset already in --output_dir means: refuse stops with an error; overwrite "
-                 "replaces it once the new run has finished (only files this tool writes are removed); skip exits "
-                 "0 without converting when it was made from the same options, for schedulers' retries, and "
-                 "refuses one made with other options. Default: refuse.")
-        add("--follow_symlinks", **ON_OFF,
-            help="Also read symlinks (to files or folders) whose target is outside --input_dir. Symlinks inside "
-                 "it are always followed. Default: off, such a link is reported as symlink_outside_input in "
-                 "errors.jsonl.")
-        add("--overwrite", **ON_OFF,
-            help="The same as --if_exists=overwrite. Default: off.")
-        add("--quiet", **ON_OFF,
-            help="Print nothing but errors and the final summary. Default: off.")
-        add("--verbose", **ON_OFF,
-            help="Show Beam's and TensorFlow's own logs. Default: off.")
-        add("--no_wait", **ON_OFF,
-            help="Dataflow only: return once the job is submitted, printing its console link, instead of "
-                 "waiting for it and printing the summary. Flex Template launches never wait. Default: off.")
+        add_convert_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -158,7 +57,7 @@ class Settings:
     seed: int
     image: ImageSettings
     schema: str
-    num_shards: int
+    num_shards: dict[str, int]  # split -> shard count; a split not in it is sized by shard_size_mb
     shard_size_mb: int
     compression: str
     conversion_threads: int
@@ -193,7 +92,7 @@ class Settings:
             "max_file_mb": image.max_file_mb,
             "image_timeout_s": image.timeout_s,
             "schema": self.schema,
-            "num_shards": self.num_shards,
+            "num_shards": format_num_shards(self.num_shards),
             "shard_size_mb": self.shard_size_mb,
             "compression": self.compression,
             "follow_symlinks": self.follow_symlinks,
@@ -201,15 +100,41 @@ class Settings:
         }
 
 
-def parse_image_size(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
-    if not match:
-        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
-    width = int(match.group(1))
-    height = int(match.group(2) or width)
-    if not (1 <= width <= 16384 and 1 <= height <= 16384):
-        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
-    return width, height
+SPLIT_NAMES = ("train", "validation", "test")
+
+
+def parse_num_shards(text) -> dict[str, int]:
+    """--num_shards: N (train only; 0 for automatic) or split=N,... -> {split: N} for the splits that are set.
+
+    Raises:
+        UserError: for anything else, with the forms that work.
+    """
+    value = str(text).strip()
+    forms = "give a number such as 8 (for train), or per split such as train=64,validation=8"
+    if re.fullmatch(r"\d+", value):
+        return {"train": int(value)} if int(value) else {}
+    counts: dict[str, int] = {}
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+)\s*", part)
+        if not match:
+            raise UserError(f"--num_shards={text!r} is not a shard count: {forms}")
+        split, count = match.group(1), int(match.group(2))
+        if split not in SPLIT_NAMES:
+            raise UserError(f"--num_shards={text!r} names the split {split!r}: the splits are "
+                            f"{', '.join(SPLIT_NAMES)}")
+        if split in counts:
+            raise UserError(f"--num_shards={text!r} gives {split} twice: give each split once")
+        counts[split] = count
+    return {split: n for split, n in counts.items() if n}
+
+
+def format_num_shards(counts: dict[str, int]):
+    """How dataset_info.json records --num_shards: 0, a number for train alone, or 'train=64,validation=8'."""
+    if not counts:
+        return 0
+    if set(counts) == {"train"}:
+        return counts["train"]
+    return ",".join(f"{split}={counts[split]}" for split in SPLIT_NAMES if split in counts)
 
 
 def parse_colour(text: str) -> tuple[int, int, int]:
@@ -292,8 +217,7 @@ def validate(options: PipelineOptions) -> Settings:
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
         raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
                         "2 suits most machines")
-    if o.num_shards < 0:
-        raise UserError(f"--num_shards={o.num_shards} must be 0 (automatic) or a positive count")
+    num_shards = parse_num_shards(o.num_shards)
     if o.shard_size_mb < 1:
         raise UserError(f"--shard_size_mb={o.shard_size_mb} must be at least 1")
     if o.index_files and o.compression != "none":
@@ -330,7 +254,7 @@ def validate(options: PipelineOptions) -> Settings:
         seed=o.seed,
         image=image,
         schema=o.schema,
-        num_shards=o.num_shards,
+        num_shards=num_shards,
         conversion_threads=o.conversion_threads,
         shard_size_mb=o.shard_size_mb,
         compression=o.compression,
@@ -355,21 +279,12 @@ def check_flags(argv: list[str]) -> None:
     except argparse.ArgumentError as e:
         raise UserError(f"{e}; run with --help to see the options") from None
     captured = []
-    PipelineOptions(argv).get_all_options(add_extra_args_fn=captured.append)
+    # Beam's parser of every option, built without argv: given argv, Beam would log
+    # "Discarding unparseable args" for a mistyped flag before the one line below.
+    PipelineOptions([]).get_all_options(add_extra_args_fn=captured.append)
     _, unknown = captured[0].parse_known_args(argv)
     flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
     if flags:
         raise UserError(f"unknown option {flags[0]}; run with --help to see the options")
     if unknown:
         raise UserError(f"unexpected argument {unknown[0]!r}: options take the form --name=value")
-
-
-def help_text() -> str:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.main",
-        description="Convert a folder of labeled images into sharded TFRecord files with Apache Beam.",
-        epilog="Any Apache Beam pipeline option (--runner, --direct_num_workers, --project, --region, "
-               "--temp_location, ...) is accepted too.",
-    )
-    ConvertOptions._add_argparse_args(parser)
-    return parser.format_help()

@@ -1,13 +1,14 @@
 """Launcher-side planning: check the folders, read file metadata, fix class ids and shard counts.
 
-Only file names and sizes are read here, never image bytes: the graph does the
+Besides file names and sizes, only a small sample of the images is read here
+(`pipeline.estimate`): up to 200 headers for the input's image sizes, and a
+dozen images converted to measure the bytes of one record. The graph does the
 real work, and on Dataflow it runs on the workers.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 from collections import Counter
@@ -15,9 +16,10 @@ from dataclasses import dataclass, field
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import cloud
+from pipeline import cloud, estimate
 from pipeline.errors import UserError
 from pipeline.options import Settings
+from pipeline.report import human_bytes
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     SPLITS,
@@ -50,6 +52,11 @@ class Plan:
     @property
     def total_images(self) -> int:
         return sum(self.expected_per_split.values())
+
+    def splits_text(self) -> str:
+        """e.g. 'train 3000 in 3 shards, validation 800 in 1 shard', splits in the order train, validation, test."""
+        return ", ".join(f"{split} {self.expected_per_split[split]} in {plural(self.num_shards[split], 'shard')}"
+                         for split in SPLITS if split in self.expected_per_split)
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -149,7 +156,7 @@ def read_labels_file(path: str) -> list[str]:
 
 
 def estimated_bytes_per_image(settings: Settings, source_size: int) -> float:
-    """A rough output size of one image, for sizing shards before anything is converted."""
+    """A rough output size of one image, when no image of the sample could be converted."""
     image = settings.image
     if image.resize_mode == "none":
         return float(source_size)
@@ -159,8 +166,60 @@ def estimated_bytes_per_image(settings: Settings, source_size: int) -> float:
     return pixels * (0.08 + 0.35 * (image.jpeg_quality / 100) ** 2)
 
 
+def split_bytes(settings: Settings, sample: estimate.OutputSample | None, images: int, source_bytes: int) -> float:
+    """The bytes a split's shards will hold, from the sample converted with the run's settings.
+
+    For a fixed output size every image comes out about the same size; with
+    --resize_mode=fit or none the output follows the source, so the sample's
+    ratio of output to file bytes is applied to the split's file bytes.
+    """
+    if sample is None:
+        return images * estimated_bytes_per_image(settings, source_bytes / max(images, 1))
+    if settings.image.resize_mode in ("fit", "none") and sample.source_bytes:
+        return source_bytes * sample.record_bytes / sample.source_bytes
+    return images * sample.bytes_per_image
+
+
+def shards_for(total_bytes: float, shard_size_mb: int) -> int:
+    """The shard count that brings shards closest to `shard_size_mb` (shards hold equal numbers of records)."""
+    return max(1, round(total_bytes / (shard_size_mb * 1e6)))
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample: estimate.OutputSample | None,
+                   total_images: int) -> str | None:
+    """The notice when most images are smaller than --image_size (sizes from headers only), else None.
+
+    The run goes on with the size given: the notice names the typical source
+    size, the --image_size that keeps it, and the dataset's size at each.
+    """
+    image = settings.image
+    if image.resize_mode in ("fit", "none"):
+        return None
+    sizes = estimate.sample_sizes([path for path, _, _ in files], image)
+    smaller = estimate.smaller_than_output(sizes, image)
+    if not sizes or smaller * 2 <= len(sizes):
+        return None
+    width, height = estimate.typical_size([s for s in sizes if s[0] < image.width and s[1] < image.height])
+    current, suggested = estimate.size_text(image.width, image.height), estimate.size_text(width, height)
+    factor = min(image.width / width, image.height / height)
+    text = (f"most input images are smaller than --image_size={current}: {smaller} of {len(sizes)} sampled, "
+            f"typically {width}x{height} px, will be upscaled about {factor:.1f}x, which adds bytes but no detail.")
+    small = estimate.measure_output(files, estimate.at_size(image, width, height), settings.schema,
+                                    settings.compression)
+    if sample is not None and small is not None:
+        text += (f" The dataset will be about {human_bytes(sample.bytes_per_image * total_images)} at "
+                 f"--image_size={current}, about {human_bytes(small.bytes_per_image * total_images)} at "
+                 f"--image_size={suggested}.")
+    return text + (f" To keep their size, stop this run (Ctrl-C) and run again with --image_size={suggested}; "
+                   f"this run goes on at {current}.")
+
+
 def plan_dataset(settings: Settings) -> Plan:
-    """List the input (metadata only) and decide class ids, splits and shard counts.
+    """List the input (metadata, and a sample of images: `pipeline.estimate`); decide class ids, splits, shards.
 
     Raises:
         UserError: for an empty input, no images, no class folders, or a bad layout.
@@ -173,7 +232,7 @@ def plan_dataset(settings: Settings) -> Plan:
             found += 1
             ref = classify(entry, settings.input_dir)
             if isinstance(ref, FileRef):
-                candidates.append((ref.relpath, ref.size))
+                candidates.append((ref.relpath, ref.size, ref.path))
     except Exception as e:
         raise UserError(f"--input_dir {settings.input_dir} cannot be listed ({type(e).__name__}: {e})") from None
     if not found:
@@ -183,12 +242,12 @@ def plan_dataset(settings: Settings) -> Plan:
             f"no images found in {settings.input_dir}: {found} files, none with an image extension "
             f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
         )
-    top_level = {relpath.split("/")[0] for relpath, _ in candidates if "/" in relpath}
+    top_level = {relpath.split("/")[0] for relpath, _, _ in candidates if "/" in relpath}
     try:
         split_folders = split_folder_layout(top_level)
     except ValueError as e:
         raise UserError(str(e)) from None
-    folder_classes = class_folder_names((relpath for relpath, _ in candidates), split_folders)
+    folder_classes = class_folder_names((relpath for relpath, _, _ in candidates), split_folders)
     for name in folder_classes:
         problem = class_name_problem(name)
         if problem:
@@ -214,8 +273,9 @@ def plan_dataset(settings: Settings) -> Plan:
     known = set(class_names)
 
     expected = Counter()
-    estimated_bytes = Counter()
-    for relpath, size in candidates:
+    source_bytes = Counter()
+    placed_files = []  # (path, relpath, size) of the images that will be converted
+    for relpath, size, path in candidates:
         placed = place(
             relpath,
             split_folders=split_folders,
@@ -225,30 +285,39 @@ def plan_dataset(settings: Settings) -> Plan:
         )
         if isinstance(placed, Placement) and placed.class_name in known:
             expected[placed.split] += 1
-            estimated_bytes[placed.split] += estimated_bytes_per_image(settings, size)
+            source_bytes[placed.split] += size
+            placed_files.append((path, relpath, size))
     if not expected:
         raise UserError(
             f"none of the {len(candidates)} images in {settings.input_dir} belongs to a class in the labels file "
             f"{settings.labels_file}: check that the class folder names match its lines"
         )
+    sample = estimate.measure_output(placed_files, settings.image, settings.schema, settings.compression)
+    estimated_bytes = {split: split_bytes(settings, sample, expected[split], source_bytes[split])
+                       for split in expected}
+    # --quiet prints nothing but errors and the summary: no advice either.
+    upscale = None if settings.quiet else upscale_notice(settings, placed_files, sample, sum(expected.values()))
+    if upscale:
+        notes.insert(0, upscale)
     num_shards = {}
     for split in SPLITS:
         count = expected[split]
         if not count:
             continue
-        if settings.num_shards:
-            shards = settings.num_shards
+        if split in settings.num_shards:
+            shards = settings.num_shards[split]
             if shards > count:
-                notes.append(f"--num_shards={shards} is more than the {count} {split} images: writing {count} shards")
+                notes.append(f"--num_shards={split}={shards} is more than the {count} {split} images: writing "
+                             f"{plural(count, 'shard')}")
                 shards = count
         else:
-            shards = math.ceil(estimated_bytes[split] / (settings.shard_size_mb * 1e6))
+            shards = shards_for(estimated_bytes[split], settings.shard_size_mb)
             shards = max(1, min(shards, count))
         num_shards[split] = shards
     return Plan(
         class_names=class_names,
         split_folders=split_folders,
-        expected_per_split=dict(expected),
+        expected_per_split={split: expected[split] for split in SPLITS if expected[split]},
         num_shards=num_shards,
         files_found=found,
         unknown_classes=unknown,

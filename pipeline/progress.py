@@ -161,7 +161,8 @@ def progress_line(done: int, total: int, rate: float) -> str:
     if rate > 0:
         line += f", {rate:.1f} images/s"
         if done < total:
-            line += f", about {format_duration((total - done) / rate)} left"
+            left = (total - done) / rate
+            line += ", under 1 s left" if left < 1 else f", about {format_duration(left)} left"
     if total and done >= total:
         line += "; writing shards and dataset_info.json"
     return line

@@ -251,7 +251,8 @@ class Report:
             if len(items) > max_lines:
                 lines.append(f"{kind}: ... and {len(items) - max_lines} more")
         total = sum(self.split_records.values())
-        lines.append(f"Read {total} records from {self.dataset_dir} ({sum(self.split_shards.values())} shards "
+        shards = sum(self.split_shards.values())
+        lines.append(f"Read {total} records from {self.dataset_dir} ({shards} shard{'' if shards == 1 else 's'} "
                      f"listed{'' if self.decoded else '; images not decoded: --no_decode'}):")
         for split, records in self.split_records.items():
             lines.append(f"  {split:<10} {records:>8} records in {self.split_shards[split]} shard(s)")

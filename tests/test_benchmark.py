@@ -177,9 +177,10 @@ def test_stage_figures_exclude_the_warm_up_batch():
 def cli_run(sample_output, sample_tree, tmp_path_factory):
     """One benchmark run as a user runs it: validation split, 2 epochs, compared with one class's image files."""
     out = tmp_path_factory.mktemp("bench")
-    proc = cli("pipeline.benchmark", f"--dataset_dir={sample_output}", "--split=validation", "--batch_size=2",
+    # The dataset folder as the first argument, as for verify and preview.
+    proc = cli("pipeline.benchmark", str(sample_output), "--split=validation", "--batch_size=2",
                "--epochs=2", f"--compare_files={sample_tree / 'circle'}", f"--json={out / 'bench.json'}",
-               f"--plot={out / 'bench.png'}")
+               f"--plot={out / 'bench.png'}", "--global_batch=64", "--target_steps_per_s=1000")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "bench.json").read_text()), out / "bench.png"
 
@@ -230,6 +231,61 @@ def test_plot_is_a_png_bar_chart(cli_run):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with Image.open(png) as image:
         assert image.format == "PNG" and image.width >= 400 and image.height >= 200
+
+
+def test_the_report_ends_with_a_verdict(cli_run):
+    """After the table: the slowest stage, what the host feeds, and the accelerator's need (64 x 1000/s)."""
+    proc, doc, _ = cli_run
+    last = proc.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("Verdict: ") and " is the slowest stage (" in last
+    rate, stage = max((s["images_per_s"], s["stage"]) for s in doc["stages"] if s["stage"] in ("decode", "device"))
+    assert f"this host feeds about {rate:,.0f} images/s (the {stage} stage)" in last
+    assert "the 64,000 images/s an accelerator needs at a global batch of 64 and 1000 steps/s: NOT enough" in last
+    assert doc["setup"]["required_images_per_s"] == 64000
+    # a CPU-only host: the device row says what it measured
+    assert "note: device row: no TPU or GPU here, so it measured batches handed to this host's own CPU" in proc.stdout
+
+
+def _stage(name, images_per_s):
+    """A stage that measured `images_per_s` over one second."""
+    return StageResult(name, records=int(images_per_s) + 10, batches=3, first_batch_records=10,
+                       batch_intervals_s=[0.5, 0.5])
+
+
+def test_verdict_names_the_stage_that_costs_most_and_compares_with_the_need():
+    from pipeline.bench_report import noise_note, verdict
+
+    results = [_stage("read", 20000), _stage("parse", 10000), _stage("decode", 400), _stage("device", 380)]
+    setup = {"required_images_per_s": 256 * 1.0, "global_batch": 256, "target_steps_per_s": 1.0}
+    line = verdict(setup, results)
+    assert line.startswith("Verdict: decode is the slowest stage (2.40 ms of its own per image)")
+    assert "this host feeds about 400 images/s (the decode stage), 1.6x the 256 images/s" in line
+    assert line.endswith(": enough.")
+    setup = {"required_images_per_s": 1280.0, "global_batch": 128, "target_steps_per_s": 10.0}
+    assert "31% of the 1,280 images/s an accelerator needs at a global batch of 128 and 10 steps/s: NOT enough" \
+        in verdict(setup, results)
+    # only the raw reads measured: they are what the host feeds
+    assert "read is the slowest stage" in verdict(setup, [_stage("read", 5000)])
+    # device does decode's work too: when it measured faster, decode's pass was slowed by something else
+    noisy = [_stage("read", 20000), _stage("decode", 275), _stage("device", 1150)]
+    assert "this host feeds about 1,150 images/s (the device stage)" in verdict(setup, noisy)
+    assert noise_note(noisy).startswith("device ran 4.2x faster than decode although it decodes too")
+    assert noise_note(results) is None
+
+
+def test_plot_shows_the_need_as_a_line_on_a_linear_axis():
+    from pipeline.bench_report import NEEDED_COLOUR, plot_figure
+
+    results = [_stage("read", 20000), _stage("decode", 166), _stage("device", 127)]
+    setup = {"source": "x", "batch_size": 128, "strategy": "CPU", "required_images_per_s": 1280.0,
+             "global_batch": 128, "target_steps_per_s": 10.0}
+    fig = plot_figure(setup, results)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear"  # 166 and 127 must not look alike
+    lines = [line for line in ax.get_lines() if line.get_color() == NEEDED_COLOUR]
+    assert len(lines) == 1 and list(lines[0].get_xdata()) == [1280.0, 1280.0]
+    assert "needed: 1,280 images/s (batch 128 x 10 steps/s)" in lines[0].get_label()
+    assert {text.get_text().strip() for text in ax.texts} == {"20,000", "166", "127"}
 
 
 def test_any_tfrecords_by_pattern_with_tf_slim_keys(tiny_records, tmp_path, capsys):
@@ -313,7 +369,11 @@ def test_records_without_the_expected_keys(sample_output, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "give --dataset_dir=DIR"),
+    ([], "give the dataset folder (python -m pipeline.benchmark DIR, or --dataset_dir=DIR)"),
+    (["x", "--dataset_dir=y"], "two dataset folders: x and --dataset_dir=y; give one"),
+    (["x", "--file_pattern=y"], "not both"),
+    (["x", "--target_steps_per_s=0"], "--target_steps_per_s=0.0 must be a positive number"),
+    (["x", "--global_batch=-1"], "--global_batch=-1 must be 0"),
     (["--dataset_dir=x", "--file_pattern=y"], "not both"),
     (["--dataset_dir=x", "--schema=tf_slim"], "are for --file_pattern"),
     (["--dataset_dir=x", "--steps=1"], "the first batch is warm-up"),

@@ -88,7 +88,7 @@ def test_output_inside_input(small_tree):
         ("--resize_mode=squash", "argument --resize_mode: invalid choice: 'squash'"),
         ("--jpeg_quality=high", "argument --jpeg_quality: invalid int value: 'high'"),
         ("--background=teal-ish", "--background='teal-ish' is not a colour"),
-        ("--num_shards=-1", "--num_shards=-1 must be 0 (automatic) or a positive count"),
+        ("--num_shards=-1", "--num_shards='-1' is not a shard count: give a number such as 8 (for train)"),
         ("--input_dri=x", "unknown option --input_dri"),
         ("--conversion_threads=0", "--conversion_threads=0 must be between 1 and 32: 2 suits most machines"),
         ("--conversion_threads=33", "--conversion_threads=33 must be between 1 and 32"),

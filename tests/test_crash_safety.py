@@ -201,7 +201,7 @@ def test_dataset_info_is_the_last_file_written(small_tree, tmp_path, monkeypatch
     monkeypatch.setattr(FileSystems, "create", create)
     monkeypatch.setattr(FileSystems, "rename", rename)
     monkeypatch.setattr(FileSystems, "delete", delete)
-    assert convert(small_tree, out, "--num_shards=2", "--image_size=16") == 0
+    assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
 
     in_output = [(kind, path) for kind, path in events if path.startswith(str(out))]
     assert in_output[-1] == ("rename", str(out / INFO_FILE))
@@ -234,7 +234,7 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
     with monkeypatch.context() as patch:
         crash_before_the_marker(patch)
         with pytest.raises(Exception, match="killed"):
-            convert(small_tree, out, "--num_shards=3", "--image_size=16")
+            convert(small_tree, out, "--num_shards=train=3,validation=3", "--image_size=16")
     # Everything but the marker is there, even the marker's temporary file: still not a dataset.
     assert not (out / INFO_FILE).exists()
     assert any(name.startswith(f".{INFO_FILE}.tmp-") for name in os.listdir(out))
@@ -243,7 +243,7 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
     assert "has no dataset_info.json" in capsys.readouterr().err
 
     # The same command again, with another shard count: complete, exact, nothing stale.
-    assert convert(small_tree, out, "--num_shards=2", "--image_size=16") == 0
+    assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
     assert_complete(out, images=24, shards=2)
 
     # Replacing it with --overwrite and crashing again: the old marker is gone, not left over new shards.
@@ -329,7 +329,7 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
         "none); convert again with python -m pipeline.main"]
 
     # The same command (other shard count, no compression), with no --overwrite needed.
-    assert convert(source, out, "--num_shards=2", "--image_size=16") == 0
+    assert convert(source, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
     assert_complete(out, images=200, shards=2)
 
 

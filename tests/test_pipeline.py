@@ -150,7 +150,7 @@ def test_thousands_of_images_exact_records_validation_share_and_mixed_shards(tmp
     per_class = {"ant": 1200, "bee": 900, "cat": 500, "dog": 400}
     write_tiny_tree(src, per_class, size=(16, 16))
     out = tmp_path / "out"
-    assert convert(src, out, "--image_size=16", "--num_shards=4") == 0
+    assert convert(src, out, "--image_size=16", "--num_shards=train=4,validation=4") == 0
     records = read_records(out)
     total = sum(per_class.values())
     assert sum(len(rows) for rows in records.values()) == total
@@ -202,8 +202,8 @@ def test_tf_slim_schema_gzip_and_explicit_shards(tmp_path):
     src = tmp_path / "in"
     write_tiny_tree(src, {"a": 10, "b": 10})
     out = tmp_path / "out"
-    assert convert(src, out, "--schema=tf_slim", "--compression=gzip", "--num_shards=2", "--image_size=32x20",
-                   "--validation_split=0.3") == 0
+    assert convert(src, out, "--schema=tf_slim", "--compression=gzip", "--num_shards=train=2,validation=2",
+                   "--image_size=32x20", "--validation_split=0.3") == 0
     info = json.loads((out / "dataset_info.json").read_text())
     files = sorted(s["file"] for split in info["splits"].values() for s in split["shards"])
     assert files == ["train-00000-of-00002.tfrecord.gz", "train-00001-of-00002.tfrecord.gz",

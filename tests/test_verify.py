@@ -61,7 +61,8 @@ def mixed(tmp_path_factory):
     """(dataset folder, expected file counts) of a converted tree of good, bad and non-image files."""
     root = tmp_path_factory.mktemp("verify")
     expected = _write_tree(root / "in")
-    assert convert(root / "in", root / "out", "--num_shards=2", "--image_size=32", "--validation_split=0.4") == 0
+    assert convert(root / "in", root / "out", "--num_shards=train=2,validation=2", "--image_size=32",
+                   "--validation_split=0.4") == 0
     return root / "out", expected
 
 

@@ -1,0 +1,159 @@
+"""The converter's command-line options, without Beam: `--help` answers without importing it.
+
+`pipeline.options.ConvertOptions` (the Beam `PipelineOptions` subclass) adds the
+same arguments to Beam's parser, and `help_text()` builds the `--help` page
+from them with --input_dir and --output_dir marked required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from pipeline.errors import UserError
+from transforms.examples import SCHEMAS
+from transforms.imaging import CHROMA_SUBSAMPLING, IMAGE_FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings
+
+COMPRESSIONS = ("none", "gzip")
+IF_EXISTS = ("refuse", "overwrite", "skip")
+MAX_CONVERSION_THREADS = 32
+
+
+def parse_bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+# On/off flags: `--overwrite` alone, or `--overwrite=true|false` as Dataflow Flex Templates pass them.
+ON_OFF = dict(nargs="?", const=True, default=False, type=parse_bool, metavar="true|false")
+REQUIRED = ("--input_dir", "--output_dir")
+
+
+def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool = False) -> None:
+    """Add every option of `python -m pipeline.main` to `parser`.
+
+    `mark_required` makes argparse treat --input_dir and --output_dir as required
+    (for the help page); Beam's own parser must not, since Beam parses the same
+    options on workers that never see them, and validate() says what is missing.
+    """
+    add = parser.add_argument
+    required = dict(required=True) if mark_required else {}
+    add("--input_dir", default=None, **required,
+        help="Folder of images, local or gs://: <input_dir>/<class>/<image>, or "
+             "<input_dir>/<split>/<class>/<image> with split folders train/, validation/ (or val/), test/. "
+             "Required.")
+    add("--output_dir", default=None, **required,
+        help="Folder for the TFRecord shards and dataset_info.json, local or gs://. {date} and {timestamp} in "
+             "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "
+             "--run_date sets the date. Required.")
+    add("--run_date", default=None,
+        help="The date that {date} in --output_dir stands for, YYYY-MM-DD: a scheduler's logical date "
+             "(Airflow's {{ ds }}), so that backfills and late retries write the right folder. "
+             "Default: none, the UTC launch date.")
+    add("--labels_file", default=None,
+        help="Text file with one class name per line; line i gets label id i, so ids stay fixed across "
+             "runs. Default: none, ids are 0..K-1 in sorted order of the class folder names.")
+    add("--validation_split", type=float, default=0.2,
+        help="Share of images assigned to validation by a hash of their path, when the input has no "
+             "split folders. Default: 0.2.")
+    add("--test_split", type=float, default=0.0,
+        help="Share of images assigned to test, like --validation_split. Default: 0.0.")
+    add("--seed", type=int, default=42,
+        help="Seed of the split hash and of the shuffle order. Default: 42.")
+    add("--image_size", default="512",
+        help="Output size: N for NxN, or WxH such as 640x480. When most input images are smaller, a notice "
+             "before converting (not with --quiet) gives their typical size and the dataset's size at each; the "
+             "run goes on with this size. Default: 512.")
+    add("--resize_mode", default="stretch", choices=RESIZE_MODES,
+        help="stretch to the size (as image_dataset_from_directory does), crop the centre to the aspect "
+             "ratio then resize, pad (letterbox) with --background, fit inside the size keeping the aspect "
+             "ratio (variable size), or none (original size). Default: stretch.")
+    add("--resample", default="bilinear", choices=tuple(RESAMPLE_FILTERS),
+        help="Resampling filter. Default: bilinear.")
+    add("--image_format", default="jpeg", choices=IMAGE_FORMATS,
+        help="Encoding of the stored images; png is lossless. Default: jpeg.")
+    add("--jpeg_quality", type=int, default=95,
+        help="JPEG quality, 1-100. Default: 95.")
+    add("--chroma_subsampling", default="4:2:0", choices=tuple(CHROMA_SUBSAMPLING),
+        help="JPEG chroma subsampling. Default: 4:2:0.")
+    add("--background", default="white",
+        help="Colour that transparent pixels are composited onto and that pads letterboxed images: "
+             "white, black, grey, #rrggbb or r,g,b. Default: white.")
+    add("--max_pixels", type=int, default=ImageSettings.max_pixels,
+        help="Images declaring more pixels than this are rejected as decompression bombs before "
+             f"decoding. Default: {ImageSettings.max_pixels}.")
+    add("--max_image_mb", type=int, default=ImageSettings.max_image_mb,
+        help="Memory in MB one image may need while it is converted (its decoded pixels, by pixel mode and "
+             "bit depth, plus an RGB copy), checked from the header before decoding; a larger one is rejected "
+             "as image_too_large_in_memory. JPEGs count at the reduced scale they are decoded at. "
+             f"Default: {ImageSettings.max_image_mb}.")
+    add("--max_file_mb", type=int, default=ImageSettings.max_file_mb,
+        help="Files larger than this many MB are rejected as file_too_large without being read, and no read "
+             f"goes past it. Default: {ImageSettings.max_file_mb}.")
+    add("--image_timeout_s", type=float, default=ImageSettings.timeout_s,
+        help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
+             f"Default: {ImageSettings.timeout_s:g}.")
+    add("--conversion_threads", type=int, default=2,
+        help="Threads reading and converting images in each worker process. Pillow decodes and resizes "
+             "outside Python's lock, so two keep a core busy while the other waits, and let busy workers use "
+             "the cores of idle ones. Default: 2.")
+    add("--schema", default="default", choices=tuple(SCHEMAS),
+        help="Example keys: default (image, label, class_name, height, width, source_path) or tf_slim "
+             "(image/encoded, image/class/label, ...). Default: default.")
+    add("--num_shards", default="0",
+        help="Shards of each split: per split as train=64,validation=8 (a split not named is sized by "
+             "--shard_size_mb), or one number N for train alone, the validation and test splits then sized "
+             "by --shard_size_mb. Default: 0, every split sized for shards of about --shard_size_mb.")
+    add("--shard_size_mb", type=int, default=150,
+        help="Target shard size in MB for the splits --num_shards does not set, from the output size of a "
+             "sample of images converted with these settings. Default: 150.")
+    add("--compression", default="none", choices=COMPRESSIONS,
+        help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
+    add("--index_files", **ON_OFF,
+        help="Also write each shard's index for DALI's TFRecord reader and the tfrecord package, beside it: "
+             "train-00000-of-00004.idx for train-00000-of-00004.tfrecord, one 'offset length' line per record. "
+             "Uncompressed shards only. Default: off.")
+    add("--if_exists", default="refuse", choices=IF_EXISTS,
+        help="What a complete dataset already in --output_dir means: refuse stops with an error; overwrite "
+             "replaces it once the new run has finished (only files this tool writes are removed); skip exits "
+             "0 without converting when it was made from the same options, for schedulers' retries, and "
+             "refuses one made with other options. Default: refuse.")
+    add("--follow_symlinks", **ON_OFF,
+        help="Also read symlinks (to files or folders) whose target is outside --input_dir. Symlinks inside "
+             "it are always followed. Default: off, such a link is reported as symlink_outside_input in "
+             "errors.jsonl.")
+    add("--overwrite", **ON_OFF,
+        help="The same as --if_exists=overwrite. Default: off.")
+    add("--quiet", **ON_OFF,
+        help="Print nothing but errors and the final summary. Default: off.")
+    add("--verbose", **ON_OFF,
+        help="Show Beam's and TensorFlow's own logs. Default: off.")
+    add("--no_wait", **ON_OFF,
+        help="Dataflow only: return once the job is submitted, printing its console link, instead of "
+             "waiting for it and printing the summary. Flex Template launches never wait. Default: off.")
+
+
+def help_text() -> str:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.main",
+        description="Convert a folder of labeled images into sharded TFRecord files with Apache Beam.",
+        epilog="Any Apache Beam pipeline option (--runner, --direct_num_workers, --project, --region, "
+               "--temp_location, ...) is accepted too.",
+    )
+    add_convert_arguments(parser, mark_required=True)
+    return parser.format_help()
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
+    width = int(match.group(1))
+    height = int(match.group(2) or width)
+    if not (1 <= width <= 16384 and 1 <= height <= 16384):
+        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
+    return width, height
