@@ -304,6 +304,10 @@ def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tm
         ("cat/bad.jpg", "rejected", "truncated"), ("cat/.hidden.jpg", "skipped", "hidden_file")]
     assert info["files"] == {"found": 5, "written": 3, "rejected": 1, "skipped": 1, "upscaled": 0}
     assert (tmp_path / "dataset_info.json").exists()
+    # Dataflow retries a bundle that failed after it had published: the retry finds the dataset complete.
+    (again,) = fn.process(None, [*tallies, (("found",), 5)], shards, iter(rejections))
+    assert again == info
+    assert (tmp_path / "train-00000-of-00001.tfrecord").read_bytes() == b"x" * 100
 
 
 # --- crafted datasets: labels, images, duplicates ---------------------------------------------------------------

@@ -66,6 +66,16 @@ def _summary(values: list[int]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def _published_by(info_path: str, run_id: str) -> dict | None:
+    """The dataset description at `info_path` if run `run_id` wrote it, else None."""
+    try:
+        with FileSystems.open(info_path, compression_type="uncompressed") as f:
+            info = json.loads(f.read().decode("utf-8"))
+    except Exception:  # none there (the usual case), or not readable: not this run's
+        return None
+    return info if isinstance(info, dict) and info.get("run_id") == run_id else None
+
+
 class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
@@ -134,6 +144,7 @@ class _WriteInfo(beam.DoFn):
             "format_version": FORMAT_VERSION,
             "tool": {"name": "image-tfrecords", "version": self._tool_version},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "run_id": self._run_id,
             "options": self._options,
             "schema": self._schema,
             "features": feature_description(self._schema),
@@ -158,6 +169,14 @@ class _WriteInfo(beam.DoFn):
             "images_per_second": round(written_total / elapsed, 2),
         }
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
+        published = _published_by(join(INFO_FILE), self._run_id)
+        if published is not None:
+            # A retry of this step after an attempt that published and then failed (Dataflow retries a
+            # failed bundle): the dataset is complete, so only the cleaning up is left to do.
+            remove_run_dir(self._output_dir, self._run_id)
+            release_lock(self._output_dir, self._run_id)
+            yield published
+            return
         # The previous dataset (if any) gives way to this run's shards, then the descriptions follow.
         publish_shards(self._output_dir, self._run_id,
                        [s["file"] for s in all_shards] + [s["index"] for s in all_shards if "index" in s])

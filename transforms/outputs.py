@@ -170,9 +170,11 @@ def publish_shards(output_dir: str, run_id: str, shard_files: list[str]) -> None
     if old:
         FileSystems.delete(old)
     source = shards_dir(output_dir, run_id)
-    if shard_files:
-        FileSystems.rename([FileSystems.join(source, name) for name in shard_files],
-                           [FileSystems.join(output_dir, name) for name in shard_files])
+    # A retried attempt of this step finds the files an earlier attempt renamed already in place.
+    moves = [(FileSystems.join(source, name), FileSystems.join(output_dir, name)) for name in shard_files]
+    moves = [(src, dst) for src, dst in moves if FileSystems.exists(src) or not FileSystems.exists(dst)]
+    if moves:
+        FileSystems.rename([src for src, _ in moves], [dst for _, dst in moves])
 
 
 # --- the lock -------------------------------------------------------------------------------------------------
