@@ -342,7 +342,7 @@ def shard_bytes(out) -> dict[str, bytes]:
 
 def test_overwrite_that_fails_before_it_finishes_leaves_the_old_dataset_whole(small_tree, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    assert convert(small_tree, out, "--num_shards=2", "--image_size=16") == 0
+    assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
     before, info_before = shard_bytes(out), (out / INFO_FILE).read_text()
 
     import transforms.describe
@@ -353,14 +353,14 @@ def test_overwrite_that_fails_before_it_finishes_leaves_the_old_dataset_whole(sm
     with monkeypatch.context() as patch:
         patch.setattr(transforms.describe, "publish_shards", killed)
         with pytest.raises(Exception, match="killed just before publishing"):
-            convert(small_tree, out, "--num_shards=3", "--image_size=24", "--overwrite")
+            convert(small_tree, out, "--num_shards=train=3,validation=3", "--image_size=24", "--overwrite")
     # The new run's shards never took final names; the old dataset is exactly as it was, and verifies.
     assert shard_bytes(out) == before and (out / INFO_FILE).read_text() == info_before
     assert verify.verify_dataset(str(out), decode=True).problems == []
     assert not (out / LOCK_FILE).exists()  # the failed run gave its lock back
 
     # The same command again replaces it, and leaves nothing of the failed run.
-    assert convert(small_tree, out, "--num_shards=3", "--image_size=24", "--overwrite") == 0
+    assert convert(small_tree, out, "--num_shards=train=3,validation=3", "--image_size=24", "--overwrite") == 0
     assert_complete(out, images=24, shards=3, user_files=False)
 
 
