@@ -209,7 +209,7 @@ def test_validate_rejects_a_bad_num_shards_in_process(tmp_path):
 
 def _readme_hand_typed_reader() -> str:
     text = (Path(REPO) / "README.md").read_text()
-    after = text[text.index("With the keys typed by hand"):]
+    after = text[text.index("keys typed by hand"):]
     return after.split("```python\n", 1)[1].split("```", 1)[0]
 
 

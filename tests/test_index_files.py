@@ -115,7 +115,7 @@ def test_convert_writes_each_shards_index_beside_it_without_reading_the_shard_ag
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(FileSystems, "open", open_)
-    assert convert(tree, out, "--image_size=16", "--num_shards=3", "--index_files") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=3,validation=3", "--index_files") == 0
     monkeypatch.undo()
     shards = listed_shards(out)
     assert len(shards) == 6
@@ -138,7 +138,7 @@ def test_convert_writes_each_shards_index_beside_it_without_reading_the_shard_ag
 
 def test_without_the_option_no_index_is_written(tree, tmp_path):
     out = tmp_path / "out"
-    assert convert(tree, out, "--image_size=16", "--num_shards=2") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2") == 0
     assert [n for n in os.listdir(out) if n.endswith(".idx")] == []
     assert all("index" not in shard for shard in listed_shards(out))
     assert json.loads((out / "dataset_info.json").read_text())["options"]["index_files"] is False
@@ -148,7 +148,7 @@ def test_without_the_option_no_index_is_written(tree, tmp_path):
 def test_the_tfrecord_package_reads_the_shards_with_their_index(tree, tmp_path):
     out = tmp_path / "out"
     # 2 shards per split: the tfrecord package cannot load the index of a one-record shard (vahidk/tfrecord#9).
-    assert convert(tree, out, "--image_size=16", "--num_shards=2", "--index_files") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2", "--index_files") == 0
     for shard in listed_shards(out):
         theirs = tmp_path / f"theirs-{shard['index']}"
         read = subprocess.run([sys.executable, "-c", _TFRECORD_READ, str(out / shard["file"]),
@@ -181,17 +181,18 @@ def test_reruns_replace_stale_indexes_and_keep_a_users_files(tree, tmp_path):
     user = {"train-notes.idx": "mine", "my-train-00000-of-00001.idx": "another tool's", "train.idx": "mine too"}
     for name, text in user.items():
         (out / name).write_text(text)
-    assert convert(tree, out, "--image_size=16", "--num_shards=3", "--index_files") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=3,validation=3", "--index_files") == 0
     assert not (out / "train-00007-of-00009.idx").exists()
     indexes = lambda: sorted(n for n in os.listdir(out) if re.fullmatch(r"\w+-\d{5}-of-\d{5}\.idx", n))  # noqa: E731
     assert indexes() == sorted(s["index"] for s in listed_shards(out))
 
-    assert convert(tree, out, "--image_size=16", "--num_shards=2", "--index_files", "--overwrite") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2", "--index_files",
+                   "--overwrite") == 0
     assert indexes() == sorted(s["index"] for s in listed_shards(out))
     assert all(n.endswith("-of-00002.idx") for n in indexes())
     assert verify.verify_dataset(str(out), decode=False).problems == []
 
-    assert convert(tree, out, "--image_size=16", "--num_shards=2", "--overwrite") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2", "--overwrite") == 0
     assert indexes() == []  # the new dataset has none: the old ones would be stale
     assert {name: (out / name).read_text() for name in user} == user
 
@@ -202,7 +203,7 @@ def test_index_files_on_gcs(gcs_emulator, tree, tmp_path):
 
     bucket = gcs_emulator.create_bucket("index-files")
     out = f"{bucket}/tfrecords"
-    assert convert(tree, out, NO_AUTH, "--image_size=16", "--num_shards=2", "--index_files") == 0
+    assert convert(tree, out, NO_AUTH, "--image_size=16", "--num_shards=train=2,validation=2", "--index_files") == 0
     info = json.loads(gcs_emulator.read(f"{out}/dataset_info.json"))
     shards = [shard for split in info["splits"].values() for shard in split["shards"]]
     names = gcs_emulator.list_names(out)
@@ -221,7 +222,7 @@ def test_index_files_on_gcs(gcs_emulator, tree, tmp_path):
 @pytest.fixture()
 def indexed(tree, tmp_path):
     out = tmp_path / "out"
-    assert convert(tree, out, "--image_size=16", "--num_shards=2", "--index_files") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2", "--index_files") == 0
     return out
 
 
@@ -279,7 +280,7 @@ def test_verify_catches_an_index_whose_shard_is_not_in_the_dataset(indexed, caps
 def test_verify_checks_a_users_own_index_of_a_shard(tree, tmp_path, capsys):
     """A dataset converted without --index_files, indexed afterwards by hand: right passes, wrong is a problem."""
     out = tmp_path / "out"
-    assert convert(tree, out, "--image_size=16", "--num_shards=2") == 0
+    assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2") == 0
     rows = framing_index(out / "train-00000-of-00002.tfrecord")
     (out / "train-00000-of-00002.idx").write_text(index_text([s for _, s in rows]))
     assert verify_lines(out, capsys) == (0, [])
