@@ -400,9 +400,15 @@ def test_a_deeply_nested_folder_is_listed(tmp_path):
         info, errors, labels = run_ok(root, tmp_path / "out")
         assert labels == ["cats", "dogs"] and info["files"]["written"] == 4 and not errors
     finally:
-        # Deepest first, by hand: shutil.rmtree (pytest's clean-up of tmp_path) recurses, and would print a
-        # RecursionError at the end of the session.
-        for top, _folders, files in os.walk(str(root / "dogs"), topdown=False):
-            for name in files:
-                os.unlink(os.path.join(top, name))
-            os.rmdir(top)
+        # Deepest first, by hand: shutil.rmtree (pytest's clean-up of tmp_path) and os.walk recurse, and would
+        # end in a RecursionError.
+        folder = deep
+        while True:
+            for name in os.listdir(folder):
+                path = os.path.join(folder, name)
+                if not os.path.isdir(path) or os.path.islink(path):
+                    os.unlink(path)
+            os.rmdir(folder)
+            if folder == str(root / "dogs"):
+                break
+            folder = os.path.dirname(folder)
