@@ -12,6 +12,10 @@ from tests.dataflow_service import dataflow_api  # noqa: F401  (a stand-in of th
 from tests.gcs_fixtures import gcs_emulator  # noqa: F401  (session fixture: GCS emulator on loopback)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# pytest removes earlier sessions' temporary folders with shutil.rmtree, which recurses once per folder level:
+# a test tree deeper than Python's default limit (tests/test_hostile_listing.py makes one of 1,100 levels,
+# and removes it itself) would otherwise end a later session in a RecursionError after its summary.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
