@@ -224,3 +224,39 @@ def test_retries_end_before_the_images_deadline(monkeypatch):
         with_retries(read, "gs://b/x.jpg", deadline=time.monotonic() + 1.5)
     # Half of the 1.5 s left is for retrying: a wait of 1 s does not fit, so there is no second try.
     assert error.value.attempts == len(calls) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_local_read_on_a_flaky_network_mount_is_retried(tmp_path, monkeypatch, small_tree):
+    """A network file system's ETIMEDOUT or ECONNRESET is retried too; a vanished file stays a rejection."""
+    from transforms import convert as convert_module
+    from transforms.imaging import ImageRejected, ImageSettings
+
+    monkeypatch.setenv(RETRY_BASE_ENV, FAST_BACKOFF)
+    root, names = small_tree
+    path = str(root / names[3])
+    real_open = FileSystems.open
+    failures = {path: [OSError(errno.ETIMEDOUT, "Connection timed out"),
+                       ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")]}
+    opened = Counter()
+
+    def flaky_open(name, *args, **kwargs):
+        opened[name] += 1
+        if failures.get(name):
+            raise failures[name].pop(0)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystems, "open", staticmethod(flaky_open))
+    assert convert_module.read_bytes(path, 10_000_000) == (root / names[3]).read_bytes()
+    assert opened[path] == 3
+
+    image = convert_module.read_and_convert(path, ImageSettings(), None)
+    assert image.data[:2] == b"\xff\xd8" and (image.width, image.height) == (512, 512)
+
+    failures[path] = [ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")] * 99
+    with pytest.raises(TransientReadError, match=f"reading {path} failed {transient.READ_ATTEMPTS} times"):
+        convert_module.read_and_convert(path, ImageSettings(), None)  # not a read_error rejection
+
+    with pytest.raises(ImageRejected) as rejected:
+        convert_module.read_and_convert(str(root / "gone.jpg"), ImageSettings(), None)
+    assert rejected.value.reason == "read_error" and "FileNotFoundError" in rejected.value.detail
