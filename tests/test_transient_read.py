@@ -7,6 +7,7 @@ in front of it that fails the first requests for chosen objects.
 from __future__ import annotations
 
 import errno
+import gc
 import itertools
 import json
 from collections import Counter
@@ -260,3 +261,27 @@ def test_a_local_read_on_a_flaky_network_mount_is_retried(tmp_path, monkeypatch,
     with pytest.raises(ImageRejected) as rejected:
         convert_module.read_and_convert(str(root / "gone.jpg"), ImageSettings(), None)
     assert rejected.value.reason == "read_error" and "FileNotFoundError" in rejected.value.detail
+
+
+@pytest.mark.timeout(120)
+def test_in_process_run_raises_the_one_line_error(gcs_emulator, gcs_photos, small_tree, proxy):
+    """The same through `pipeline.launcher.run` with the worker in this process (how tests and notebooks run it)."""
+    from pipeline.errors import TransientReadFailed
+
+    _, names = small_tree
+    proxy.fail(f"photos/{names[8]}", RESET, times=None)
+    output = f"{gcs_photos}/out-failing-in-process"
+    with pytest.raises(TransientReadFailed) as error:
+        convert(f"{gcs_photos}/photos", output, NO_AUTH)
+    message = str(error.value)
+    assert error.value.exit_code == 1 and "\n" not in message
+    assert message.startswith(f"reading {gcs_photos}/photos/{names[8]} failed {transient.READ_ATTEMPTS} times with "
+                              "a transient error over ")
+    assert "the last error: ConnectionError" in message, message
+    assert proxy.requests[f"photos/{names[8]}"] == transient.READ_ATTEMPTS
+    # The failed bundle's open GCS writers are reachable from the error's context. Garbage-collected, they
+    # upload what they hold (Beam's BlobWriter closes on collection); after the proxy is gone that would retry
+    # for minutes at the end of the session, so they go now, while it passes requests on.
+    del error
+    gc.collect()
+    assert "dataset_info.json" not in gcs_emulator.list_names(output)
