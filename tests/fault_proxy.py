@@ -52,6 +52,10 @@ class FaultProxy:
         """Fail the first `times` GET requests naming the object `name` (None: all of them)."""
         self._rules[name] = _Rule(how, times)
 
+    def clear(self) -> None:
+        """Pass every request on from now on."""
+        self._rules.clear()
+
     def __enter__(self) -> FaultProxy:
         self._thread.start()
         return self

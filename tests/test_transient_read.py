@@ -122,7 +122,16 @@ def test_a_read_that_keeps_failing_fails_the_run_in_one_line(gcs_emulator, gcs_p
     assert "Traceback" not in result.stderr
     assert proxy.injected[(f"photos/{names[5]}", 503)] == proxy.requests[f"photos/{names[5]}"]
     assert proxy.requests[f"photos/{names[5]}"] % transient.READ_ATTEMPTS == 0  # each try of the bundle: 5 reads
-    assert "dataset_info.json" not in gcs_emulator.list_names(output)
+    left = gcs_emulator.list_names(output)
+    assert "dataset_info.json" not in left and ".image-tfrecords.lock" not in left
+
+    # What the line says to do works: once the service answers again, the same command converts everything.
+    proxy.clear()
+    result = cli("pipeline.main", f"--input_dir={gcs_photos}/photos", f"--output_dir={output}", NO_AUTH,
+                 "--image_timeout_s=10", env=env, timeout=150)
+    assert result.returncode == 0, result.stderr
+    info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    assert info["files"]["found"] == info["files"]["written"] == 18 and info["files"]["rejected"] == 0
 
 
 @pytest.mark.timeout(180)

@@ -9,7 +9,9 @@ image gets at most --image_timeout_s seconds. Images are read and converted on
 --conversion_threads helper threads per DoFn instance (see `transforms.pool`);
 results leave in input order. A local file must be a regular file (checked
 before opening: a FIFO or a device could block or never end), and no file is
-read past --max_file_mb.
+read past --max_file_mb. A read that fails for a moment (429, 5xx, a timeout, a reset
+connection) is tried again; one that keeps failing raises `TransientReadError`,
+which fails the bundle instead of rejecting the image (see `transforms.transient`).
 """
 
 from __future__ import annotations
