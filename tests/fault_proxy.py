@@ -28,6 +28,16 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encodin
 RESET = "reset"
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # a client that hung up (after a reset) is no error
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @dataclass
 class _Rule:
     how: int | str  # an HTTP status, or RESET
@@ -43,8 +53,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self.requests: Counter = Counter()  # object name -> GET requests that named it
         self.injected: Counter = Counter()  # (object name, how) -> failures sent
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
 
