@@ -24,3 +24,9 @@ class WorkerDied(UserError):
     """A local worker process died during a run (most often killed by the out-of-memory killer)."""
 
     exit_code = 1
+
+
+class TransientReadFailed(UserError):
+    """A read kept failing with transient errors (429, 5xx, resets) after every retry during a local run."""
+
+    exit_code = 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -16,7 +17,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from pipeline import cloud
-from pipeline.errors import OutOfSpace, WorkerDied
+from pipeline.errors import OutOfSpace, TransientReadFailed, WorkerDied
 from pipeline.graph import build_pipeline
 from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.output import existing_dataset, give_back_lock, prepare_output, take_lock
@@ -26,6 +27,7 @@ from pipeline.quiet import held_beam_logs, quiet_workers
 from pipeline.report import format_summary, read_info
 from pipeline.warm_workers import WarmWorkerPool
 from transforms.outputs import holder_record, new_run_id
+from transforms.transient import TransientReadError
 
 __all__ = ["format_summary", "read_info", "run"]
 
@@ -153,6 +155,28 @@ def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None
     return "a worker process died"
 
 
+# The message up to the end of its line (a literal "\n" when the traceback arrives as a repr).
+_TRANSIENT_READ = re.compile(
+    r"TransientReadError: (reading .+? failed \d+ times with a transient error.*?)(?:\\n|\n|$)")
+
+
+def transient_read_failed(error: BaseException) -> str | None:
+    """What `transforms.transient.TransientReadError` said, if `error` is or reports one, else None.
+
+    From a worker process it arrives as the text of its traceback.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, TransientReadError):
+            return str(error)
+        match = _TRANSIENT_READ.search(str(error))
+        if match:
+            return match.group(1)
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one conversion; returns the process exit code.
 
@@ -243,6 +267,14 @@ def _run_locally(argv: list[str], options: PipelineOptions, settings: Settings, 
                     f"--conversion_threads=1, a lower --max_image_mb (now {settings.image.max_image_mb}) or "
                     "--max_pixels, or use fewer --direct_num_workers; then run the same command again: it removes "
                     "this run's files and starts over cleanly"
+                ) from None
+            transient = transient_read_failed(e)
+            if transient:
+                beam_logs.discard()  # the failed bundle's traceback: the line below says what happened
+                raise TransientReadFailed(
+                    f"{transient.rstrip('.')}. The storage service was overloaded or unreachable, so the run "
+                    "stopped rather than leave the image out; no dataset was written. Check the service's status "
+                    "and your network, then run the same command again (it removes this run's files first)"
                 ) from None
             reason = out_of_space(e)
             if not reason:

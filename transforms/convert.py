@@ -9,7 +9,9 @@ image gets at most --image_timeout_s seconds. Images are read and converted on
 --conversion_threads helper threads per DoFn instance (see `transforms.pool`);
 results leave in input order. A local file must be a regular file (checked
 before opening: a FIFO or a device could block or never end), and no file is
-read past --max_file_mb.
+read past --max_file_mb. A read that fails for a moment (429, 5xx, a timeout, a reset
+connection) is tried again; one that keeps failing raises `TransientReadError`,
+which fails the bundle instead of rejecting the image (see `transforms.transient`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import stat
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.gcp import gcsio
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -39,6 +42,7 @@ from transforms.layout import SPLITS, display_path
 from transforms.listing import file_kind
 from transforms.pool import ConversionPool, time_limit
 from transforms.records import ImageRef, Rejection
+from transforms.transient import TransientReadError, describe, with_retries
 
 REJECTED = "rejected"
 WRITTEN = "written"
@@ -71,19 +75,36 @@ def _too_large(size: int, limit: int, how: str) -> ImageRejected:
     )
 
 
-def read_bytes(path: str, max_bytes: int, size: int | None = None) -> bytes:
-    """The whole file at `path`, through Beam's file systems (local or gs://), if it is at most `max_bytes`.
+def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: float | None = None) -> bytes:
+    """The whole file at `path` (local or gs://), if it is at most `max_bytes`.
 
     `size` is the size the listing gave. Never reads more than `max_bytes` + 1
     bytes, so a file that grew, or one that reports no size, cannot fill memory.
+    A read that fails with a transient error (429, 5xx, a timeout, a reset
+    connection) is tried again with backoff, within the image's `deadline`
+    (see `transforms.transient`).
 
     Raises:
         ImageRejected: `not_a_regular_file` (local paths), `file_too_large`.
+        TransientReadError: the read still failed with a transient error after every retry.
+        OSError, google.api_core.exceptions.GoogleAPICallError: any other read error (a missing file, 403, ...).
     """
     if FileSystems.get_scheme(path) is None:  # a local path
         size = check_regular_file(path)
     if size is not None and size > max_bytes:
         raise _too_large(size, max_bytes, "the file has")
+    if FileSystems.get_scheme(path) == "gs":
+        read = functools.partial(_read_gcs, path, max_bytes)
+    else:
+        read = lambda _timeout: _read_file(path, max_bytes, size)  # noqa: E731
+    data = with_retries(read, path, deadline)
+    if len(data) > max_bytes:
+        raise _too_large(len(data), max_bytes, "reading stopped at")
+    return data
+
+
+def _read_file(path: str, max_bytes: int, size: int | None) -> bytes:
+    """Up to `max_bytes` + 1 bytes of `path` through Beam's file systems."""
     first = max_bytes if size is None else min(size, max_bytes)
     with FileSystems.open(path, compression_type="uncompressed") as f:
         parts = [f.read(first + 1)]
@@ -94,9 +115,22 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None) -> bytes:
                 break
             parts.append(part)
             total += len(part)
-    if total > max_bytes:
-        raise _too_large(total, max_bytes, "reading stopped at")
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _read_gcs(path: str, max_bytes: int, timeout: float) -> bytes:
+    """Up to `max_bytes` + 1 bytes of the object at gs:// `path`: one ranged GET, not retried here.
+
+    Beam's FileSystems.open would retry inside for up to 120 s (google-cloud-storage's
+    default), past the image's time limit, and then the image would be rejected as
+    `timeout`; `with_retries` retries instead, within it. The client is the one
+    Beam's GCS file system uses (the run's credentials, --no_auth, STORAGE_EMULATOR_HOST),
+    and the bytes are the object's stored bytes, as Beam reads them (raw_download).
+    """
+    bucket, name = gcsio.parse_gcs_path(path)
+    client = FileSystems.get_filesystem(path)._gcsIO().client  # Beam 2.77: one GcsIO per call, as open() does
+    return client.bucket(bucket).blob(name).download_as_bytes(
+        start=0, end=max_bytes, raw_download=True, checksum=None, retry=None, timeout=timeout)
 
 
 def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None
@@ -104,15 +138,17 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
     """Read one file (listed with `size` bytes) and convert it.
 
     Raises:
-        ImageRejected: `read_error` when the file cannot be read, `not_a_regular_file`,
-            `file_too_large`, or the image layer's reason.
+        ImageRejected: `read_error` when the file cannot be read (missing, not allowed, ...),
+            `not_a_regular_file`, `file_too_large`, or the image layer's reason.
+        TransientReadError: the read kept failing with transient errors: not the file's fault,
+            so the bundle fails (and is retried) instead of the image becoming a rejection.
     """
     try:
-        data = read_bytes(path, settings.max_file_bytes, size)
-    except ImageRejected:
+        data = read_bytes(path, settings.max_file_bytes, size, deadline)
+    except (ImageRejected, TransientReadError):
         raise
     except Exception as e:  # a vanished or unreadable file is this file's problem only
-        raise ImageRejected(READ_ERROR, f"{type(e).__name__}: {e}") from None
+        raise ImageRejected(READ_ERROR, describe(e, limit=1000)) from None
     return imaging.convert_image(data, settings, deadline)
 
 
@@ -159,6 +195,8 @@ class _ConvertImage(beam.DoFn):
             image = self._pool.result(job)
         except ImageRejected as e:
             return self._reject(ref, e.reason, e.detail)
+        except TransientReadError:
+            raise  # not the image's fault: the bundle fails, and is retried, instead of the image being rejected
         except Exception as e:  # convert_image maps every decoder error; this is a last line of defence
             return self._reject(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
         serialized = build_example(
