@@ -5,8 +5,8 @@ sparse file of gigabytes (os.truncate: no disk blocks), a PNG that declares
 13000x13000 RGBA pixels in under a megabyte, a TIFF in millions of one-row
 strips. `run_bounded` runs the converter as a user would, in a subprocess of
 its own session, and kills the whole process tree when it goes over a memory
-bound or a time limit, so that a regression fails a test instead of stalling
-or swapping CI.
+bound (time is bounded by each test's pytest timeout), so that a regression fails
+a test instead of stalling or swapping CI.
 """
 
 from __future__ import annotations
@@ -162,9 +162,13 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def run_bounded(args: list[str], max_rss_mb: float, timeout_s: float, module: str = "pipeline.main",
+def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main",
                 env: dict | None = None) -> BoundedRun:
-    """`python -m module args` in its own session; the whole tree is killed past `max_rss_mb` or `timeout_s`."""
+    """`python -m module args` in its own session; the whole tree is killed past `max_rss_mb`.
+
+    Time is bounded by the calling test's pytest timeout, not measured here (these machines are shared and
+    noisy): when it fires, the tree is killed all the same, and the test fails as a hang.
+    """
     process = subprocess.Popen(
         [sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, env=dict(os.environ, **(env or {})),
@@ -179,19 +183,15 @@ def run_bounded(args: list[str], max_rss_mb: float, timeout_s: float, module: st
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    start = time.monotonic()
-    while process.poll() is None:
-        peak = max(peak, tree_rss(watched))
-        if peak > max_rss_mb * 1e6:
-            killed = f"over {max_rss_mb:g} MB of memory"
-        elif time.monotonic() - start > timeout_s:
-            killed = f"over {timeout_s:g} s"
-        if killed:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
+    try:
+        while process.poll() is None:
+            peak = max(peak, tree_rss(watched))
+            if peak > max_rss_mb * 1e6:
+                killed = f"over {max_rss_mb:g} MB of memory"
+                break
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # nothing of the run outlives it, also on a test timeout
     reader.join(30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # nothing of the run outlives it
     return BoundedRun(process.wait(), output.get("stdout", ""), output.get("stderr", ""), peak / 1e6, killed)

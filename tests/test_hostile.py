@@ -27,8 +27,8 @@ ONE_CONVERSION_MB = 900
 RUN_MB = 1300
 
 
-def convert_one(path, *args, max_rss_mb=ONE_CONVERSION_MB, timeout_s=60) -> dict:
-    run = hostile.run_bounded([str(path), *args], max_rss_mb, timeout_s, module="tests.convert_one")
+def convert_one(path, *args, max_rss_mb=ONE_CONVERSION_MB) -> dict:
+    run = hostile.run_bounded([str(path), *args], max_rss_mb, module="tests.convert_one")
     assert not run.killed, f"the conversion was killed, {run.killed} (peak {run.peak_rss_mb:.0f} MB)"
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -134,7 +134,7 @@ def test_the_hostile_corpus_end_to_end_within_time_and_memory(tmp_path, fifos):
     (cats / "bigtag.tif").write_bytes(hostile.tiff_with_a_huge_tag(8_000_000))
     out = tmp_path / "out"
     run = hostile.run_bounded([f"--input_dir={tmp_path / 'in'}", f"--output_dir={out}", "--direct_num_workers=2",
-                               "--image_timeout_s=5", "--quiet"], RUN_MB, 240)
+                               "--image_timeout_s=5", "--quiet"], RUN_MB)
     assert not run.killed, f"the run was killed, {run.killed} (peak {run.peak_rss_mb:.0f} MB); {run.stderr[-2000:]}"
     assert run.returncode == 0, run.stderr[-3000:]
     assert errors_by_name(out) == {
