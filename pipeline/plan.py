@@ -30,7 +30,7 @@ from transforms.layout import (
     quoted_name,
     split_folder_layout,
 )
-from transforms.listing import classify, list_entries
+from transforms.listing import classify, is_local, list_entries
 from transforms.outputs import SHARD_NAME, own_outputs
 from transforms.records import FileRef
 
@@ -68,10 +68,6 @@ class Plan:
             "format": image.image_format,
             "fixed_size": fixed,
         }
-
-
-def is_local(path: str) -> bool:
-    return "://" not in path
 
 
 def _normalise(path: str) -> str:

@@ -43,10 +43,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline import reader
 from pipeline.cli import main_of
-from pipeline.plan import SHARD_NAME, SPLITS
 from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
-from transforms.outputs import INDEX_NAME, index_name
+from transforms.layout import SPLITS
+from transforms.outputs import INDEX_NAME, SHARD_NAME, index_name
 from transforms.tfrecord import CorruptRecord, scan_records
 from transforms.write import record_offsets
 

@@ -20,6 +20,7 @@ import collections
 import functools
 import os
 import stat
+import threading
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -46,8 +47,7 @@ from transforms.transient import TransientReadError, describe, with_retries
 
 REJECTED = "rejected"
 WRITTEN = "written"
-
-
+_gcs_clients = threading.local()  # one GCS client a conversion thread, reused for every image it reads
 
 
 def check_regular_file(path: str) -> int:
@@ -128,9 +128,23 @@ def _read_gcs(path: str, max_bytes: int, timeout: float) -> bytes:
     and the bytes are the object's stored bytes, as Beam reads them (raw_download).
     """
     bucket, name = gcsio.parse_gcs_path(path)
-    client = FileSystems.get_filesystem(path)._gcsIO().client  # Beam 2.77: one GcsIO per call, as open() does
-    return client.bucket(bucket).blob(name).download_as_bytes(
+    return _gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
         start=0, end=max_bytes, raw_download=True, checksum=None, retry=None, timeout=timeout)
+
+
+def _gcs_client(path: str):
+    """The GCS client of this thread, made once from Beam's GCS file system (as its open() makes one per call).
+
+    A client per image would open a new connection (and TLS session) for every image. The client is
+    keyed by the storage host, which tests point at an emulator or a proxy.
+    """
+    key = os.environ.get("STORAGE_EMULATOR_HOST")
+    cached = getattr(_gcs_clients, "by_host", None)
+    if cached is None:
+        cached = _gcs_clients.by_host = {}
+    if key not in cached:
+        cached[key] = FileSystems.get_filesystem(path)._gcsIO().client  # Beam 2.77's private accessor
+    return cached[key]
 
 
 def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None

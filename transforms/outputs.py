@@ -34,6 +34,7 @@ from collections.abc import Callable
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.layout import SPLITS
+from transforms.listing import is_local
 
 INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
@@ -72,10 +73,6 @@ _OWN_NAME = re.compile(
 def new_run_id() -> str:
     """A run's id: the UTC time (readable in listings) and 8 random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-
-
-def is_local(path: str) -> bool:
-    return "://" not in path
 
 
 def relative_to(path: str, folder: str) -> str:
