@@ -1,4 +1,4 @@
-"""The Beam graph: ListImages -> AssignLabels -> ShuffleImages -> ConvertImages -> WriteShards -> DescribeDataset."""
+"""The Beam graph: ListImages -> AssignLabels -> AssignShards -> WriteShards -> DescribeDataset."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
-from transforms.convert import REJECTED, WRITTEN, ConvertImages
 from transforms.describe import DescribeDataset
 from transforms.labels import UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
-from transforms.shuffle import ShuffleImages
-from transforms.write import WriteShards
+from transforms.sharding import AssignShards
+from transforms.write import REJECTED, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -20,7 +19,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
 
     `run_id` names the run's own temporary folder in the output folder (see transforms.outputs).
     """
-    listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks)
+    # FileRef of every candidate image, listed class folder by class folder on the workers
+    listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
     # FileRef -> ImageRef (label, split, shuffle key)
     labeled = listed.images | "AssignLabels" >> AssignLabels(
         plan.class_names,
@@ -29,21 +29,18 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         validation_split=settings.validation_split,
         test_split=settings.test_split,
     )
-    # ImageRef, in a reproducible random order, spread over workers
-    shuffled = labeled.images | "ShuffleImages" >> ShuffleImages(plan.total_images)
-    # ImageRef -> serialized tf.train.Example, on one output per split
-    converted = shuffled | "ConvertImages" >> ConvertImages(
-        settings.image, settings.schema, settings.conversion_threads
+    # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
+    placed = labeled.images | "AssignShards" >> AssignShards(plan.sizing)
+    # (ShardKey, ImageRef) -> ShardInfo: each shard converted and written where its images are grouped
+    written = placed | "WriteShards" >> WriteShards(
+        settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
+        settings.compression, settings.index_files,
     )
-    # {split: serialized Examples} -> ShardInfo
-    shards = {split: converted[split] for split in plan.num_shards} | "WriteShards" >> WriteShards(
-        settings.output_dir, run_id, plan.num_shards, settings.compression, settings.index_files
-    )
-    rejections = (listed[SKIPPED], labeled[UNLABELED], converted[REJECTED]) | "AllRejections" >> beam.Flatten()
+    rejections = (listed[SKIPPED], labeled[UNLABELED], written[REJECTED]) | "AllRejections" >> beam.Flatten()
     info = {
-        "written": converted[WRITTEN],
+        "written": written[WRITTEN],
         "rejections": rejections,
-        "shards": shards,
+        "shards": written.shards,
         "found": listed[FOUND],
     } | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
@@ -55,4 +52,4 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         start_time,
         __version__,
     )
-    return {"converted": converted, "rejections": rejections, "shards": shards, "info": info}
+    return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

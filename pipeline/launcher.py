@@ -228,10 +228,9 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
         if old.paths:
             _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
         _LOG.info(
-            "Converting %d images in %d classes (%s) to %s",
-            plan.total_images,
+            "Converting the images of %d classes in %s to %s (the job lists and counts them, then sizes the shards)",
             len(plan.class_names),
-            plan.splits_text(),
+            settings.input_dir,
             settings.output_dir,
         )
     except BaseException:
@@ -255,7 +254,7 @@ def _run_locally(argv: list[str], options: PipelineOptions, settings: Settings, 
     with held_beam_logs(enabled=not settings.verbose) as beam_logs:
         try:
             with quiet_workers(enabled=worker_processes and not settings.verbose), \
-                    show_progress(runner, plan.total_images, enabled=not settings.quiet):
+                    show_progress(runner, enabled=not settings.quiet):
                 with beam.Pipeline(runner=runner, options=options) as p:
                     build_pipeline(p, settings, plan, start_time, run_id)
         except Exception as e:

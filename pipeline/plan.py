@@ -8,6 +8,7 @@ real work, and on Dataflow it runs on the workers.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import tempfile
@@ -22,41 +23,33 @@ from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms.layout import (
     IMAGE_EXTENSIONS,
-    SPLITS,
-    Placement,
-    class_folder_names,
     class_name_problem,
-    place,
     quoted_name,
+    relative_path,
     split_folder_layout,
 )
-from transforms.listing import classify, is_local, list_entries
+from transforms.listing import Folder, classify, is_local, list_folder, list_top
 from transforms.outputs import SHARD_NAME, own_outputs
 from transforms.records import FileRef
+from transforms.sharding import ShardSizing
 
 _LOG = logging.getLogger(__name__)
 
 
 @dataclass
 class Plan:
-    """What the launcher decided before building the graph."""
+    """What the launcher decided before building the graph: class ids, the layout, how to size shards.
+
+    The launcher never lists every file: it reads the input's top folders and
+    a small sample of images. The job lists and counts the rest, and decides
+    each split's shard count from its own totals (`sizing`).
+    """
 
     class_names: list[str]
     split_folders: bool
-    expected_per_split: dict[str, int]
-    num_shards: dict[str, int]
-    files_found: int
+    sizing: ShardSizing
     unknown_classes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def total_images(self) -> int:
-        return sum(self.expected_per_split.values())
-
-    def splits_text(self) -> str:
-        """e.g. 'train 3000 in 3 shards, validation 800 in 1 shard', splits in the order train, validation, test."""
-        return ", ".join(f"{split} {self.expected_per_split[split]} in {plural(self.num_shards[split], 'shard')}"
-                         for split in SPLITS if split in self.expected_per_split)
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -162,35 +155,36 @@ def estimated_bytes_per_image(settings: Settings, source_size: int) -> float:
     return pixels * (0.08 + 0.35 * (image.jpeg_quality / 100) ** 2)
 
 
-def split_bytes(settings: Settings, sample: estimate.OutputSample | None, images: int, source_bytes: int) -> float:
-    """The bytes a split's shards will hold, from the sample converted with the run's settings.
+def shard_sizing(settings: Settings, sample: estimate.OutputSample | None, sampled_sizes: list[int]
+                 ) -> ShardSizing:
+    """How the job sizes each split's shards once it has counted them, from the sample converted here.
 
     For a fixed output size every image comes out about the same size; with
     --resize_mode=fit or none the output follows the source, so the sample's
     ratio of output to file bytes is applied to the split's file bytes.
     """
     if sample is None:
-        return images * estimated_bytes_per_image(settings, source_bytes / max(images, 1))
-    if settings.image.resize_mode in ("fit", "none") and sample.source_bytes:
-        return source_bytes * sample.record_bytes / sample.source_bytes
-    return images * sample.bytes_per_image
-
-
-def shards_for(total_bytes: float, shard_size_mb: int) -> int:
-    """The shard count that brings shards closest to `shard_size_mb` (shards hold equal numbers of records)."""
-    return max(1, round(total_bytes / (shard_size_mb * 1e6)))
+        typical = sum(sampled_sizes) / len(sampled_sizes) if sampled_sizes else 0
+        per_image = estimated_bytes_per_image(settings, typical)
+        per_source_byte = None
+    else:
+        per_image = sample.bytes_per_image
+        per_source_byte = None
+        if settings.image.resize_mode in ("fit", "none") and sample.source_bytes:
+            per_source_byte = sample.record_bytes / sample.source_bytes
+    return ShardSizing(dict(settings.num_shards), settings.shard_size_mb, per_image, per_source_byte)
 
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample: estimate.OutputSample | None,
-                   total_images: int) -> str | None:
-    """The notice when most images are smaller than --image_size (sizes from headers only), else None.
+def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample: estimate.OutputSample | None
+                   ) -> str | None:
+    """The notice when most sampled images are smaller than --image_size (sizes from headers only), else None.
 
     The run goes on with the size given: the notice names the typical source
-    size, the --image_size that keeps it, and the dataset's size at each.
+    size, the --image_size that keeps it, and the bytes per image at each.
     """
     image = settings.image
     if image.resize_mode in ("fit", "none"):
@@ -207,52 +201,126 @@ def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample
     small = estimate.measure_output(files, estimate.at_size(image, width, height), settings.schema,
                                     settings.compression)
     if sample is not None and small is not None:
-        text += (f" The dataset will be about {human_bytes(sample.bytes_per_image * total_images)} at "
-                 f"--image_size={current}, about {human_bytes(small.bytes_per_image * total_images)} at "
+        text += (f" Each image will take about {human_bytes(sample.bytes_per_image)} at "
+                 f"--image_size={current}, about {human_bytes(small.bytes_per_image)} at "
                  f"--image_size={suggested}.")
     return text + (f" To keep their size, stop this run (Ctrl-C) and run again with --image_size={suggested}; "
                    f"this run goes on at {current}.")
 
 
+# Per folder, the launcher looks at no more than this many entries for images (a folder of other files
+# is not read to its end), and keeps at most this many images in all as its sample.
+PROBE_ENTRIES = 2_000
+SAMPLE_IMAGES = 200
+
+
+@dataclass
+class _Probe:
+    """What the launcher saw of one folder: its first images (up to `want`), and entries looked at."""
+
+    folder: Folder
+    images: list = field(default_factory=list)  # (path, relpath, size)
+    entries: int = 0
+    exhausted: bool = False  # the folder holds fewer entries than the budget: `images` is all there is
+
+
+def _probe(folder: Folder, input_dir: str, follow_symlinks: bool, want: int) -> _Probe:
+    probe = _Probe(folder)
+    for entry in list_folder(folder, input_dir, follow_symlinks):
+        probe.entries += 1
+        ref = classify(entry, input_dir)
+        if isinstance(ref, FileRef):
+            probe.images.append((ref.path, ref.relpath, ref.size))
+            if len(probe.images) >= want:
+                return probe
+        if probe.entries >= PROBE_ENTRIES:
+            return probe
+    probe.exhausted = True
+    return probe
+
+
+def _probe_all(folders: list[Folder], settings: Settings) -> list[_Probe]:
+    """Look into each folder, a few at a time: its first images, within a budget of entries."""
+    want = max(1, -(-SAMPLE_IMAGES // max(1, len(folders))))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS) as pool:
+        return list(pool.map(lambda f: _probe(f, settings.input_dir, settings.follow_symlinks, want), folders))
+
+
+PROBE_THREADS = 16
+
+
+def _has_images(probe: _Probe) -> bool:
+    """A folder counts as a class folder if images were seen in it, or if it was too big to look through."""
+    return bool(probe.images) or not probe.exhausted
+
+
+def _top(settings: Settings, below: Folder | None = None) -> tuple[int, list[FileRef], list[Folder]]:
+    """(entries seen, image files, subfolders) directly in the input folder, or in `below`."""
+    entries, images, folders = 0, [], []
+    for item in list_top(settings.input_dir, settings.follow_symlinks, 1, below):
+        if isinstance(item, Folder):
+            folders.append(item)
+            continue
+        entries += 1
+        ref = classify(item, settings.input_dir)
+        if isinstance(ref, FileRef):
+            images.append(ref)
+    return entries, images, folders
+
+
+def _name(folder: Folder, input_dir: str) -> str:
+    return relative_path(folder.path, input_dir).rstrip("/")
+
+
 def plan_dataset(settings: Settings) -> Plan:
-    """List the input (metadata, and a sample of images: `pipeline.estimate`); decide class ids, splits, shards.
+    """Look at the input's top folders and a sample of its images; decide class ids, the layout, shard sizing.
+
+    Bounded whatever the input's size: the class folders are listed, not the
+    files in them; each folder is looked into only until its first images.
 
     Raises:
         UserError: for an empty input, no images, no class folders, or a bad layout.
     """
     check_folders(settings)
-    found = 0
-    candidates = []
+    input_dir = settings.input_dir
     try:
-        for entry in list_entries(settings.input_dir, settings.follow_symlinks):
-            found += 1
-            ref = classify(entry, settings.input_dir)
-            if isinstance(ref, FileRef):
-                candidates.append((ref.relpath, ref.size, ref.path))
+        entries, loose, top_folders = _top(settings)
+        if not entries and not top_folders:
+            raise UserError(f"--input_dir {input_dir} is empty: put images in <input_dir>/<class>/<image>")
+        probes = _probe_all(top_folders, settings)
+        top_with_images = {_name(p.folder, input_dir) for p in probes if _has_images(p)}
+        seen = entries + sum(p.entries for p in probes)
+        if not top_with_images and not loose:
+            raise UserError(
+                f"no images found in {input_dir}: {seen} files looked at, none with an image extension "
+                f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
+            )
+        try:
+            split_folders = split_folder_layout(top_with_images)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if split_folders:
+            class_probes, loose = [], []
+            for split_folder in (p.folder for p in probes if _has_images(p)):
+                _, images, folders = _top(settings, split_folder)
+                loose += images
+                class_probes += _probe_all(folders, settings)
+            probes = class_probes
+            folder_classes = sorted({_name(p.folder, input_dir).split("/")[1] for p in probes if _has_images(p)})
+        else:
+            folder_classes = sorted(top_with_images)
+    except UserError:
+        raise
     except Exception as e:
-        raise UserError(f"--input_dir {settings.input_dir} cannot be listed ({type(e).__name__}: {e})") from None
-    if not found:
-        raise UserError(f"--input_dir {settings.input_dir} is empty: put images in <input_dir>/<class>/<image>")
-    if not candidates:
-        raise UserError(
-            f"no images found in {settings.input_dir}: {found} files, none with an image extension "
-            f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
-        )
-    top_level = {relpath.split("/")[0] for relpath, _, _ in candidates if "/" in relpath}
-    try:
-        split_folders = split_folder_layout(top_level)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    folder_classes = class_folder_names((relpath for relpath, _, _ in candidates), split_folders)
+        raise UserError(f"--input_dir {input_dir} cannot be listed ({type(e).__name__}: {e})") from None
     for name in folder_classes:
         problem = class_name_problem(name)
         if problem:
-            raise UserError(f"the class folder {quoted_name(name)} in {settings.input_dir} has {problem}: "
-                            "rename the folder")
+            raise UserError(f"the class folder {quoted_name(name)} in {input_dir} has {problem}: rename the folder")
     if not folder_classes:
-        where = "its split folders" if split_folders else settings.input_dir
+        where = "its split folders" if split_folders else input_dir
         raise UserError(
-            f"found {len(candidates)} images directly in {where} but no class folders: expected "
+            f"found {len(loose)} images directly in {where} but no class folders: expected "
             "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
         )
     notes = []
@@ -264,61 +332,32 @@ def plan_dataset(settings: Settings) -> Plan:
                 f"{len(unknown)} class folder(s) are not in the labels file and their images will be skipped "
                 f"as unknown_class: {', '.join(unknown[:10])}"
             )
+        if not set(folder_classes) & set(class_names):
+            raise UserError(
+                f"none of the {len(folder_classes)} class folders in {input_dir} is a class in the labels file "
+                f"{settings.labels_file}: check that the class folder names match its lines"
+            )
     else:
         class_names, unknown = folder_classes, []
     known = set(class_names)
-
-    expected = Counter()
-    source_bytes = Counter()
-    placed_files = []  # (path, relpath, size) of the images that will be converted
-    for relpath, size, path in candidates:
-        placed = place(
-            relpath,
-            split_folders=split_folders,
-            seed=settings.seed,
-            validation_split=settings.validation_split,
-            test_split=settings.test_split,
-        )
-        if isinstance(placed, Placement) and placed.class_name in known:
-            expected[placed.split] += 1
-            source_bytes[placed.split] += size
-            placed_files.append((path, relpath, size))
-    if not expected:
-        raise UserError(
-            f"none of the {len(candidates)} images in {settings.input_dir} belongs to a class in the labels file "
-            f"{settings.labels_file}: check that the class folder names match its lines"
-        )
-    sample = estimate.measure_output(placed_files, settings.image, settings.schema, settings.compression)
-    estimated_bytes = {split: split_bytes(settings, sample, expected[split], source_bytes[split])
-                       for split in expected}
+    sample_files = [image for p in probes for image in p.images if _class_of(image[1], split_folders) in known]
+    sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
     # --quiet prints nothing but errors and the summary: no advice either.
-    upscale = None if settings.quiet else upscale_notice(settings, placed_files, sample, sum(expected.values()))
+    upscale = None if settings.quiet else upscale_notice(settings, sample_files, sample)
     if upscale:
         notes.insert(0, upscale)
-    num_shards = {}
-    for split in SPLITS:
-        count = expected[split]
-        if not count:
-            continue
-        if split in settings.num_shards:
-            shards = settings.num_shards[split]
-            if shards > count:
-                notes.append(f"--num_shards={split}={shards} is more than the {count} {split} images: writing "
-                             f"{plural(count, 'shard')}")
-                shards = count
-        else:
-            shards = shards_for(estimated_bytes[split], settings.shard_size_mb)
-            shards = max(1, min(shards, count))
-        num_shards[split] = shards
     return Plan(
         class_names=class_names,
         split_folders=split_folders,
-        expected_per_split={split: expected[split] for split in SPLITS if expected[split]},
-        num_shards=num_shards,
-        files_found=found,
+        sizing=shard_sizing(settings, sample, [size for _, _, size in sample_files]),
         unknown_classes=unknown,
         notes=notes,
     )
+
+
+def _class_of(relpath: str, split_folders: bool) -> str | None:
+    parts = relpath.split("/")[1:] if split_folders else relpath.split("/")
+    return parts[0] if len(parts) >= 2 else None
 
 
 # The output folder's names live in transforms.outputs; these stay importable from here.

@@ -41,18 +41,26 @@ LOG_STEP = 0.1
 
 CONVERTED = "images_converted"
 REJECTED_PREFIX = "rejected_"
+TO_CONVERT = "images_to_convert"  # counted by AssignLabels: the job's own total, known once listing is done
 
 
 def processed_images(infos: Iterable) -> int:
-    """Images that left ConvertImages (converted or rejected), from one bundle's monitoring infos."""
-    total = 0
+    """Images that left conversion (converted or rejected), from one bundle's monitoring infos."""
+    return bundle_counts(infos)[0]
+
+
+def bundle_counts(infos: Iterable) -> tuple[int, int]:
+    """(images converted or rejected, images labelled for conversion) in one bundle's monitoring infos."""
+    processed = planned = 0
     for info in infos:
         if info.urn != mi.USER_COUNTER_URN or info.labels.get(mi.NAMESPACE_LABEL) != NAMESPACE:
             continue
         name = info.labels.get(mi.NAME_LABEL, "")
         if name == CONVERTED or name.startswith(REJECTED_PREFIX):
-            total += mi.extract_counter_value(info)
-    return total
+            processed += mi.extract_counter_value(info)
+        elif name == TO_CONVERT:
+            planned += mi.extract_counter_value(info)
+    return processed, planned
 
 
 class BundleCounts:
@@ -63,6 +71,7 @@ class BundleCounts:
         self._running: dict[str, int] = {}
         self._finished: set[str] = set()
         self._finished_total = 0
+        self._planned = 0  # from finished bundles only: a total must not move backwards
 
     def running(self, instruction_id: str, infos: Iterable) -> None:
         count = processed_images(infos)
@@ -73,17 +82,24 @@ class BundleCounts:
             self._running[instruction_id] = max(count, self._running.get(instruction_id, 0))
 
     def finished(self, instruction_id: str, infos: Iterable) -> None:
-        count = processed_images(infos)
+        count, planned = bundle_counts(infos)
         with self._lock:
             self._running.pop(instruction_id, None)
             if instruction_id not in self._finished:
                 self._finished.add(instruction_id)
                 self._finished_total += count
+                self._planned += planned
 
     @property
     def processed(self) -> int:
         with self._lock:
             return self._finished_total + sum(self._running.values())
+
+    @property
+    def planned(self) -> int:
+        """Images the job has listed and labelled for conversion so far (its total once listing has ended)."""
+        with self._lock:
+            return self._planned
 
 
 @contextlib.contextmanager
@@ -176,11 +192,14 @@ def _terminal_width(stream) -> int:
 
 
 class ProgressDisplay:
-    """Shows `counts.processed` out of `total`: a tqdm bar on a terminal, plain log lines otherwise."""
+    """Shows `counts.processed` out of `total`: a tqdm bar on a terminal, plain log lines otherwise.
 
-    def __init__(self, counts: BundleCounts, total: int, stream=None, interactive: bool | None = None):
+    Without `total`, the total is the job's own count (`counts.planned`), known once the input is listed.
+    """
+
+    def __init__(self, counts: BundleCounts, total: int | None = None, stream=None, interactive: bool | None = None):
         self._counts = counts
-        self._total = total
+        self._fixed_total = total
         self._stream = stream if stream is not None else sys.stderr
         isatty = getattr(self._stream, "isatty", None)
         self._interactive = bool(isatty and isatty()) if interactive is None else interactive
@@ -189,6 +208,10 @@ class ProgressDisplay:
         self._bar = None
         self._logged = -1  # the count of the last plain line
         self._rate = _Rate()
+
+    @property
+    def _total(self) -> int:
+        return self._fixed_total if self._fixed_total is not None else self._counts.planned
 
     def __enter__(self) -> ProgressDisplay:
         if self._interactive:
@@ -200,7 +223,7 @@ class ProgressDisplay:
             self._redirect.__enter__()
             # A terminal that reports no size (a bare pty) would get an empty bar: assume 80x24.
             width = _terminal_width(self._stream)
-            self._bar = tqdm(total=self._total, desc="Starting", unit="img", file=self._stream,
+            self._bar = tqdm(total=self._total or None, desc="Listing", unit="img", file=self._stream,
                              dynamic_ncols=bool(width), ncols=None if width else 80,
                              nrows=None if width else 24, smoothing=0.1,
                              mininterval=REFRESH_SECONDS)
@@ -222,12 +245,15 @@ class ProgressDisplay:
 
     def _update_bar(self, done: int) -> None:
         bar = self._bar
+        total = self._total
+        if total and bar.total != total:
+            bar.total = total
         if done and not bar.n:
             bar.reset()  # time and rate from the first image on, not from the workers' start-up
             bar.n = bar.last_print_n = bar.initial = done  # the rate starts with the next report, not this jump
         if done > bar.n:
             bar.update(done - bar.n)
-        stage = "Writing" if self._total and done >= self._total else "Converting" if done else "Starting"
+        stage = "Writing" if total and done >= total else "Converting" if done else "Starting" if total else "Listing"
         if bar.desc != stage:
             if stage == "Writing":
                 # Keep the conversion rate in view; the clock goes on while the shards are finished.
@@ -245,6 +271,8 @@ class ProgressDisplay:
             if self._bar is not None:
                 self._update_bar(done)
                 continue
+            if not self._total:
+                continue  # still listing: no line until there is a total to count against
             now = time.monotonic()
             per_second = rate.add(now, done)
             step = int(done / self._total / LOG_STEP) if self._total else 0
@@ -254,7 +282,7 @@ class ProgressDisplay:
 
 
 @contextlib.contextmanager
-def show_progress(runner, total: int, enabled: bool = True) -> Iterator[None]:
+def show_progress(runner, total: int | None = None, enabled: bool = True) -> Iterator[None]:
     """Show the progress of a local run for the duration of the block; a no-op when disabled or remote."""
     if not enabled or not isinstance(runner, fn_runner.FnApiRunner):
         yield

@@ -47,8 +47,7 @@ from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, SHARD_NAME, index_name
-from transforms.tfrecord import CorruptRecord, scan_records
-from transforms.write import record_offsets
+from transforms.tfrecord import CorruptRecord, record_offsets, scan_records
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50

@@ -6,14 +6,11 @@ import functools
 import threading
 import time
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
 from transforms import imaging
-from transforms.convert import REJECTED, WRITTEN, ConvertImages, read_and_convert
+from transforms.convert import convert_in_order, read_and_convert
 from transforms.examples import Example
 from transforms.imaging import ImageRejected, ImageSettings
 from transforms.pool import ConversionPool, time_limit
@@ -166,7 +163,7 @@ def test_a_stuck_conversion_is_given_up_and_the_next_images_carry_on(tmp_path, m
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_convert_images_emits_every_image_once_with_any_thread_count(tmp_path, threads):
+def test_convert_in_order_gives_every_image_once_in_input_order_with_any_thread_count(tmp_path, threads):
     good = []
     for i in range(7):
         path = tmp_path / f"{i}.png"
@@ -174,22 +171,19 @@ def test_convert_images_emits_every_image_once_with_any_thread_count(tmp_path, t
         good.append(ImageRef(str(path), f"{i}.png", 0, "validation" if i == 3 else "train", "cls", i % 2, i))
     empty = tmp_path / "empty.png"
     empty.write_bytes(b"")
-    refs = [*good, ImageRef(str(empty), "empty.png", 0, "train", "cls", 0, 99),
+    refs = [*good[:3], ImageRef(str(empty), "empty.png", 0, "train", "cls", 0, 99), *good[3:],
             ImageRef(str(tmp_path / "gone.png"), "gone.png", 0, "train", "cls", 0, 100)]
 
     def source_and_label(serialized):
         feature = Example.FromString(serialized).features.feature
         return feature["source_path"].bytes_list.value[0].decode(), feature["label"].int64_list.value[0]
 
-    with TestPipeline() as p:
-        out = p | beam.Create(refs) | ConvertImages(ImageSettings(width=8, height=8), "default", threads)
-        for split in ("train", "validation"):
-            assert_that(out[split] | f"Parse/{split}" >> beam.Map(source_and_label),
-                        equal_to([(r.relpath, r.label) for r in good if r.split == split]), label=split)
-        assert_that(out["test"], equal_to([]), label="test")
-        # One count per (split, label, upscaled) and bundle: summed, one per image written.
-        assert_that(out[WRITTEN] | beam.CombinePerKey(sum),
-                    equal_to([(("train", 0, False), 4), (("train", 1, False), 2), (("validation", 1, False), 1)]),
-                    label="written")
-        assert_that(out[REJECTED] | beam.Map(lambda r: (r.relpath, r.reason)),
-                    equal_to([("empty.png", "empty_file"), ("gone.png", "read_error")]), label="rejected")
+    pool = ConversionPool(None, threads=threads)
+    try:
+        outcomes = list(convert_in_order(pool, refs, ImageSettings(width=8, height=8), "default"))
+    finally:
+        pool.close()
+    assert [o.ref.relpath for o in outcomes] == [r.relpath for r in refs]
+    assert [source_and_label(o.example) for o in outcomes if o.example] == [(r.relpath, r.label) for r in good]
+    assert [(o.ref.relpath, o.rejection.reason) for o in outcomes if o.rejection] == [
+        ("empty.png", "empty_file"), ("gone.png", "read_error")]

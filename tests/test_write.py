@@ -1,19 +1,26 @@
-"""WriteShards' plain functions: cutting pieces into shards at record boundaries, and copying them."""
+"""AssignShards and WriteShards: exact balance, the same shards on every run, each shard written once."""
 
 from __future__ import annotations
 
 import gzip
-import os
+import random
+import struct
 
+import apache_beam as beam
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
-from transforms.tfrecord import iter_records, masked_crc
-from transforms.write import Segment, copy_shard, plan_shards, record_offsets
+from tests import image_cases as cases
+from transforms.examples import Example
+from transforms.imaging import ImageSettings
+from transforms.records import ImageRef
+from transforms.sharding import BUCKETS, AssignShards, ShardKey, ShardSizing, bucket_of, lay_out, rank_order
+from transforms.tfrecord import frame_record, iter_records, masked_crc, record_offsets
+from transforms.write import ShardInfo, WriteShards, index_text
 
 
 def frame(data: bytes) -> bytes:
-    import struct
-
     header = struct.pack("<Q", len(data))
     return header + struct.pack("<I", masked_crc(header)) + data + struct.pack("<I", masked_crc(data))
 
@@ -23,74 +30,150 @@ def write_piece(path, records: list[bytes]) -> str:
     return str(path)
 
 
-def test_record_offsets_follow_the_framing(tmp_path):
-    path = write_piece(tmp_path / "p.tfrecord", [b"a", b"", b"xyz" * 100])
-    assert record_offsets(path) == [0, 17, 33, 33 + 316]
-    assert record_offsets(write_piece(tmp_path / "empty.tfrecord", [])) == [0]
+def test_frame_record_is_tfrecord_framing_that_reads_back(tmp_path):
+    records = [b"", b"a", bytes(range(256)) * 40]
+    assert all(frame_record(r) == frame(r) for r in records)
+    path = tmp_path / "r.tfrecord"
+    path.write_bytes(b"".join(frame_record(r) for r in records))
+    assert list(iter_records(str(path))) == records
+    assert record_offsets(str(path)) == [0, 16, 33, 33 + 16 + 10240]
 
 
-@pytest.mark.parametrize("sizes, shards", [((5, 0, 7), 4), ((1,), 3), ((10, 10), 1), ((3, 4, 5), 12), ((0,), 2)])
-def test_plan_shards_balances_to_one_record_and_never_leaves_a_shard_empty(tmp_path, sizes, shards):
-    pieces, expected = [], []
-    for i, n in enumerate(sizes):
-        records = [f"{i}-{j}".encode() for j in range(n)]
-        expected.extend(records)
-        path = write_piece(tmp_path / f"piece-{i}.tfrecord", records)
-        pieces.append((path, record_offsets(path)))
-    plan = plan_shards(pieces, shards)
-    total = sum(sizes)
-    assert len(plan) == min(shards, total)
-    counts = [sum(s.records for s in segments) for segments in plan]
-    assert sum(counts) == total
-    if counts:
-        assert min(counts) >= 1 and max(counts) - min(counts) <= 1
-    # Copying every shard and reading it back gives every record exactly once, in order.
-    got = []
-    for k, segments in enumerate(plan):
-        (tmp_path / "out").mkdir(exist_ok=True)
-        name = f"s-{k}.tfrecord"
-        size = copy_shard(segments, str(tmp_path / "out"), name, "none")
-        assert size == (tmp_path / "out" / name).stat().st_size
-        got.extend(iter_records(str(tmp_path / "out" / name)))
-    assert got == expected
+def test_index_text_is_offset_and_length_per_record():
+    assert index_text([16, 17, 100]) == "0 16\n16 17\n33 100\n"
+    assert index_text([]) == ""
 
 
-def test_copy_shard_gzip_is_a_valid_gzip_tfrecord(tmp_path):
-    records = [bytes([i]) * (i + 1) for i in range(50)]
-    path = write_piece(tmp_path / "piece.tfrecord", records)
-    offsets = record_offsets(path)
-    (tmp_path / "out").mkdir()
-    copy_shard([Segment(path, offsets[10], offsets[40], 30)], str(tmp_path / "out"), "x.tfrecord.gz", "gzip")
-    data = gzip.decompress((tmp_path / "out" / "x.tfrecord.gz").read_bytes())
-    assert data == b"".join(frame(r) for r in records[10:40])
-    assert list(iter_records(str(tmp_path / "out" / "x.tfrecord.gz"))) == records[10:40]
-    assert os.listdir(tmp_path / "out") == ["x.tfrecord.gz"]  # the partial file was renamed
+def refs_with_keys(keys, split="train") -> list[ImageRef]:
+    return [ImageRef(f"/in/c/{i}.jpg", f"c/{i}.jpg", 100 + i, split, "c", 0, key) for i, key in enumerate(keys)]
 
 
-@pytest.mark.parametrize("kernel_copy", ["sendfile", "unavailable"])
-def test_copy_shard_gives_the_same_bytes_with_or_without_the_kernel_copy(tmp_path, monkeypatch, kernel_copy):
-    """Local shards are copied by sendfile; where it fails (old kernel, odd file system) the chunked copy does it."""
-    import errno
-    import os
+def sizing(**explicit) -> ShardSizing:
+    return ShardSizing(explicit, shard_size_mb=1, bytes_per_image=1000.0)
 
-    records = [bytes([i % 256]) * (37 * i + 1) for i in range(300)]
-    path = write_piece(tmp_path / "piece.tfrecord", records)
-    offsets = record_offsets(path)
-    calls = []
-    real_sendfile = os.sendfile
 
-    def sendfile(*args):
-        calls.append(args)
-        if kernel_copy == "unavailable":
-            raise OSError(errno.ENOSYS, "sendfile not supported")
-        return real_sendfile(*args)
+def expected_shards(refs: list[ImageRef], count: int) -> dict:
+    """The reference answer: sort the whole split, cut rank k*T/N."""
+    ordered = sorted(refs, key=rank_order)
+    return {ref.relpath: rank * count // len(ordered) for rank, ref in enumerate(ordered)}
 
-    monkeypatch.setattr(os, "sendfile", sendfile)
-    monkeypatch.setattr("transforms.write._COPY_CHUNK", 1000)  # several chunks on the fallback path
-    (tmp_path / "out").mkdir()
-    segments = [Segment(path, offsets[5], offsets[120], 115), Segment(path, offsets[200], offsets[300], 100)]
-    size = copy_shard(segments, str(tmp_path / "out"), "x.tfrecord", "none")
-    data = (tmp_path / "out" / "x.tfrecord").read_bytes()
-    assert data == b"".join(frame(r) for r in records[5:120] + records[200:300])
-    assert size == len(data)
-    assert len(calls) >= 2  # one kernel copy tried per segment
+
+_COLLECTED: dict[str, list] = {}  # filled by the pipeline's steps, which run in this process (the DirectRunner)
+
+
+def _collect(element, into: str):
+    _COLLECTED.setdefault(into, []).append(element)
+
+
+def collected(into: str) -> list:
+    return _COLLECTED.pop(into, [])
+
+
+def run_assign(refs, assign_sizing) -> list[tuple[ShardKey, str]]:
+    with TestPipeline() as p:
+        placed = p | beam.Create(refs) | AssignShards(assign_sizing)
+        _ = placed | beam.MapTuple(lambda key, ref: (tuple(key), ref.relpath)) | beam.Map(_collect, "assign")
+    return collected("assign")
+
+
+def clustered_keys(count: int, buckets: int, seed: int) -> list[int]:
+    """Keys crowded into a few buckets, so that buckets straddle shard boundaries and need exact ranks."""
+    rng = random.Random(seed)
+    chosen = rng.sample(range(BUCKETS), buckets)
+    return [(rng.choice(chosen) << 48) | rng.getrandbits(48) for _ in range(count)]
+
+
+@pytest.mark.parametrize("count, shards, keys", [
+    (1000, 7, "uniform"), (1000, 7, "clustered"), (5, 5, "uniform"), (13, 4, "clustered"), (300, 1, "uniform"),
+    (64, 64, "clustered"),
+])
+def test_assign_shards_balances_to_one_image_and_matches_a_full_sort(count, shards, keys):
+    rng = random.Random(count * shards)
+    key_list = [rng.getrandbits(64) for _ in range(count)] if keys == "uniform" else clustered_keys(count, 3, count)
+    key_list[1] = key_list[0]  # a tie in the key is broken by the path
+    refs = refs_with_keys(key_list)
+    got = run_assign(refs, sizing(train=shards))
+    assert len(got) == count and len({relpath for _, relpath in got}) == count  # each image once
+    assert {relpath: key[1] for key, relpath in got} == expected_shards(refs, shards)
+    sizes = [sum(1 for key, _ in got if key[1] == k) for k in range(shards)]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert {key[2] for key, _ in got} == {shards} and {key[0] for key, _ in got} == {"train"}
+
+
+def test_assign_shards_sizes_each_split_on_its_own_total_and_never_makes_more_shards_than_images():
+    refs = refs_with_keys([random.Random(1).getrandbits(64) for _ in range(40)], "train")
+    refs += refs_with_keys([random.Random(2).getrandbits(64) for _ in range(3)], "validation")
+    refs = [r._replace(relpath=f"{r.split}/{r.relpath}") for r in refs]
+    # train: 40 images of 0.1 MB at 1 MB a shard -> 4 shards; validation: 8 asked, 3 images -> 3 shards
+    got = run_assign(refs, ShardSizing({"validation": 8}, shard_size_mb=1, bytes_per_image=0.1e6))
+    counts = {split: {key[2] for key, _ in got if key[0] == split} for split in ("train", "validation")}
+    assert counts == {"train": {4}, "validation": {3}}
+
+
+def test_lay_out_sizes_shards_from_the_source_bytes_when_the_output_follows_them():
+    counts = [(("train", 5), (10, 50_000_000)), (("train", 9), (10, 50_000_000))]
+    layout = lay_out(counts, ShardSizing({}, shard_size_mb=10, bytes_per_image=1.0, bytes_per_source_byte=0.5))
+    assert layout["train"].images == 20 and layout["train"].shards == 5  # 100 MB of files -> 50 MB of records
+    assert layout["train"].starts[5] == 0 and layout["train"].starts[6] == 10 and layout["train"].starts[-1] == 20
+
+
+def test_the_same_images_in_any_order_give_the_same_shards():
+    refs = refs_with_keys(clustered_keys(500, 4, 7))
+    first = sorted(run_assign(refs, sizing(train=6)))
+    shuffled = list(refs)
+    random.Random(3).shuffle(shuffled)
+    assert sorted(run_assign(shuffled, sizing(train=6))) == first
+
+
+def test_bucket_of_is_the_top_bits_of_the_key():
+    assert bucket_of(0) == 0 and bucket_of(2**64 - 1) == BUCKETS - 1 and bucket_of(1 << 48) == 1
+
+
+def parse(serialized: bytes) -> tuple[str, int]:
+    feature = Example.FromString(serialized).features.feature
+    return feature["source_path"].bytes_list.value[0].decode(), feature["label"].int64_list.value[0]
+
+
+@pytest.mark.parametrize("compression, index_files", [("none", True), ("gzip", False)])
+def test_write_shards_converts_each_shard_in_rank_order_into_one_file(tmp_path, compression, index_files):
+    image = cases.encode(cases.quadrants(40, 30), "PNG")
+    refs = []
+    for i in range(9):
+        path = tmp_path / "in" / f"{i}.png"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(image if i != 4 else b"not an image")
+        refs.append(ImageRef(str(path), f"c/{i}.png", 10, "train", "c", i % 3, (9 - i) << 50))
+    shard_of = {ref.relpath: (0 if i < 5 else 1) for i, ref in enumerate(refs)}
+    placed = [(tuple(ShardKey("train", shard_of[ref.relpath], 2)), ref) for ref in refs]
+    output = tmp_path / "out"
+    with TestPipeline() as p:
+        out = p | beam.Create(placed) | WriteShards(str(output), "run1", ImageSettings(width=8, height=8),
+                                                     "default", 2, compression, index_files)
+        assert_that(out["rejected"] | beam.Map(lambda r: (r.relpath, r.reason)),
+                    equal_to([("c/4.png", "not_an_image")]), label="rejected")
+        assert_that(out["written"] | beam.CombinePerKey(sum),
+                    equal_to([(("train", 0, False), 3), (("train", 1, False), 2), (("train", 2, False), 3)]),
+                    label="written")
+        _ = out.shards | beam.Map(_collect, "shards")
+    infos = collected("shards")
+    folder = output / ".image-tfrecords-tmp" / "run1" / "shards"
+    suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    assert sorted(i.file for i in infos) == [f"train-0000{k}-of-00002{suffix}" for k in (0, 1)]
+    for info in infos:
+        assert isinstance(info, ShardInfo)
+        path = folder / info.file
+        records = [parse(r) for r in iter_records(str(path))]
+        mine = sorted((r for r in refs if shard_of[r.relpath] == int(info.file[6:11]) and r.relpath != "c/4.png"),
+                      key=rank_order)
+        assert records == [(r.relpath, r.label) for r in mine]  # in rank order: the largest path first here
+        assert info.records == len(mine) and info.bytes == path.stat().st_size
+        if compression == "gzip":
+            gzip.decompress(path.read_bytes())  # a valid gzip stream
+        if index_files:
+            offsets = record_offsets(str(path))
+            sizes = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+            assert (folder / info.index).read_text() == index_text(sizes)
+        else:
+            assert info.index == ""
+    assert sorted(p.name for p in folder.iterdir()) == sorted([i.file for i in infos] + [i.index for i in infos
+                                                                                        if i.index])

@@ -1,13 +1,11 @@
-"""ConvertImages: read, decode, resize and encode each image, and wrap it in a tf.train.Example.
+"""Converting images: read each file, decode, resize and encode it, and wrap it in a tf.train.Example.
 
-Each serialized Example leaves on the output named after its split, ready for
-the TFRecord writer: no step between them touches every record again. Bad
-images never fail the job: they leave on the REJECTED output with the reason
-from the image layer, and are counted. The WRITTEN output carries one count
-per (split, label, upscaled) and bundle, for the dataset description. Each
-image gets at most --image_timeout_s seconds. Images are read and converted on
---conversion_threads helper threads per DoFn instance (see `transforms.pool`);
-results leave in input order. A local file must be a regular file (checked
+Plain functions, no Beam: `transforms.write` converts a shard's images with
+`convert_in_order` and writes them as they come. Bad images never fail the
+job: they come out as a Rejection with the reason from the image layer, and
+are counted. Each image gets at most --image_timeout_s seconds. Images are read
+and converted on --conversion_threads helper threads (see `transforms.pool`);
+outcomes come out in input order. A local file must be a regular file (checked
 before opening: a FIFO or a device could block or never end), and no file is
 read past --max_file_mb. A read that fails for a moment (429, 5xx, a timeout, a reset
 connection) is tried again; one that keeps failing raises `TransientReadError`,
@@ -16,17 +14,14 @@ which fails the bundle instead of rejecting the image (see `transforms.transient
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
 import stat
-import threading
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
-import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
-from apache_beam.transforms.window import GlobalWindows
-from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import counters, imaging
 from transforms.examples import build_example
@@ -39,15 +34,11 @@ from transforms.imaging import (
     ImageRejected,
     ImageSettings,
 )
-from transforms.layout import SPLITS, display_path
-from transforms.listing import file_kind
-from transforms.pool import ConversionPool, time_limit
+from transforms.layout import display_path
+from transforms.listing import file_kind, gcs_client
+from transforms.pool import ConversionPool
 from transforms.records import ImageRef, Rejection
 from transforms.transient import TransientReadError, describe, with_retries
-
-REJECTED = "rejected"
-WRITTEN = "written"
-_gcs_clients = threading.local()  # one GCS client a conversion thread, reused for every image it reads
 
 
 def check_regular_file(path: str) -> int:
@@ -128,23 +119,8 @@ def _read_gcs(path: str, max_bytes: int, timeout: float) -> bytes:
     and the bytes are the object's stored bytes, as Beam reads them (raw_download).
     """
     bucket, name = gcsio.parse_gcs_path(path)
-    return _gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
+    return gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
         start=0, end=max_bytes, raw_download=True, checksum=None, retry=None, timeout=timeout)
-
-
-def _gcs_client(path: str):
-    """The GCS client of this thread, made once from Beam's GCS file system (as its open() makes one per call).
-
-    A client per image would open a new connection (and TLS session) for every image. The client is
-    keyed by the storage host, which tests point at an emulator or a proxy.
-    """
-    key = os.environ.get("STORAGE_EMULATOR_HOST")
-    cached = getattr(_gcs_clients, "by_host", None)
-    if cached is None:
-        cached = _gcs_clients.by_host = {}
-    if key not in cached:
-        cached[key] = FileSystems.get_filesystem(path)._gcsIO().client  # Beam 2.77's private accessor
-    return cached[key]
 
 
 def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None
@@ -166,53 +142,35 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
     return imaging.convert_image(data, settings, deadline)
 
 
-class _ConvertImage(beam.DoFn):
-    def __init__(self, settings: ImageSettings, schema: str, threads: int):
-        self._settings = settings
-        self._schema = schema
-        self._threads = threads
-        self._pool: ConversionPool | None = None
-        self._pending: collections.deque = collections.deque()
+class Converted(NamedTuple):
+    """One image's outcome: its serialized Example and whether it was upscaled, or its Rejection."""
 
-    def setup(self):
-        self._pool = ConversionPool(time_limit(self._settings), threads=self._threads)
+    ref: ImageRef
+    example: bytes | None
+    upscaled: bool
+    rejection: Rejection | None
 
-    def start_bundle(self):
-        self._pending.clear()
-        # (split, label, upscaled) -> records emitted in this bundle
-        self._written: collections.Counter = collections.Counter()
 
-    def process(self, ref: ImageRef, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
-        job = self._pool.submit(functools.partial(read_and_convert, ref.path, self._settings, size=ref.size))
-        self._pending.append((ref, job, timestamp, window))
-        # Keep one image queued behind every busy helper; emit finished ones in input order.
-        while len(self._pending) > 2 * self._threads or (self._pending and self._pending[0][1].done.is_set()):
-            ref, job, _, _ = self._pending.popleft()
-            yield self._outcome(ref, job)
+def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings, schema: str
+                     ) -> Iterator[Converted]:
+    """Convert `refs` on the pool's helpers, a few ahead, and yield each outcome in the order of `refs`.
 
-    def finish_bundle(self):
-        while self._pending:
-            ref, job, timestamp, window = self._pending.popleft()
-            output = self._outcome(ref, job)
-            yield beam.pvalue.TaggedOutput(output.tag, WindowedValue(output.value, timestamp, [window]))
-        for key, count in self._written.items():
-            # ((split, label, upscaled), records)
-            yield beam.pvalue.TaggedOutput(WRITTEN, GlobalWindows.windowed_value((key, count)))
-
-    def teardown(self):
-        if self._pool is not None:
-            self._pool.close()
-
-    def _outcome(self, ref: ImageRef, job) -> beam.pvalue.TaggedOutput:
-        """The serialized Example for `ref` on its split's output, or its Rejection on REJECTED."""
+    Bad images come out as a Rejection with the image layer's reason, counted;
+    a read that keeps failing with a transient error raises `TransientReadError`
+    (the bundle fails and is retried: the image is not the problem).
+    """
+    for ref, job in pool.in_order(refs, lambda ref: functools.partial(
+            read_and_convert, ref.path, settings, size=ref.size)):
         try:
-            image = self._pool.result(job)
+            image = pool.result(job)
         except ImageRejected as e:
-            return self._reject(ref, e.reason, e.detail)
+            yield _rejected(ref, e.reason, e.detail)
+            continue
         except TransientReadError:
             raise  # not the image's fault: the bundle fails, and is retried, instead of the image being rejected
         except Exception as e:  # convert_image maps every decoder error; this is a last line of defence
-            return self._reject(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
+            yield _rejected(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
+            continue
         serialized = build_example(
             image=image.data,
             image_format=image.format,
@@ -221,28 +179,12 @@ class _ConvertImage(beam.DoFn):
             height=image.height,
             width=image.width,
             source_path=display_path(ref.relpath),
-            schema=self._schema,
+            schema=schema,
         )
         counters.inc("images_converted")
-        self._written[(ref.split, ref.label, image.upscaled)] += 1
-        return beam.pvalue.TaggedOutput(ref.split, serialized)
-
-    @staticmethod
-    def _reject(ref: ImageRef, reason: str, detail: str):
-        counters.inc(f"rejected_{reason}")
-        return beam.pvalue.TaggedOutput(REJECTED, Rejection(ref.relpath, "rejected", reason, detail))
+        yield Converted(ref, serialized, image.upscaled, None)
 
 
-class ConvertImages(beam.PTransform):
-    """ImageRef -> serialized tf.train.Example bytes on one output per split.
-
-    Outputs, by tag: each split in `SPLITS` (bytes), REJECTED (Rejection) and
-    WRITTEN (((split, label, upscaled), records), a few per bundle).
-    """
-
-    def __init__(self, settings: ImageSettings, schema: str, threads: int = 2):
-        super().__init__()
-        self._fn = _ConvertImage(settings, schema, threads)
-
-    def expand(self, refs):
-        return refs | "ConvertImage" >> beam.ParDo(self._fn).with_outputs(*SPLITS, REJECTED, WRITTEN)
+def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:
+    counters.inc(f"rejected_{reason}")
+    return Converted(ref, None, False, Rejection(ref.relpath, "rejected", reason, detail))

@@ -34,6 +34,7 @@ class _AssignLabel(beam.DoFn):
                           f"class folder {placed.class_name!r} is not in the labels file"),
             )
             return
+        counters.inc("images_to_convert")
         yield ImageRef(ref.path, ref.relpath, ref.size, placed.split, placed.class_name, label,
                        shuffle_key(ref.relpath, self._seed))
 

@@ -12,8 +12,8 @@ target is outside it is reported as `symlink_outside_input` unless
 `follow_symlinks` is set. A link back to a folder on its own path is a
 `symlink_loop`, one to nothing a `dangling_symlink`.
 
-gs:// has no symlinks or special files: there the listing is Beam's match,
-with the folder's own glob characters escaped.
+gs:// has no symlinks or special files: there the listing is the bucket's
+own, page by page (no glob, so a folder's own glob characters mean nothing).
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.gcp import gcsio
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms import counters
@@ -34,6 +36,8 @@ from transforms.records import FileRef, Rejection
 
 SKIPPED = "skipped"
 FOUND = "found"
+FOLDERS = "folders"
+_gcs_clients = threading.local()  # one GCS client a thread, reused for every request it makes
 
 # Reasons of entries the listing cannot use (stage 'rejected': the user meant them as input, probably).
 SYMLINK_LOOP = "symlink_loop"
@@ -83,6 +87,21 @@ def escape_glob(path: str) -> str:
 def listing_pattern(input_dir: str) -> str:
     """The glob that matches every file below `input_dir` (a gs:// folder), recursively."""
     return FileSystems.join(escape_glob(input_dir), "**")
+
+
+def gcs_client(path: str):
+    """The GCS client of this thread, made once from Beam's GCS file system (as its open() makes one per call).
+
+    A client per image would open a new connection (and TLS session) for every image. The client is
+    keyed by the storage host, which tests point at an emulator or a proxy.
+    """
+    key = os.environ.get("STORAGE_EMULATOR_HOST")
+    cached = getattr(_gcs_clients, "by_host", None)
+    if cached is None:
+        cached = _gcs_clients.by_host = {}
+    if key not in cached:
+        cached[key] = FileSystems.get_filesystem(path)._gcsIO().client  # Beam 2.77's private accessor
+    return cached[key]
 
 
 def _kind(mode: int) -> str | None:
@@ -142,6 +161,33 @@ def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozen
         yield Entry(path, info.st_size)
 
 
+class Folder(NamedTuple):
+    """A folder whose whole tree one worker lists: its path and, for a local one, the (st_dev, st_ino) of the
+    folders on its path, which find a symlink loop."""
+
+    path: str
+    ancestors: frozenset = frozenset()
+
+
+def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None) -> Iterator[Entry | Folder]:
+    """Entries below the (folder, ancestors, depth) items of `stack`, depth first; the folders at `stop_depth`
+    are yielded as a `Folder` instead of being entered."""
+    while stack:
+        folder, ancestors, depth = stack.pop()
+        subfolders: list = []
+        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders)
+        if stop_depth is not None and depth + 1 >= stop_depth:
+            yield from (Folder(path, inside) for path, inside in subfolders)
+        else:
+            stack.extend((path, inside, depth + 1) for path, inside in reversed(subfolders))
+
+
+def _local_start(input_dir: str) -> tuple[str, list]:
+    os.scandir(input_dir).close()  # the input folder itself: an error here is the caller's to report
+    info = os.stat(input_dir)
+    return os.path.realpath(input_dir), [(input_dir, frozenset({(info.st_dev, info.st_ino)}), 0)]
+
+
 def walk_local(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
     """Every entry below the local folder `input_dir`, streamed, depth first.
 
@@ -152,15 +198,63 @@ def walk_local(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]
     Raises:
         OSError: when `input_dir` itself cannot be listed.
     """
-    os.scandir(input_dir).close()  # the input folder itself: an error here is the caller's to report
-    info = os.stat(input_dir)
-    root = os.path.realpath(input_dir)
-    stack = [(input_dir, frozenset({(info.st_dev, info.st_ino)}))]
-    while stack:
-        folder, ancestors = stack.pop()
-        subfolders: list = []
-        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders)
-        stack.extend(reversed(subfolders))
+    root, stack = _local_start(input_dir)
+    yield from _walk(stack, root, follow_symlinks, None)
+
+
+def _gcs_prefix(folder: str) -> tuple[str, str]:
+    bucket, prefix = gcsio.parse_gcs_path(folder, object_optional=True)
+    return bucket, (prefix.rstrip("/") + "/") if prefix else ""
+
+
+def gcs_list(folder: str, folders_too: bool = False) -> Iterator[Entry | Folder]:
+    """The objects below the gs:// `folder`, streamed page by page (never all in memory).
+
+    With `folders_too`, only one level: its objects, then its subfolders as `Folder`
+    (the listing's prefixes). Folder placeholder objects (names ending in '/') are not files.
+    """
+    bucket, prefix = _gcs_prefix(folder)
+    pages = gcs_client(folder).list_blobs(bucket, prefix=prefix, delimiter="/" if folders_too else None)
+    for blob in pages:
+        if not blob.name.endswith("/"):
+            yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+    if folders_too:
+        yield from (Folder(f"gs://{bucket}/{name}".rstrip("/")) for name in sorted(pages.prefixes))
+
+
+def list_top(input_dir: str, follow_symlinks: bool, depth: int, below: Folder | None = None
+             ) -> Iterator[Entry | Folder]:
+    """The entries of `input_dir` (or of `below`, a folder in it) down to `depth` levels, and the folders at
+    that depth as `Folder`.
+
+    Depth 1 stops at the class folders (<input>/<class>/), depth 2 at the class
+    folders of a split layout (<input>/<split>/<class>/); each `Folder` is then
+    listed whole by `list_folder`, on any worker.
+    """
+    if is_local(input_dir):
+        root, stack = _local_start(input_dir)
+        if below is not None:
+            stack = [(below.path, below.ancestors, 0)]
+        yield from _walk(stack, root, follow_symlinks, depth)
+        return
+    level = [input_dir if below is None else below.path]
+    for current in range(depth):
+        deeper = []
+        for folder in level:
+            for item in gcs_list(folder, folders_too=True):
+                if isinstance(item, Folder) and current + 1 < depth:
+                    deeper.append(item.path)
+                else:
+                    yield item
+        level = deeper
+
+
+def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
+    """Every entry below `folder` (one that `list_top` gave), streamed."""
+    if is_local(folder.path):
+        yield from _walk([(folder.path, folder.ancestors, 0)], os.path.realpath(input_dir), follow_symlinks, None)
+    else:
+        yield from gcs_list(folder.path)
 
 
 def list_entries(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
@@ -168,8 +262,7 @@ def list_entries(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entr
     if is_local(input_dir):
         yield from walk_local(input_dir, follow_symlinks)
         return
-    for metadata in FileSystems.match([listing_pattern(input_dir)])[0].metadata_list:
-        yield Entry(metadata.path, metadata.size_in_bytes)
+    yield from gcs_list(input_dir)
 
 
 def list_files(input_dir: str, follow_symlinks: bool = False) -> list[Entry]:
@@ -231,21 +324,40 @@ class ListImages(beam.PTransform):
     dataset description checks that each one was written, rejected or skipped.
 
     Listing runs inside the graph, so on Dataflow it needs nothing from the
-    launcher's machine but the folder name; it follows the same rules as the
-    launcher's plan (`list_entries`).
+    launcher's machine but the folder name. The input folder's top (one level,
+    or two with split folders) is listed in one place; each class folder is
+    then listed whole on whichever worker gets it, so a large input is listed
+    by every worker at once and never held in one place.
     """
 
-    def __init__(self, input_dir: str, follow_symlinks: bool = False):
+    def __init__(self, input_dir: str, follow_symlinks: bool = False, split_folders: bool = False):
         super().__init__()
         self._input_dir = input_dir
         self._follow_symlinks = follow_symlinks
+        self._depth = 2 if split_folders else 1
 
     def expand(self, pbegin):
-        return (
+        top = (
             pbegin
-            | "Folder" >> beam.Create([self._input_dir])
-            # Entry, streamed from the walk (or Beam's match on gs://)
-            | "ListEntries" >> beam.FlatMap(list_entries, self._follow_symlinks)
+            | "InputFolder" >> beam.Create([self._input_dir])
+            # Entry above the class folders; Folder for each class folder, on FOLDERS
+            | "ListTop" >> beam.FlatMap(_tag_folders, self._follow_symlinks, self._depth).with_outputs(
+                FOLDERS, main="entries")
+        )
+        deeper = (
+            top[FOLDERS]
+            | "SpreadFolders" >> beam.Reshuffle()
+            # Entry, streamed from each class folder's walk (or its gs:// listing)
+            | "ListFolders" >> beam.FlatMap(list_folder, self._input_dir, self._follow_symlinks)
+        )
+        return (
+            (top.entries, deeper)
+            | "AllEntries" >> beam.Flatten()
             # Entry -> FileRef (images) | Rejection (skipped, or a problem entry)
             | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, FOUND, main="images")
         )
+
+
+def _tag_folders(input_dir: str, follow_symlinks: bool, depth: int):
+    for item in list_top(input_dir, follow_symlinks, depth):
+        yield beam.pvalue.TaggedOutput(FOLDERS, item) if isinstance(item, Folder) else item

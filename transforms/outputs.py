@@ -3,8 +3,7 @@
 Layout of --output_dir while a run is going on:
 
     .image-tfrecords.lock                     who is writing here (one run at a time)
-    .image-tfrecords-tmp/<run id>/pieces/     WriteToTFRecord's pieces, cut into shards
-    .image-tfrecords-tmp/<run id>/shards/     finished shards, under their final file names
+    .image-tfrecords-tmp/<run id>/shards/     the run's shards, each written once under its final file name
     <the previous complete dataset, if any>   untouched until this run has finished
 
 A run's files take their final names only when it publishes them, after every
@@ -91,10 +90,6 @@ def index_name(shard_file: str) -> str:
 def run_dir(output_dir: str, run_id: str) -> str:
     """The temporary folder of one run."""
     return FileSystems.join(output_dir, TEMP_DIR, run_id)
-
-
-def pieces_dir(output_dir: str, run_id: str) -> str:
-    return FileSystems.join(run_dir(output_dir, run_id), "pieces")
 
 
 def shards_dir(output_dir: str, run_id: str) -> str:

@@ -31,16 +31,18 @@ per image cost about 1.3 ms, a fifth of a typical conversion.
 
 from __future__ import annotations
 
+import collections
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from transforms.imaging import STALLED_WORKER, TIMEOUT, ImageRejected, ImageSettings
 
 T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741
 # work(deadline) -> result; `deadline` is a time.monotonic() value or None.
 Work = Callable[[float | None], T]
 
@@ -116,6 +118,22 @@ class ConversionPool:
         job = Job(work)
         self._jobs.put(job)
         return job
+
+    def in_order(self, items: Iterable[I], work_of: Callable[[I], Work], ahead: int | None = None
+                 ) -> Iterator[tuple[I, Job]]:
+        """Submit `work_of(item)` for each item, keeping `ahead` jobs queued (two per helper by default),
+        and yield (item, job) in the order of `items`, each once its job is done or first in line.
+
+        The caller takes each outcome with `result(job)`, which applies the time limit.
+        """
+        ahead = 2 * self._threads if ahead is None else max(1, ahead)
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append((item, self.submit(work_of(item))))
+            while len(pending) > ahead or (pending and pending[0][1].done.is_set()):
+                yield pending.popleft()
+        while pending:
+            yield pending.popleft()
 
     def result(self, job: Job):
         """The job's result; re-raises its exception. Returns within the time limit of the job's start.

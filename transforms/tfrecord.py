@@ -68,3 +68,26 @@ def iter_records(path: str):
         if data is None:
             raise CorruptRecord(f"record {index}: data checksum mismatch")
         yield data
+
+
+def frame_record(data: bytes) -> bytes:
+    """`data` framed as one TFRecord record: length, its masked CRC, the data and its masked CRC."""
+    length = struct.pack("<Q", len(data))
+    return b"".join((length, struct.pack("<I", masked_crc(length)), data, struct.pack("<I", masked_crc(data))))
+
+
+def record_offsets(path: str) -> list[int]:
+    """Byte offsets of every record start in an uncompressed TFRecord file, plus its end (framing only)."""
+    offsets = [0]
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        position = 0
+        while True:
+            header = f.read(12)
+            if not header:
+                return offsets
+            if len(header) < 12:
+                raise ValueError(f"{path}: file ends inside a record header at byte {position}")
+            (length,) = struct.unpack("<Q", header[:8])
+            position += 12 + length + 4
+            f.seek(position)
+            offsets.append(position)
