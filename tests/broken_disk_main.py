@@ -1,4 +1,4 @@
-"""`python -m pipeline.main` whose shard copy fails with the errno in $BROKEN_DISK_ERRNO (for tests).
+"""`python -m pipeline.main` whose shard writing fails with the errno in $BROKEN_DISK_ERRNO (for tests).
 
 Worker processes are forked from this launcher, so the broken copy reaches them too.
 """
@@ -11,12 +11,12 @@ import pipeline.main  # first: it sets up the environment before Beam is importe
 from transforms import write
 
 
-def _broken_copy(*args, **kwargs):
+def _broken_write(*args, **kwargs):
     code = int(os.environ["BROKEN_DISK_ERRNO"])
     raise OSError(code, os.strerror(code))
 
 
-write.copy_shard = _broken_copy
+write.frame_record = _broken_write  # called as each record is written to its shard
 
 if __name__ == "__main__":
     raise SystemExit(pipeline.main.main())

@@ -110,7 +110,7 @@ def test_labels_file_problems(small_tree, tmp_path):
     assert "more than once" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
                                         f"--labels_file={labels}")
     labels.write_text("bird\n")
-    assert "none of the 6 images" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
+    assert "none of the 2 class folders" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
                                               f"--labels_file={labels}")
     assert "cannot be read" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
                                         f"--labels_file={tmp_path / 'missing.txt'}")
@@ -145,7 +145,7 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(write, "copy_shard", full_disk)  # where the shards are written, after the conversion
+    monkeypatch.setattr(write, "frame_record", full_disk)  # where each record is written to its shard
     out = tmp_path / "out"
     code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet", *FAST])
 
@@ -156,9 +156,9 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
 
 
 def full_disk_line(out) -> str:
-    return (f"error: the disk of --output_dir {out} is full (No space left on device): a run needs about twice the "
-            "dataset's size free until it ends; free some space or choose another folder, then run the same command "
-            "again (it removes this run's files first)")
+    return (f"error: the disk of --output_dir {out} is full (No space left on device): a run needs the new "
+            "dataset's size free (the earlier dataset stays until it is complete); free some space or choose another "
+            "folder, then run the same command again (it removes this run's files first)")
 
 
 def test_a_full_disk_in_worker_processes_is_one_line_and_other_disk_errors_keep_beams_log(small_tree, tmp_path):

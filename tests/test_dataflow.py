@@ -123,33 +123,74 @@ def _pipeline_proto(gcs_emulator, staging):
 def test_translated_job_has_the_graphs_steps(gcs_emulator, dry_run):
     proto = _pipeline_proto(gcs_emulator, dry_run[1])
     names = {t.unique_name for t in proto.components.transforms.values()}
-    assert {"ListImages", "AssignLabels", "ShuffleImages", "ConvertImages", "WriteShards", "DescribeDataset"} <= names
-    # Only the splits that have images get a writer.
-    writers = {n for n in names if re.fullmatch(r"WriteShards/WriteToTFRecord/\w+", n)}
-    assert writers == {"WriteShards/WriteToTFRecord/train", "WriteShards/WriteToTFRecord/validation"}
+    assert {"ListImages", "AssignLabels", "AssignShards", "WriteShards", "DescribeDataset"} <= names
+    # One writer for every split: each shard is converted and written in one place.
+    assert {n for n in names if "ConvertAndWrite" in n} == {"WriteShards/ConvertAndWrite",
+                                                             "WriteShards/ConvertAndWrite/ParDo(_ConvertAndWrite)"}
+    assert not {n for n in names if "WriteToTFRecord" in n or "Pieces" in n}
 
 
-def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_run):
-    """The GroupByKey in ShuffleImages breaks fusion: listing one folder does not pin conversion to one worker."""
+def _optimized_stages(proto):
+    """The fused stages of the staged graph, as Beam's own optimizer makes them for its runners."""
     from apache_beam.portability import common_urns
     from apache_beam.runners.portability.fn_api_runner import translations as t
 
-    proto = _pipeline_proto(gcs_emulator, dry_run[1])
     _, stages = t.create_and_optimize_stages(
         copy.deepcopy(proto),
         phases=[t.annotate_downstream_side_inputs, t.fix_side_input_pcoll_coders, t.pack_combiners,
                 t.lift_combiners, t.expand_sdf, t.expand_gbk, t.sink_flattens, t.greedily_fuse],
         known_runner_urns=frozenset([common_urns.primitives.FLATTEN.urn, common_urns.primitives.GROUP_BY_KEY.urn]),
     )
+    return stages
+
+
+def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_run):
+    """Shuffles between the steps: the class folders are listed on any worker, and conversion is not pinned to
+    the worker that listed a folder."""
+    stages = _optimized_stages(_pipeline_proto(gcs_emulator, dry_run[1]))
 
     def stages_of(prefix):
         return {i for i, stage in enumerate(stages) if any(x.unique_name.startswith(prefix) for x in stage.transforms)}
 
-    listing, shuffle, conversion = (stages_of("ListImages/FilterByName"), stages_of("ShuffleImages/GroupImages"),
-                                    stages_of("ConvertImages/ConvertImage"))
-    assert listing and shuffle and conversion
-    assert listing.isdisjoint(conversion)
-    assert not any("ConvertImages/" in x.unique_name for i in listing for x in stages[i].transforms)
+    top, folders, conversion = (stages_of("ListImages/ListTop"), stages_of("ListImages/ListFolders"),
+                                stages_of("WriteShards/ConvertAndWrite"))
+    assert top and folders and conversion
+    assert top.isdisjoint(folders) and folders.isdisjoint(conversion) and top.isdisjoint(conversion)
+
+
+# Side inputs that a single-element stage may read: each is bounded whatever the number of images.
+BOUNDED_SIDE_INPUTS = {
+    "AssignShards/AllCounts": "the bucket counts as one list: at most 3 x 65,536 pairs",
+    "AssignShards/LayOut": "one small layout per split (65,536 bucket starts)",
+    "DescribeDataset/CountTallies": "one count per (split, class) and per rejection reason",
+    "DescribeDataset/ShardStats": "one line per shard",
+    # errors.jsonl: one line per rejected or skipped file, streamed by the step that writes the description.
+    "AllRejections": "the rejected and skipped files, streamed once into errors.jsonl",
+}
+
+
+def test_no_stage_does_work_that_grows_with_the_images_on_one_element(gcs_emulator, dry_run):
+    """At 100 million images, no step may read the dataset on one thread: a stage that starts from a single
+    element (an Impulse) runs on one worker, so it may neither hold a per-image step nor read a per-image side
+    input. (The write path before issue 16 failed this: its shard planner read every record's offset, and the
+    finishing step re-read every piece.)"""
+    from apache_beam.portability import common_urns
+
+    proto = _pipeline_proto(gcs_emulator, dry_run[1])
+    stages = _optimized_stages(proto)
+    producer = {pcoll: t.unique_name for t in proto.components.transforms.values() if not t.subtransforms
+                for pcoll in t.outputs.values()}
+    per_image_steps = ("ListImages/ListFolders", "ListImages/FilterByName", "AssignLabels/", "AssignShards/PlaceImages",
+                       "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
+    single = [s for s in stages if any(x.spec.urn == common_urns.primitives.IMPULSE.urn for x in s.transforms)]
+    assert len(single) >= 3  # the listing's top, AssignShards' layout and the description at least
+    for stage in single:
+        names = [x.unique_name for x in stage.transforms]
+        assert not [n for n in names if n.startswith(per_image_steps)], names
+        for pcoll in stage.side_inputs():
+            made_by = producer[pcoll]
+            assert any(made_by.startswith(prefix) for prefix in BOUNDED_SIDE_INPUTS), (
+                f"{stage.name} reads {made_by} as a side input on one worker")
 
 
 def test_script_reports_every_missing_prerequisite_at_once():

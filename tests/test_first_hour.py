@@ -175,30 +175,6 @@ def test_progress_line_under_one_second():
     assert progress_line(50, 100, 10.0).endswith("about 5 s left")
 
 
-def test_splits_in_order_and_shard_counts_in_words(tmp_path):
-    """The start line names the splits train, validation, test (the summary's order) and says '1 shard'."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from pipeline.options import validate
-    from pipeline.plan import plan_dataset
-
-    src = tmp_path / "in"
-    # Files whose first listed image is hashed into test or validation, as often happens.
-    for name in ("a", "b"):
-        (src / name).mkdir(parents=True)
-    generate_dataset(str(src), images_per_class=20, classes=("a", "b"), seed=4, min_side=16, max_side=16,
-                     png_share=0.0)
-    settings = validate(PipelineOptions([f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}",
-                                         "--test_split=0.3", "--validation_split=0.3", "--image_size=16",
-                                         "--num_shards=train=2"]))
-    plan = plan_dataset(settings)
-    assert list(plan.expected_per_split) == ["train", "validation", "test"]
-    text = plan.splits_text()
-    assert text.index("train") < text.index("validation") < text.index("test")
-    assert "in 2 shards" in text and "in 1 shard," in text and text.endswith("in 1 shard")
-    assert "1 shards" not in text
-
-
 def test_validate_rejects_a_bad_num_shards_in_process(tmp_path):
     with pytest.raises(UserError, match="--num_shards='x'"):
         convert(tmp_path, tmp_path / "out", "--num_shards=x")

@@ -21,6 +21,7 @@ from pipeline.errors import DatasetError
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
 from transforms.outputs import TEMP_DIR, index_name
+from transforms.write import index_text
 
 # The `tfrecord` package (a dev extra) registers its own copy of TensorFlow's Example protos, so it cannot share a
 # process with TensorFlow: it runs in a process of its own, as in a PyTorch training job.
