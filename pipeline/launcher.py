@@ -281,8 +281,8 @@ def _run_locally(argv: list[str], options: PipelineOptions, settings: Settings, 
             beam_logs.discard()  # Beam's log of the failed step: the line below says what it means
             raise OutOfSpace(
                 f"the disk of --output_dir {settings.output_dir} is full ({reason}): a run needs the new "
-                "dataset's size free (the earlier dataset stays until it is complete); free some space or choose another folder, then run the same "
-                "command again (it removes this run's files first)"
+                "dataset's size free (the earlier dataset stays until it is complete); free some space or choose "
+                "another folder, then run the same command again (it removes this run's files first)"
             ) from None
     # Only after a successful run: if this one fails, the next one finishes the deletion.
     old.wait()
