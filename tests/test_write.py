@@ -177,3 +177,27 @@ def test_write_shards_converts_each_shard_in_rank_order_into_one_file(tmp_path, 
             assert info.index == ""
     assert sorted(p.name for p in folder.iterdir()) == sorted([i.file for i in infos] + [i.index for i in infos
                                                                                         if i.index])
+
+
+def test_two_runs_give_the_same_shards_byte_for_byte_and_balanced_within_one_image(tmp_path):
+    """Once in one process, once on two worker processes (other bundles): the same records in the same shards."""
+    from pipeline.sample_data import generate_dataset
+    from tests.conftest import cli, convert
+
+    src = tmp_path / "in"
+    generate_dataset(str(src), images_per_class=30, seed=5, min_side=20, max_side=40)
+    args = ("--image_size=16", "--num_shards=train=7,validation=3", "--validation_split=0.25")
+    assert convert(src, tmp_path / "a", *args) == 0
+    run = cli("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'b'}", "--quiet", *args,
+              "--direct_num_workers=2")
+    assert run.returncode == 0, run.stderr
+    shards = sorted(p.name for p in (tmp_path / "a").glob("*.tfrecord"))
+    assert len(shards) == 10 and shards == sorted(p.name for p in (tmp_path / "b").glob("*.tfrecord"))
+    for name in shards:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    import json
+
+    info = json.loads((tmp_path / "a" / "dataset_info.json").read_text())
+    for split in ("train", "validation"):
+        counts = [s["records"] for s in info["splits"][split]["shards"]]
+        assert max(counts) - min(counts) <= 1, (split, counts)

@@ -125,7 +125,9 @@ def build_example(
             features[key].bytes_list.value.append(value.encode("utf-8"))
         else:
             features[key].bytes_list.value.append(value)
-    return example.SerializeToString()
+    # Map entries in key order: the same image gives the same bytes in any process (map order is otherwise
+    # free to differ between processes, and so would the shards).
+    return example.SerializeToString(deterministic=True)
 
 
 def feature_description(schema: str = "default") -> dict[str, dict[str, object]]:
