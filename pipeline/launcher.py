@@ -263,9 +263,10 @@ def _run_locally(argv: list[str], options: PipelineOptions, settings: Settings, 
                 beam_logs.discard()  # Beam's lost-connection errors: the line below says what happened
                 raise WorkerDied(
                     f"{died}, probably because the machine ran out of memory: lower what each worker holds with "
-                    f"--conversion_threads=1, a lower --max_image_mb (now {settings.image.max_image_mb}) or "
-                    "--max_pixels, or use fewer --direct_num_workers; then run the same command again: it removes "
-                    "this run's files and starts over cleanly"
+                    f"a lower --worker_memory_mb (now {settings.image.worker_memory_mb}, for all its conversions at "
+                    f"once), --max_image_mb (now {settings.image.max_image_mb}) or --max_pixels, or "
+                    "--conversion_threads=1, or use fewer --direct_num_workers; then run the same command "
+                    "again: it removes this run's files and starts over cleanly"
                 ) from None
             transient = transient_read_failed(e)
             if transient:

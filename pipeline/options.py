@@ -212,6 +212,14 @@ def validate(options: PipelineOptions) -> Settings:
     for name in ("max_image_mb", "max_file_mb"):
         if getattr(o, name) < 1:
             raise UserError(f"--{name}={getattr(o, name)} must be a positive number of MB")
+    if o.worker_memory_mb < 0:
+        raise UserError(f"--worker_memory_mb={o.worker_memory_mb} must be a number of MB, or 0 for no limit")
+    if o.worker_memory_mb and o.worker_memory_mb < o.max_image_mb:
+        raise UserError(
+            f"--worker_memory_mb={o.worker_memory_mb} is below --max_image_mb={o.max_image_mb}: an image allowed "
+            "to need that much would have to run beyond the worker's budget; give --worker_memory_mb at least "
+            "--max_image_mb (or 0 for no budget), or lower --max_image_mb"
+        )
     if not (o.image_timeout_s >= 0 and math.isfinite(o.image_timeout_s)):
         raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
@@ -242,6 +250,7 @@ def validate(options: PipelineOptions) -> Settings:
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
         max_image_mb=o.max_image_mb,
+        worker_memory_mb=o.worker_memory_mb,
         max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
     )

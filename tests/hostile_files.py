@@ -150,16 +150,22 @@ class BoundedRun(NamedTuple):
     stderr: str
     peak_rss_mb: float  # the largest resident memory of the whole process tree seen (sampled every 50 ms)
     killed: str  # why run_bounded killed it ("" when it ended by itself)
+    peak_process_rss_mb: float = 0.0  # the largest resident memory of any one process of the tree seen
+
+
+def process_rss(process: psutil.Process) -> list[int]:
+    """Resident bytes of a process and of each of its descendants."""
+    sizes = []
+    with contextlib.suppress(psutil.Error):
+        for p in [process, *process.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                sizes.append(p.memory_info().rss)
+    return sizes
 
 
 def tree_rss(process: psutil.Process) -> int:
     """Resident bytes of a process and all its descendants."""
-    total = 0
-    with contextlib.suppress(psutil.Error):
-        for p in [process, *process.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
-    return total
+    return sum(process_rss(process))
 
 
 def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main",
@@ -174,7 +180,7 @@ def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main
         start_new_session=True, env=dict(os.environ, **(env or {})),
     )
     watched = psutil.Process(process.pid)
-    peak = 0
+    peak = peak_process = 0
     killed = ""
     output: dict[str, str] = {}
 
@@ -185,7 +191,8 @@ def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main
     reader.start()
     try:
         while process.poll() is None:
-            peak = max(peak, tree_rss(watched))
+            sizes = process_rss(watched)
+            peak, peak_process = max(peak, sum(sizes)), max(peak_process, *sizes, 0)
             if peak > max_rss_mb * 1e6:
                 killed = f"over {max_rss_mb:g} MB of memory"
                 break
@@ -194,4 +201,5 @@ def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # nothing of the run outlives it, also on a test timeout
     reader.join(30)
-    return BoundedRun(process.wait(), output.get("stdout", ""), output.get("stderr", ""), peak / 1e6, killed)
+    return BoundedRun(process.wait(), output.get("stdout", ""), output.get("stderr", ""), peak / 1e6, killed,
+                      peak_process / 1e6)

@@ -92,6 +92,10 @@ def test_output_inside_input(small_tree):
         ("--input_dri=x", "unknown option --input_dri"),
         ("--conversion_threads=0", "--conversion_threads=0 must be between 1 and 32: 2 suits most machines"),
         ("--conversion_threads=33", "--conversion_threads=33 must be between 1 and 32"),
+        ("--worker_memory_mb=256", "--worker_memory_mb=256 is below --max_image_mb=512: an image allowed to need "
+                                   "that much would have to run beyond the worker's budget; give --worker_memory_mb "
+                                   "at least --max_image_mb (or 0 for no budget), or lower --max_image_mb"),
+        ("--worker_memory_mb=-1", "--worker_memory_mb=-1 must be a number of MB, or 0 for no limit"),
     ],
 )
 def test_invalid_option_values(small_tree, tmp_path, flag, expected):

@@ -25,6 +25,7 @@ def test_a_killed_worker_gives_one_line_and_the_same_command_again_completes(tmp
     assert line.startswith("error: worker process ") and "was killed (SIGKILL)" in line, line
     assert "out of memory" in line
     assert "--conversion_threads" in line and "--max_image_mb" in line and "--max_pixels" in line
+    assert "--worker_memory_mb (now 2048, for all its conversions at once)" in line
     assert "run the same command again" in line
     assert not (tmp_path / "out" / "dataset_info.json").exists()
 

@@ -11,7 +11,9 @@ The steps, in order:
   2. for a JPEG that will shrink, ask libjpeg for a scaled-down decode (draft
      mode: 1/2, 1/4 or 1/8 in the DCT), which is fast and needs little memory;
      then check the memory the conversion will need (`working_bytes`) against
-     `max_image_mb`;
+     `max_image_mb`, and reserve it from the worker process's budget of
+     `worker_memory_mb` (`transforms.memory`), waiting while other conversions
+     hold it; it is returned when the conversion ends;
   3. decode the first frame; a short or corrupt stream is rejected, never padded;
   4. scale 16-bit and float samples to 8 bits, fix CMYK polarity, composite
      alpha onto the background, giving RGB;
@@ -31,6 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
+
+from transforms import memory
 
 # Truncated files are rejected, never padded with grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -143,6 +147,10 @@ class ImageSettings:
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
     max_file_mb: int = 256  # larger files are rejected by their listed size, and never read past it
     max_image_mb: int = 512  # memory one conversion may need (see `working_bytes`), checked before decoding
+    # Memory all the conversions of one worker process may hold at once (see `transforms.memory`); 0 = no budget.
+    # Dataflow runs one SDK process per vCPU and a standard machine has 3.75-4 GB per vCPU: 2 GB for
+    # conversions leaves room for the process itself (~170 MB), the files being read and Beam's buffers.
+    worker_memory_mb: int = 2048
 
     @property
     def max_file_bytes(self) -> int:
@@ -151,6 +159,10 @@ class ImageSettings:
     @property
     def max_image_bytes(self) -> int:
         return self.max_image_mb * 1_000_000
+
+    @property
+    def worker_memory_bytes(self) -> int:
+        return self.worker_memory_mb * 1_000_000
 
 
 class EncodedImage(NamedTuple):
@@ -368,7 +380,8 @@ def working_bytes(image: Image.Image, orientation: int | None = None) -> int:
 
 
 def _check_memory(image: Image.Image, orientation: int | None, stored_size: tuple[int, int],
-                  settings: ImageSettings) -> None:
+                  settings: ImageSettings) -> int:
+    """The memory converting the image needs (`working_bytes`), if it is within --max_image_mb."""
     need = working_bytes(image, orientation)
     if need > settings.max_image_bytes:
         scaled = "" if image.size == stored_size else " (decoded at reduced scale from {}x{})".format(*stored_size)
@@ -377,6 +390,7 @@ def _check_memory(image: Image.Image, orientation: int | None, stored_size: tupl
             f"{image.width}x{image.height} {image.mode}{scaled} would need about {need / 1e6:,.0f} MB to convert, over "
             f"--max_image_mb={settings.max_image_mb}; raise it if the machine has the memory",
         )
+    return need
 
 
 def _open(data: bytes, settings: ImageSettings) -> Image.Image:
@@ -682,13 +696,53 @@ def convert_image(data: bytes, settings: ImageSettings, deadline: float | None =
         raise _classify(e, "image", data) from None
 
 
+def _stall_s(settings: ImageSettings) -> float | None:
+    """How long a wait for memory may see no conversion end or start: the time limit per image (None: no limit)."""
+    limit = settings.timeout_s
+    return limit if limit and limit > 0 and math.isfinite(limit) else None
+
+
+def _acquire(budget: memory.MemoryBudget | None, need: int, settings: ImageSettings) -> float:
+    """Reserve `need` bytes of the worker process's budget (--worker_memory_mb); the seconds waited for them.
+
+    Raises:
+        ImageRejected: `stalled_worker` when the memory is held by conversions stuck past the time limit.
+    """
+    if budget is None:
+        return 0.0
+    try:
+        return budget.acquire(need, _stall_s(settings))
+    except memory.BudgetStalled as e:
+        raise ImageRejected(
+            STALLED_WORKER,
+            f"not converted: it needs {e.need / 1e6:,.0f} MB of --worker_memory_mb={settings.worker_memory_mb}, "
+            f"but for {settings.timeout_s:g} s (the time limit per image) no conversion on this worker returned "
+            f"any: {e.holders} earlier image(s) stuck past the time limit hold {e.held / 1e6:,.0f} MB (see their "
+            "`timeout` lines). Remove or fix those files and run again",
+        ) from None
+
+
 def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> EncodedImage:
     image = _open(data, settings)
     orientation = _orientation(image) if image.format in ("JPEG", "MPO") else 1  # JPEG EXIF is in the header
     stored_size = image.size
     box = _draft(image, orientation, settings)
     # After the draft: a large JPEG decoded at 1/8 scale needs 1/64 of the memory.
-    _check_memory(image, orientation if image.format in ("JPEG", "MPO") else None, stored_size, settings)
+    need = _check_memory(image, orientation if image.format in ("JPEG", "MPO") else None, stored_size, settings)
+    need += len(data)  # the file's bytes stay in memory until the conversion ends
+    budget = memory.budget(settings.worker_memory_bytes)
+    waited = _acquire(budget, need, settings)
+    try:
+        if deadline is not None:
+            deadline += waited  # waiting for memory is not the image's fault
+        return _decode_and_encode(image, data, orientation, stored_size, box, settings, deadline)
+    finally:
+        if budget is not None:
+            budget.release(need)
+
+
+def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored_size: tuple[int, int], box,
+                       settings: ImageSettings, deadline: float | None) -> EncodedImage:
     image = _load(image, data)
     _check_deadline(deadline, "decoding")
     if image.format not in ("JPEG", "MPO"):

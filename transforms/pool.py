@@ -25,6 +25,13 @@ No Beam here. Two reasons for helper threads:
   same speed), the operating system gives its cores to the helpers of the
   busy processes instead of leaving them idle.
 
+* **Memory.** Before decoding, each conversion reserves the memory it will
+  need from its worker process's one budget, `--worker_memory_mb`, shared by
+  every pool of the process (see `transforms.memory`), and waits while others
+  hold it. That wait is not the image's fault: its clock stops while it waits
+  (`Job.memory_wait_since`, `Job.memory_waited`), here and in the conversion's
+  own deadline.
+
 Handing an image to a waiting thread costs microseconds; starting a thread
 per image cost about 1.3 ms, a fifth of a typical conversion.
 """
@@ -39,6 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
+from transforms import memory
 from transforms.imaging import STALLED_WORKER, TIMEOUT, ImageRejected, ImageSettings
 
 T = TypeVar("T")
@@ -50,7 +58,7 @@ Work = Callable[[float | None], T]
 class Job(Generic[T]):
     """One submitted piece of work and, once `done` is set, its outcome."""
 
-    __slots__ = ("work", "started", "thread", "done", "outcome", "cancelled")
+    __slots__ = ("work", "started", "thread", "done", "outcome", "cancelled", "memory_wait_since", "memory_waited")
 
     def __init__(self, work: Work):
         self.work = work
@@ -59,6 +67,13 @@ class Job(Generic[T]):
         self.thread: threading.Thread | None = None
         self.done = threading.Event()
         self.outcome: T | BaseException | None = None
+        # Set by `transforms.memory` while the job waits for memory; that time does not count against its limit.
+        self.memory_wait_since: float | None = None
+        self.memory_waited = 0.0  # seconds waited for memory so far
+
+    def deadline(self, limit: float) -> float:
+        """When the job's time is up: `limit` seconds after it started, plus its waits for memory."""
+        return self.started + self.memory_waited + limit
 
 
 def time_limit(settings: ImageSettings) -> float | None:
@@ -98,7 +113,8 @@ class ConversionPool:
             job.thread = me
             job.started = time.monotonic()
             try:
-                job.outcome = job.work(job.started + self._limit if self._limit else None)
+                with memory.track(job):
+                    job.outcome = job.work(job.started + self._limit if self._limit else None)
             except BaseException as e:  # handed to the caller's thread
                 job.outcome = e
             job.done.set()
@@ -136,7 +152,8 @@ class ConversionPool:
             yield pending.popleft()
 
     def result(self, job: Job):
-        """The job's result; re-raises its exception. Returns within the time limit of the job's start.
+        """The job's result; re-raises its exception. Returns within the time limit of the job's start,
+        not counting the time it waited for memory (a wait that is bounded in `transforms.memory`).
 
         Raises:
             ImageRejected: `timeout` when the job ran longer than the limit;
@@ -157,7 +174,11 @@ class ConversionPool:
                 job.done.wait(self._POLL_S)
             elif self._limit is None:
                 job.done.wait()
-            elif not job.done.wait(max(0.0, job.started + self._limit - time.monotonic())):
+            elif job.memory_wait_since is not None:  # waiting for memory: its clock has stopped
+                job.done.wait(self._POLL_S)
+            elif not job.done.wait(max(0.0, job.deadline(self._limit) - time.monotonic())):
+                if job.memory_wait_since is not None or time.monotonic() < job.deadline(self._limit):
+                    continue  # it waited for memory meanwhile: its time is not up yet
                 self._abandon(job.thread)
                 raise ImageRejected(TIMEOUT, f"no result within the time limit of {self._limit:g} s per image")
         if isinstance(job.outcome, BaseException):
