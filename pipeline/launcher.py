@@ -46,7 +46,7 @@ def is_local_run(options: PipelineOptions) -> bool:
 def start_workers(options: PipelineOptions, argv: list[str], settings: Settings) -> WarmWorkerPool | None:
     """For a local run with worker processes (the default), start them now; None for other runs.
 
-    They import Beam while the launcher lists the files and builds the graph
+    They import Beam while the launcher plans the run and builds the graph
     (see `pipeline.warm_workers`).
     """
     if not is_local_run(options) or cloud.is_dataflow(options):

@@ -5,7 +5,7 @@ each spends about 2.5 s of CPU importing Beam before it does any work; at the
 end the runner waits for them to exit one after the other (about 0.9 s each).
 Here the launcher, which has imported Beam already, forks the workers as soon
 as the options are valid: they start with Beam and the conversion's modules
-loaded, for no CPU at all, and wait while the launcher lists the files and
+loaded, for no CPU at all, and wait while the launcher plans the run and
 builds the graph. They are stopped together once the job is done. Where
 forking is not safe (not Linux, or the launcher already runs threads, as when
 a started worker died and the pool's service must replace it) a worker is

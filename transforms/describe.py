@@ -194,7 +194,7 @@ class _WriteInfo(beam.DoFn):
 class DescribeDataset(beam.PTransform):
     """Write the error report and the dataset description; outputs the info dict.
 
-    Inputs (a dict): 'written' (((split, label, upscaled), records) from ConvertImages),
+    Inputs (a dict): 'written' (((split, label, upscaled), records) from WriteShards),
     'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (numbers
     of files listed, from ListImages).
     """
