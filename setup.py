@@ -42,6 +42,9 @@ setuptools.setup(
             "psutil>=5.9,<8",
             "ruff>=0.6,<1",
             "tfrecord>=1.14,<2",  # PyTorch-side reader of the --index_files indexes, in tests/test_index_files.py
+            "tensorflow-datasets>=4.9.10,<5",  # tfds.builder_from_directory on a converted folder (issue 19)
+            "array-record>=0.8,<0.9",  # --file_format=array_record, read back with random access
+            "grain>=0.2.18,<0.3",  # JAX's data loader over the ArrayRecord shards
         ],
     },
 )
