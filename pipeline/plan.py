@@ -175,10 +175,6 @@ def shard_sizing(settings: Settings, sample: estimate.OutputSample | None, sampl
     return ShardSizing(dict(settings.num_shards), settings.shard_size_mb, per_image, per_source_byte)
 
 
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample: estimate.OutputSample | None
                    ) -> str | None:
     """The notice when most sampled images are smaller than --image_size (sizes from headers only), else None.

@@ -202,15 +202,3 @@ def place(
     if not split_folders:
         split = hash_split(relpath, seed, validation_split, test_split)
     return Placement(split, class_name)
-
-
-def class_folder_names(relpaths: Iterable[str], split_folders: bool) -> list[str]:
-    """The sorted class names that image paths imply."""
-    names = set()
-    for relpath in relpaths:
-        parts = relpath.split("/")
-        if split_folders:
-            parts = parts[1:]
-        if len(parts) >= 2:
-            names.add(parts[0])
-    return sorted(names)

@@ -79,16 +79,6 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
-def escape_glob(path: str) -> str:
-    """`path` as a Beam match pattern that matches only itself: '[', '*' and '?' in brackets."""
-    return "".join(f"[{c}]" if c in "[*?" else c for c in path)
-
-
-def listing_pattern(input_dir: str) -> str:
-    """The glob that matches every file below `input_dir` (a gs:// folder), recursively."""
-    return FileSystems.join(escape_glob(input_dir), "**")
-
-
 def gcs_client(path: str):
     """The GCS client of this thread, made once from Beam's GCS file system (as its open() makes one per call).
 
@@ -263,11 +253,6 @@ def list_entries(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entr
         yield from walk_local(input_dir, follow_symlinks)
         return
     yield from gcs_list(input_dir)
-
-
-def list_files(input_dir: str, follow_symlinks: bool = False) -> list[Entry]:
-    """Every entry below `input_dir`, sorted by path (files and problems)."""
-    return sorted(list_entries(input_dir, follow_symlinks), key=lambda e: e.path)
 
 
 def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
