@@ -5,6 +5,11 @@ dataset's size, and bytes read back from the output are near zero. The proxy
 (tests/fault_proxy.py) counts, per object, the object bytes in upload request
 bodies and in media download response bodies, and the requests by kind. The
 first tests check that counting against google-cloud-storage's own calls.
+
+The two byte assertions of the criterion are expected to fail until issue 16's
+new write path lands (xfail, strict): today the job uploads pieces, reads them
+back to index their records, and copies every byte into the shards. On the
+300-image run below that was 2.00x total_bytes uploaded and 3.3x read back.
 """
 
 from __future__ import annotations
@@ -196,8 +201,6 @@ def measured(gcs_emulator, bucket, tmp_path_factory):
     info = json.loads(gcs_emulator.read(f"{bucket}/{OUTPUT}/dataset_info.json"))
     assert info["files"]["written"] == 300
     return Measured(traffic, launcher, samples, info, inputs, outputs)
-
-
 
 
 def _metadata(m: Measured) -> dict[str, int]:
