@@ -177,6 +177,9 @@ class FaultProxy:
         self._rules: dict[str, _Rule] = {}
         self._lock = threading.Lock()
         self.requests: Counter = Counter()  # object name -> GET requests that named it
+        # object name -> those of them that read its bytes (alt=media), not its metadata: a BlobReader's
+        # metadata GET is retried by google-api-core's own backoff, a number of times that depends on timing
+        self.media_requests: Counter = Counter()
         self.injected: Counter = Counter()  # (object name, how) -> failures sent
         self.traffic = Traffic()  # the requests passed on to the emulator, and their bytes
         self._sessions: dict[str, str] = {}  # resumable upload id -> object name
@@ -243,8 +246,10 @@ class FaultProxy:
         if method != "GET" or not match:
             return None
         name = urllib.parse.unquote(match["name"])
+        media = path.startswith("/download/") or _query(path).get("alt") == "media"
         with self._lock:
             self.requests[name] += 1
+            self.media_requests[name] += media
             rule = self._rules.get(name)
             if rule is None or (rule.times is not None and self.requests[name] > rule.times):
                 return None
