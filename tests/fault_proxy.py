@@ -1,4 +1,4 @@
-"""A fault-injecting HTTP proxy on 127.0.0.1 in front of the GCS emulator.
+"""A fault-injecting, byte-counting HTTP proxy on 127.0.0.1 in front of the GCS emulator.
 
 Point STORAGE_EMULATOR_HOST at `FaultProxy.url` and every request passes
 through to the emulator, except those a rule fails: the first `times` GET
@@ -6,6 +6,21 @@ requests that name a chosen object get a 503, 429 or other status with GCS's
 JSON error body, or their connection is reset ("reset": no response at all).
 Later requests for the object pass through. `requests` and `injected` count
 what happened, per object name.
+
+It also measures the traffic that passed through, per object name (see `Traffic`):
+- `uploaded`: the object's bytes in request bodies sent upstream, for every kind
+  of upload google-cloud-storage and Beam make: `uploadType=media`, `multipart`
+  (the media part only, not the JSON metadata part) and `resumable` (the PUT
+  chunks, attributed to the object named when the session was opened);
+- `downloaded`: the bytes of media response bodies (`alt=media`, ranged or not);
+- `calls`: requests by kind and object name: upload (each request: a resumable
+  upload is its session's POST and one PUT per chunk), download, metadata, list
+  (named by its prefix), compose, rewrite, copy (named by their destination),
+  delete, also the ones inside a `/batch` request; bucket (a bucket's metadata,
+  named by the bucket) and other.
+Server-side operations (compose, rewrite, copy) move no bytes through the
+client, so they count as calls, never as uploaded or downloaded bytes. Only
+requests passed on to the emulator are counted there, not failures a rule sent.
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ import struct
 import threading
 import urllib.parse
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,6 +41,116 @@ _OBJECT = re.compile(r"^(?:/download)?/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<name
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                "content-length"}
 RESET = "reset"
+# /upload/storage/v1/b/BUCKET/o?uploadType=... (and the resumable session's PUTs to the same path)
+_UPLOAD = re.compile(r"^/upload/storage/v1/b/(?P<bucket>[^/]+)/o$")
+# Traffic accounting. An object name is %-encoded in a path, except in a mediaLink (what BlobReader downloads
+# from), which keeps its slashes: names here may hold "/".
+# /storage/v1/b/BUCKET/o/SOURCE/(rewriteTo|copyTo)/b/BUCKET/o/DESTINATION and /storage/v1/b/BUCKET/o/NAME/compose
+_SERVER_SIDE = re.compile(r"^/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<name>.+?)"
+                          r"(?:/(?P<op>rewriteTo|copyTo)/b/[^/]+/o/(?P<dest>.+)|/(?P<compose>compose))$")
+_ANY_OBJECT = re.compile(r"^(?P<download>/download)?/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<name>.+)$")
+_LIST = re.compile(r"^/storage/v1/b/(?P<bucket>[^/]+)/o$")
+# An object's mediaLink (what BlobReader downloads from) holds the host it was uploaded through, kept by the
+# emulator: an object uploaded straight to it, or through another proxy, would be read past this one.
+_MEDIA_LINK = re.compile(rb'("mediaLink"\s*:\s*")https?://[^/"]+(/download/)')
+_BUCKET = re.compile(r"^/storage/v1/b/(?P<bucket>[^/]+)$")
+# a request line inside a /batch/storage/v1 body: "DELETE /storage/v1/b/B/o/NAME?x=y HTTP/1.1"
+_BATCH_LINE = re.compile(rb"^(?P<method>[A-Z]+) (?:https?://[^/\s]+)?(?P<path>/\S*) HTTP/1\.[01]\r?$", re.MULTILINE)
+UPLOAD, DOWNLOAD, METADATA, LIST, COMPOSE, REWRITE, COPY, DELETE, BUCKET, OTHER = (
+    "upload", "download", "metadata", "list", "compose", "rewrite", "copy", "delete", "bucket", "other")
+
+
+@dataclass
+class Traffic:
+    """What passed through the proxy, per object name (the name within its bucket)."""
+
+    uploaded: Counter = field(default_factory=Counter)  # name -> object bytes sent upstream in request bodies
+    downloaded: Counter = field(default_factory=Counter)  # name -> media bytes received in response bodies
+    calls: Counter = field(default_factory=Counter)  # (kind, name) -> requests; a list's name is its prefix
+
+    def uploaded_under(self, prefix: str) -> int:
+        return sum(n for name, n in self.uploaded.items() if name.startswith(prefix))
+
+    def downloaded_under(self, prefix: str) -> int:
+        return sum(n for name, n in self.downloaded.items() if name.startswith(prefix))
+
+    def calls_of(self, kind: str, prefix: str = "") -> int:
+        return sum(n for (k, name), n in self.calls.items() if k == kind and name.startswith(prefix))
+
+    def report(self, prefix: str = "") -> str:
+        """One line per object below `prefix`: its uploaded and downloaded bytes and its calls by kind."""
+        names = sorted({name for name in (*self.uploaded, *self.downloaded, *(n for _, n in self.calls))
+                        if name.startswith(prefix)})
+        lines = []
+        for name in names:
+            calls = ", ".join(f"{kind} x{n}" for (kind, other), n in sorted(self.calls.items()) if other == name)
+            lines.append(f"  {name}: up {self.uploaded[name]} B, down {self.downloaded[name]} B ({calls})")
+        return "\n".join(lines)
+
+
+def _query(path: str) -> dict[str, str]:
+    return {key: values[0] for key, values in urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).items()}
+
+
+def _multipart_parts(content_type: str, body: bytes) -> list[bytes]:
+    """The bodies of the parts of a multipart/related or multipart/mixed `body` (their headers stripped)."""
+    boundary = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not boundary:
+        return []
+    delimiter = b"--" + boundary.group(1).encode()
+    parts = []
+    for chunk in body.split(delimiter)[1:]:
+        if chunk.startswith(b"--"):  # the closing delimiter
+            break
+        head, sep, content = chunk.partition(b"\r\n\r\n")
+        if not sep:
+            head, sep, content = chunk.partition(b"\n\n")
+        # the CRLF before the next delimiter belongs to the delimiter (RFC 2046)
+        parts.append(content[:-2] if content.endswith(b"\r\n") else content[:-1] if content.endswith(b"\n")
+                     else content)
+    return parts
+
+
+def _named(body: bytes | None) -> str | None:
+    """The object name in a JSON metadata body, if any."""
+    try:
+        return json.loads(body or b"{}").get("name")
+    except (ValueError, AttributeError):
+        return None
+
+
+def classify(method: str, path: str, headers, body: bytes | None) -> list[tuple[str, str]]:
+    """The (kind, object name) of each operation a request makes; a /batch request makes several."""
+    url_path = urllib.parse.urlsplit(path).path
+    query = _query(path)
+    if url_path.startswith("/batch/"):
+        ops = []
+        for line in _BATCH_LINE.finditer(body or b""):
+            ops += classify(line["method"].decode(), line["path"].decode(), {}, None)
+        return ops
+    if _UPLOAD.match(url_path):
+        return [(UPLOAD, query.get("name", ""))]  # the name may be in the body: see Traffic accounting
+    match = _SERVER_SIDE.match(url_path)
+    if match:
+        if match["compose"]:
+            return [(COMPOSE, urllib.parse.unquote(match["name"]))]
+        kind = REWRITE if match["op"] == "rewriteTo" else COPY
+        return [(kind, urllib.parse.unquote(match["dest"]))]
+    match = _LIST.match(url_path)
+    if match and method == "GET":
+        return [(LIST, query.get("prefix", ""))]
+    match = _BUCKET.match(url_path)
+    if match:  # the bucket's metadata: its name stands for the object name
+        return [(BUCKET, match["bucket"])]
+    match = _ANY_OBJECT.match(url_path)
+    if match:
+        name = urllib.parse.unquote(match["name"])
+        if method == "DELETE":
+            return [(DELETE, name)]
+        if method == "GET" and (match["download"] or query.get("alt") == "media"):
+            return [(DOWNLOAD, name)]
+        return [(METADATA, name)]
+    return [(OTHER, url_path)]
 
 
 class _Server(ThreadingHTTPServer):
@@ -52,7 +177,12 @@ class FaultProxy:
         self._rules: dict[str, _Rule] = {}
         self._lock = threading.Lock()
         self.requests: Counter = Counter()  # object name -> GET requests that named it
+        # object name -> those of them that read its bytes (alt=media), not its metadata: a BlobReader's
+        # metadata GET is retried by google-api-core's own backoff, a number of times that depends on timing
+        self.media_requests: Counter = Counter()
         self.injected: Counter = Counter()  # (object name, how) -> failures sent
+        self.traffic = Traffic()  # the requests passed on to the emulator, and their bytes
+        self._sessions: dict[str, str] = {}  # resumable upload id -> object name
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
@@ -64,6 +194,43 @@ class FaultProxy:
     def clear(self) -> None:
         """Pass every request on from now on."""
         self._rules.clear()
+
+    def snapshot(self) -> Traffic:
+        """A copy of what was counted so far (counting goes on)."""
+        with self._lock:
+            return Traffic(Counter(self.traffic.uploaded), Counter(self.traffic.downloaded),
+                           Counter(self.traffic.calls))
+
+    def reset_traffic(self) -> Traffic:
+        """Start counting afresh; returns what was counted so far."""
+        with self._lock:
+            counted, self.traffic = self.traffic, Traffic()
+        return counted
+
+    def _account(self, method: str, path: str, headers, body: bytes | None, status: int, location: str | None,
+                 data: bytes) -> None:
+        """Count a request that was passed on, with the emulator's answer (status, Location header, body)."""
+        query = _query(path)
+        with self._lock:
+            for kind, name in classify(method, path, headers, body):
+                if kind == UPLOAD:
+                    if "upload_id" in query:  # a chunk of a resumable upload (or a status query: no body)
+                        name = self._sessions.get(query["upload_id"], name)
+                        self.traffic.uploaded[name] += len(body or b"")
+                    elif query.get("uploadType") == "resumable":  # opens the session; the metadata is no data
+                        name = name or _named(body) or ""
+                        session = _query(location or "").get("upload_id")
+                        if session:
+                            self._sessions[session] = name
+                    elif query.get("uploadType") == "multipart":  # JSON metadata part, then the media part
+                        parts = _multipart_parts(headers.get("Content-Type", ""), body or b"")
+                        name = name or (_named(parts[0]) if parts else None) or ""
+                        self.traffic.uploaded[name] += len(parts[1]) if len(parts) > 1 else 0
+                    else:  # uploadType=media: the body is the object
+                        self.traffic.uploaded[name] += len(body or b"")
+                elif kind == DOWNLOAD and status in (200, 206):
+                    self.traffic.downloaded[name] += len(data)
+                self.traffic.calls[(kind, name)] += 1
 
     def __enter__(self) -> FaultProxy:
         self._thread.start()
@@ -79,8 +246,10 @@ class FaultProxy:
         if method != "GET" or not match:
             return None
         name = urllib.parse.unquote(match["name"])
+        media = path.startswith("/download/") or _query(path).get("alt") == "media"
         with self._lock:
             self.requests[name] += 1
+            self.media_requests[name] += media
             rule = self._rules.get(name)
             if rule is None or (rule.times is not None and self.requests[name] > rule.times):
                 return None
@@ -132,6 +301,11 @@ class FaultProxy:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     response = upstream.getresponse()
                     data = response.read()
+                    if response.getheader("Content-Type", "").startswith("application/json"):
+                        data = _MEDIA_LINK.sub(rb"\g<1>" + proxy.url.encode() + rb"\g<2>", data)
+                    # counted before the client has its answer: the counts are complete once its call returns
+                    proxy._account(self.command, self.path, self.headers, body, response.status,
+                                   response.getheader("Location"), data if self.command != "HEAD" else b"")
                     self.send_response(response.status, response.reason)
                     for key, value in response.getheaders():
                         if key.lower() in _HOP_BY_HOP:
