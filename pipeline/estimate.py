@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
-from transforms.convert import read_bytes
+from transforms.convert import read_bytes, read_head
 from transforms.examples import build_example
 from transforms.imaging import DECODED_FORMATS, ImageSettings, convert_image
 from transforms.layout import display_path
@@ -75,8 +75,7 @@ def header_size(path: str, max_bytes: int = HEADER_BYTES) -> tuple[int, int] | N
     if not _readable(path):
         return None
     try:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            head = f.read(max_bytes)
+        head = read_head(path, max_bytes)
         with Image.open(io.BytesIO(head), formats=DECODED_FORMATS) as image:
             width, height = image.size
     except Exception:  # not an image, unreadable: the conversion rejects it with its reason

@@ -6,10 +6,10 @@ dataset's size, and bytes read back from the output are near zero. The proxy
 bodies and in media download response bodies, and the requests by kind. The
 first tests check that counting against google-cloud-storage's own calls.
 
-The two byte assertions of the criterion are expected to fail until issue 16's
-new write path lands (xfail, strict): today the job uploads pieces, reads them
-back to index their records, and copies every byte into the shards. On the
-300-image run below that was 2.00x total_bytes uploaded and 3.3x read back.
+Before issue 16's write path, the job uploaded pieces, read them back to index
+their records and copied every byte into the shards: on the 300-image run
+below that was 2.00x total_bytes uploaded and 3.3x read back. Now each shard
+is uploaded once and nothing but the metadata files is read back.
 """
 
 from __future__ import annotations
@@ -278,10 +278,6 @@ def test_the_counts_see_every_output_byte_arrive_and_no_server_side_copy_as_a_do
           f"{dict(sorted(Counter(kind for (kind, _), n in traffic.calls.items() for _ in range(n)).items()))}")
 
 
-ISSUE_16 = "issue 16: the write path re-reads and copies every byte; the lead is replacing it"
-
-
-@pytest.mark.xfail(strict=True, reason=ISSUE_16)
 @pytest.mark.timeout(120)
 def test_bytes_uploaded_are_about_the_datasets_size(measured):
     """Each output byte is uploaded once: everything the run uploads is the shards and the metadata files."""
@@ -294,7 +290,6 @@ def test_bytes_uploaded_are_about_the_datasets_size(measured):
         + _per_object(measured.traffic.uploaded, measured.traffic, UPLOAD))
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE_16)
 @pytest.mark.timeout(120)
 def test_bytes_read_back_from_the_output_are_near_zero(measured):
     """No shard or piece of one is read back: at most the metadata files (the lock, dataset_info.json), once."""
@@ -307,8 +302,6 @@ def test_bytes_read_back_from_the_output_are_near_zero(measured):
         + _per_object(read, measured.traffic, DOWNLOAD))
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher's header read goes through Beam's GCS reader, which fetches "
-                                       "16 MiB chunks: it downloads up to 16 MiB of each of 200 sampled images")
 @pytest.mark.timeout(60)
 def test_a_header_read_of_a_large_image_downloads_only_its_header(gcs_emulator, bucket, proxy):
     """estimate.header_size reads HEADER_BYTES of a file for its size: on GCS, no more than those should move."""
