@@ -72,8 +72,8 @@ def child_main(argv: list[str]) -> int:
     """Run `pipeline.main` with `argv`; when the plan returns, write the measurements and end the process."""
     started = time.time()
     result_path = os.environ[RESULT_ENV]
-    import pipeline.main  # noqa: F401  (first: it sets up the environment before Beam is imported)
-    import pipeline.launcher as launcher
+    import pipeline.main  # noqa: F401, I001  (first: it sets up the environment before Beam is imported)
+    import pipeline.launcher as launcher  # noqa: I001
     import pipeline.plan as plan_module
 
     real_plan = plan_module.plan_dataset

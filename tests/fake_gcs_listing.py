@@ -116,7 +116,8 @@ class SyntheticBucket:
         n = len(prefix)
         return self._first(lambda name: name >= prefix), self._first(lambda name: name[:n] > prefix)
 
-    def page(self, prefix: str, delimiter: str, start: int, max_results: int) -> tuple[list[int], list[str], int | None]:
+    def page(self, prefix: str, delimiter: str, start: int,
+             max_results: int) -> tuple[list[int], list[str], int | None]:
         """(object indices, common prefixes, next start index or None) of one page of a listing."""
         begin, end = self.range_of(prefix)
         j = max(start, begin)
@@ -189,14 +190,16 @@ class FakeGcs(ThreadingHTTPServer):
 
     def object_resource(self, name: str) -> str:
         quoted = quote(name, safe="")
+        host, size, md5, crc32c = self.host, len(self.jpeg), self.md5, self.crc32c
         return (
-            '{"kind":"storage#object","id":"%s/%s/%s","selfLink":"%s/storage/v1/b/%s/o/%s",'
-            '"mediaLink":"%s/download/storage/v1/b/%s/o/%s?generation=%s&alt=media","name":"%s","bucket":"%s",'
-            '"generation":"%s","metageneration":"1","contentType":"image/jpeg","storageClass":"STANDARD",'
-            '"size":"%d","md5Hash":"%s","crc32c":"%s","etag":"CAE=","timeCreated":"%s","updated":"%s",'
-            '"timeStorageClassUpdated":"%s"}'
-        ) % (BUCKET, name, GENERATION, self.host, BUCKET, quoted, self.host, BUCKET, quoted, GENERATION, name,
-             BUCKET, GENERATION, len(self.jpeg), self.md5, self.crc32c, TIMESTAMP, TIMESTAMP, TIMESTAMP)
+            f'{{"kind":"storage#object","id":"{BUCKET}/{name}/{GENERATION}",'
+            f'"selfLink":"{host}/storage/v1/b/{BUCKET}/o/{quoted}",'
+            f'"mediaLink":"{host}/download/storage/v1/b/{BUCKET}/o/{quoted}?generation={GENERATION}&alt=media",'
+            f'"name":"{name}","bucket":"{BUCKET}","generation":"{GENERATION}","metageneration":"1",'
+            f'"contentType":"image/jpeg","storageClass":"STANDARD","size":"{size}","md5Hash":"{md5}",'
+            f'"crc32c":"{crc32c}","etag":"CAE=","timeCreated":"{TIMESTAMP}","updated":"{TIMESTAMP}",'
+            f'"timeStorageClassUpdated":"{TIMESTAMP}"}}'
+        )
 
 
 def closed_port() -> int:
