@@ -4,12 +4,13 @@
         --timeout 900 --max_gb 6 --out benchmarks/results/2026-11-30-listing
 
 For each N, a fake GCS (`tests/fake_gcs_listing.py`, on a thread of this process)
-serves gs://b/in with `--classes` class folders of N / classes JPEG names each;
+serves gs://listing-bench/in with `--classes` class folders of N / classes JPEG names each;
 nothing is stored per name, and every object reads as the same small JPEG. Then the
 command a user runs for Dataflow starts in a fresh process, against that fake:
 
     python -m pipeline.main --runner=DataflowRunner --project=test-project --region=us-central1 \
-        --temp_location=gs://b/tmp --input_dir=gs://b/in --output_dir=gs://b/out --dry_run=True --no_auth
+        --temp_location=gs://listing-bench/tmp --input_dir=gs://listing-bench/in \
+        --output_dir=gs://listing-bench/out --dry_run=True --no_auth
 
 and is stopped right after the launcher's plan (`pipeline.plan.plan_dataset`)
 returns: everything before it (Beam's import, the options and their checks, the
@@ -30,6 +31,7 @@ Results: one JSON per N and `summary.json` in `--out`, and a table on stdout.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -44,12 +46,17 @@ REPO = Path(__file__).resolve().parent.parent
 GB = 1 << 30
 SAMPLE_S = 0.2
 RESULT_ENV = "LAUNCHER_LISTING_RESULT"  # the child writes its measurements there
+STOP_AFTER = "pipeline.plan:plan_dataset"  # the launcher's plan: listing, sample, class ids, shard counts
+
+
+BUCKET = "listing-bench"  # a valid bucket name (3 to 63 characters): Beam's option validator checks it
 
 
 def launcher_argv(extra: list[str]) -> list[str]:
     return [
-        "--runner=DataflowRunner", "--project=test-project", "--region=us-central1", "--temp_location=gs://b/tmp",
-        "--input_dir=gs://b/in", "--output_dir=gs://b/out", "--dry_run=True", "--no_auth", *extra,
+        "--runner=DataflowRunner", "--project=test-project", "--region=us-central1",
+        f"--temp_location=gs://{BUCKET}/tmp", f"--input_dir=gs://{BUCKET}/in", f"--output_dir=gs://{BUCKET}/out",
+        "--dry_run=True", "--no_auth", *extra,
     ]
 
 
@@ -59,7 +66,10 @@ def _summary_of(plan) -> dict:
     """What the plan says, as far as this version of Plan has it (the launcher is being rewritten)."""
     out = {}
     for attr in ("total_images", "files_found", "num_shards", "expected_per_split", "split_folders"):
-        value = getattr(plan, attr, None)
+        try:
+            value = getattr(plan, attr, None)
+        except Exception as e:  # a property that needs what this plan does not have
+            value = f"{type(e).__name__}: {e}"
         if value is not None and not callable(value):
             out[attr] = value
     names = getattr(plan, "class_names", None)
@@ -68,42 +78,49 @@ def _summary_of(plan) -> dict:
     return out
 
 
-def child_main(argv: list[str]) -> int:
-    """Run `pipeline.main` with `argv`; when the plan returns, write the measurements and end the process."""
+def child_main(argv: list[str], stop_after: str) -> int:
+    """Run `pipeline.main` with `argv`; when `stop_after` (module:function) returns, write the measurements and end.
+
+    The function is replaced in its module and wherever a pipeline module has imported it by name.
+    """
     started = time.time()
     result_path = os.environ[RESULT_ENV]
-    import pipeline.main  # noqa: F401, I001  (first: it sets up the environment before Beam is imported)
-    import pipeline.launcher as launcher  # noqa: I001
-    import pipeline.plan as plan_module
+    import pipeline.main  # noqa: I001  (first: it sets up the environment before Beam is imported)
+    import pipeline.launcher  # noqa: F401  (its imports bind the function to measure)
 
-    real_plan = plan_module.plan_dataset
+    module_name, _, function_name = stop_after.partition(":")
+    module = importlib.import_module(module_name)
+    real = getattr(module, function_name, None)
+    if real is None:
+        print(f"launcher_listing: {module_name} has no {function_name} to measure; pass --stop_after "
+              "module:function of this version of the launcher", file=sys.stderr)
+        return 3
 
-    def measured_plan(settings):
-        plan_start = time.time()
+    def measured(*args, **kwargs):
+        start = time.time()
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        plan = real_plan(settings)
-        plan_end = time.time()
+        returned = real(*args, **kwargs)
+        end = time.time()
         record = {
             "stopped_after_plan": True,
+            "stop_after": stop_after,
             "child_started": started,
-            "plan_started": plan_start,
-            "plan_ended": plan_end,
-            "plan_s": plan_end - plan_start,
+            "plan_started": start,
+            "plan_ended": end,
+            "plan_s": end - start,
             "peak_rss_before_plan_bytes": rss_before,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "plan": _summary_of(plan),
+            "plan": _summary_of(returned),
         }
         Path(result_path).write_text(json.dumps(record, default=str))
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # nothing after the plan is measured; no interpreter teardown over millions of objects
+        os._exit(0)  # nothing after it is measured; no interpreter teardown over millions of objects
 
-    if not hasattr(launcher, "plan_dataset"):
-        print("launcher_listing: pipeline.launcher has no plan_dataset to measure; update this benchmark",
-              file=sys.stderr)
-        return 3
-    launcher.plan_dataset = measured_plan
-    plan_module.plan_dataset = measured_plan
+    for name, loaded in list(sys.modules.items()):
+        if (name == module_name or name.split(".")[0] in ("pipeline", "transforms")) and \
+                getattr(loaded, function_name, None) is real:
+            setattr(loaded, function_name, measured)
     sys.argv = ["pipeline.main", *argv]
     return pipeline.main.main()
 
@@ -144,14 +161,14 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
     max_rss = int(args.max_gb * GB)
     address_space = int((args.max_gb + args.as_slack_gb) * GB)
     with tempfile.TemporaryDirectory(prefix="launcher-listing-") as tmp, \
-            serve(classes, per_class, quiet_unknown=False) as fake:
+            serve(classes, per_class, bucket_name=BUCKET) as fake:
         result_path = Path(tmp) / "result.json"
         env = dict(os.environ, **fake.client_env(str(Path(tmp) / "gcloud")), **{RESULT_ENV: str(result_path)})
         (Path(tmp) / "gcloud").mkdir()
         env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         argv = launcher_argv(args.launcher_args)
-        command = [sys.executable, "-m", "benchmarks.launcher_listing", "--child", "--", *argv]
+        command = [sys.executable, "-m", "benchmarks.launcher_listing", "--child", args.stop_after, "--", *argv]
         stdout_path, stderr_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
         peak_sampled, stopped = 0, None
         start = time.time()
@@ -206,6 +223,8 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
                 memory = "MemoryError" in stderr_text or "Cannot allocate memory" in stderr_text
                 record["stopped"] = (f"failed: out of the {args.max_gb + args.as_slack_gb:g} GB address space"
                                      if memory else f"failed with exit code {child.returncode}")
+    if stderr_text.strip():
+        (out_dir / f"names-{names}.stderr.txt").write_text(stderr_text[-200_000:])
     (out_dir / f"names-{names}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return record
 
@@ -243,8 +262,8 @@ def _git(*args: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--child"]:
-        return child_main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
+    if argv[:1] == ["--child"]:  # the measured process: --child MODULE:FUNCTION -- LAUNCHER OPTIONS
+        return child_main(argv[3:], argv[1])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--names", default="1e6,1e7", help="comma-separated object counts (default 1e6,1e7)")
     parser.add_argument("--classes", type=int, default=1000, help="class folders (default 1000)")
@@ -253,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="RSS in GB at which a run is stopped (default 6)")
     parser.add_argument("--as_slack_gb", type=float, default=2.0,
                         help="RLIMIT_AS is --max_gb plus this much address space (default 2)")
+    parser.add_argument("--stop_after", default=STOP_AFTER,
+                        help=f"module:function whose return ends the measurement (default {STOP_AFTER})")
     parser.add_argument("--out", default=None, help="folder for the JSON results (default: a temporary folder)")
     parser.add_argument("launcher_args", nargs="*", help="after --: more pipeline.main options")
     args = parser.parse_args(argv)

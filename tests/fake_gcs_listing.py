@@ -7,7 +7,7 @@
 
     python -m tests.fake_gcs_listing --classes 1000 --per_class 1000 --port 8123   # stand-alone
 
-Bucket `b` holds `in/class_{c:04d}/img_{i:08d}.jpg` for c < classes and i < per_class.
+Bucket `b` (or the `bucket_name` given) holds `in/class_{c:04d}/img_{i:08d}.jpg` for c < classes and i < per_class.
 Every name is computed from its index j = c * per_class + i; the names are all of one
 length, so their sorted order is the index order and a prefix covers one range of
 indices, found by binary search. A page token is the index the next page starts at, so
@@ -140,9 +140,11 @@ class FakeGcs(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, bucket: SyntheticBucket, port: int = 0, quiet_unknown: bool = False):
+    def __init__(self, bucket: SyntheticBucket, port: int = 0, quiet_unknown: bool = False,
+                 bucket_name: str = BUCKET):
         super().__init__(("127.0.0.1", port), _Handler)
         self.bucket = bucket
+        self.bucket_name = bucket_name
         self.jpeg = make_jpeg()
         self.md5 = base64.b64encode(hashlib.md5(self.jpeg).digest()).decode()
         self.crc32c = _crc32c_b64(self.jpeg)
@@ -190,12 +192,12 @@ class FakeGcs(ThreadingHTTPServer):
 
     def object_resource(self, name: str) -> str:
         quoted = quote(name, safe="")
-        host, size, md5, crc32c = self.host, len(self.jpeg), self.md5, self.crc32c
+        host, size, md5, crc32c, bucket = self.host, len(self.jpeg), self.md5, self.crc32c, self.bucket_name
         return (
-            f'{{"kind":"storage#object","id":"{BUCKET}/{name}/{GENERATION}",'
-            f'"selfLink":"{host}/storage/v1/b/{BUCKET}/o/{quoted}",'
-            f'"mediaLink":"{host}/download/storage/v1/b/{BUCKET}/o/{quoted}?generation={GENERATION}&alt=media",'
-            f'"name":"{name}","bucket":"{BUCKET}","generation":"{GENERATION}","metageneration":"1",'
+            f'{{"kind":"storage#object","id":"{bucket}/{name}/{GENERATION}",'
+            f'"selfLink":"{host}/storage/v1/b/{bucket}/o/{quoted}",'
+            f'"mediaLink":"{host}/download/storage/v1/b/{bucket}/o/{quoted}?generation={GENERATION}&alt=media",'
+            f'"name":"{name}","bucket":"{bucket}","generation":"{GENERATION}","metageneration":"1",'
             f'"contentType":"image/jpeg","storageClass":"STANDARD","size":"{size}","md5Hash":"{md5}",'
             f'"crc32c":"{crc32c}","etag":"CAE=","timeCreated":"{TIMESTAMP}","updated":"{TIMESTAMP}",'
             f'"timeStorageClassUpdated":"{TIMESTAMP}"}}'
@@ -258,21 +260,22 @@ class _Handler(BaseHTTPRequestHandler):
     do_DELETE = do_POST  # noqa: N815
 
     def do_GET(self):  # noqa: N802
+        bucket = self.server.bucket_name
         split = urlsplit(self.path)
         query = {key: values[-1] for key, values in parse_qs(split.query, keep_blank_values=True).items()}
         path = split.path
         if path == "/":
             self._send(200, b"OK", "text/plain")
             return
-        for media_root in (f"/download/storage/v1/b/{BUCKET}/o/", f"/storage/v1/b/{BUCKET}/o/"):
+        for media_root in (f"/download/storage/v1/b/{bucket}/o/", f"/storage/v1/b/{bucket}/o/"):
             if path.startswith(media_root) and (media_root.startswith("/download") or query.get("alt") == "media"):
                 self._download(unquote(path[len(media_root):]), query)
                 return
-        if path == f"/storage/v1/b/{BUCKET}/o":
+        if path == f"/storage/v1/b/{bucket}/o":
             self._list(query)
-        elif path.startswith(f"/storage/v1/b/{BUCKET}/o/"):
-            self._metadata(unquote(path[len(f"/storage/v1/b/{BUCKET}/o/"):]), query)
-        elif path == f"/storage/v1/b/{BUCKET}":
+        elif path.startswith(f"/storage/v1/b/{bucket}/o/"):
+            self._metadata(unquote(path[len(f"/storage/v1/b/{bucket}/o/"):]), query)
+        elif path == f"/storage/v1/b/{bucket}":
             self._check_params(query, _IGNORED) and self._bucket()
         elif re.fullmatch(r"/storage/v1/b/[^/]+", path):
             self._error(404, f"The specified bucket does not exist: {unquote(path.rsplit('/', 1)[1])}")
@@ -291,10 +294,11 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _bucket(self) -> None:
+        bucket = self.server.bucket_name
         self.server.count("bucket_gets")
         self._send(200, json.dumps({
-            "kind": "storage#bucket", "id": BUCKET, "selfLink": f"{self.server.host}/storage/v1/b/{BUCKET}",
-            "projectNumber": PROJECT_NUMBER, "name": BUCKET, "timeCreated": TIMESTAMP, "updated": TIMESTAMP,
+            "kind": "storage#bucket", "id": bucket, "selfLink": f"{self.server.host}/storage/v1/b/{bucket}",
+            "projectNumber": PROJECT_NUMBER, "name": bucket, "timeCreated": TIMESTAMP, "updated": TIMESTAMP,
             "metageneration": "1", "location": "US", "locationType": "multi-region", "storageClass": "STANDARD",
             "etag": "CAE=",
         }).encode())
@@ -328,7 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.count("metadata_gets")
         if self.server.bucket.index(name) is None:
-            self._error(404, f"No such object: {BUCKET}/{name}")
+            self._error(404, f"No such object: {self.server.bucket_name}/{name}")
             return
         self._send(200, self.server.object_resource(name).encode())
 
@@ -336,7 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._check_params(query, _IGNORED):
             return
         if self.server.bucket.index(name) is None:
-            self._error(404, f"No such object: {BUCKET}/{name}")
+            self._error(404, f"No such object: {self.server.bucket_name}/{name}")
             return
         self.server.count("downloads")
         data = self.server.jpeg
@@ -364,9 +368,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve(classes: int, per_class: int, port: int = 0, quiet_unknown: bool = False):
-    """A FakeGcs serving classes x per_class objects on a background thread, for the `with` block."""
-    server = FakeGcs(SyntheticBucket(classes, per_class), port, quiet_unknown)
+def serve(classes: int, per_class: int, port: int = 0, quiet_unknown: bool = False, bucket_name: str = BUCKET):
+    """A FakeGcs serving classes x per_class objects in gs://`bucket_name` on a background thread, for the block."""
+    server = FakeGcs(SyntheticBucket(classes, per_class), port, quiet_unknown, bucket_name)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
                               name="fake-gcs-listing")
     thread.start()
@@ -385,9 +389,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--per_class", type=int, default=1000)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--bucket", default=BUCKET)
     args = parser.parse_args(argv)
-    with serve(args.classes, args.per_class, args.port) as server:
-        print(f"STORAGE_EMULATOR_HOST={server.host}  gs://{BUCKET}/{ROOT}: {server.bucket.count} objects",
+    with serve(args.classes, args.per_class, args.port, bucket_name=args.bucket) as server:
+        print(f"STORAGE_EMULATOR_HOST={server.host}  gs://{args.bucket}/{ROOT}: {server.bucket.count} objects",
               flush=True)
         try:
             while True:
