@@ -242,14 +242,16 @@ def _fmt(record: dict) -> tuple[str, ...]:
             f"{fake['objects_listed']:,}", f"{fake['prefixes_listed']:,}", f"{fake['downloads']:,}", outcome)
 
 
-HEADER = ("names", "classes", "wall s", "plan s", "peak RSS GB", "list requests", "objects listed",
+HEADER = ("names", "classes", "wall s", "{} s", "peak RSS GB", "list requests", "objects listed",
           "prefixes listed", "downloads", "outcome")
 
 
-def table(records: list[dict]) -> str:
-    rows = [HEADER, *(_fmt(r) for r in records)]
+def table(records: list[dict], stop_after: str = STOP_AFTER) -> str:
+    """A markdown table; the fourth column is the time of the function the run stopped after (the plan's)."""
+    header = tuple(h.format(stop_after.rpartition(":")[2]) for h in HEADER)
+    rows = [header, *(_fmt(r) for r in records)]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("---" for _ in HEADER) + "|")
+    lines.insert(1, "|" + "|".join("---" for _ in header) + "|")
     return "\n".join(lines)
 
 
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {names:,} names in {args.classes:,} classes ...", file=sys.stderr, flush=True)
         record = measure(names, args.classes, args, out_dir)
         records.append(record)
-        print(table([record]).splitlines()[-1], file=sys.stderr, flush=True)
+        print(table([record], args.stop_after).splitlines()[-1], file=sys.stderr, flush=True)
         if record["fake"]["unknown"]:
             print(f"# the fake answered 501 to: {record['fake']['unknown'][:5]}", file=sys.stderr)
     summary = {
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [{k: v for k, v in r.items() if k not in ("stderr_tail", "stdout_tail")} for r in records],
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(table(records))
+    print(table(records, args.stop_after))
     print(f"results: {out_dir}")
     return 0
 
