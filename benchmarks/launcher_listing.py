@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GB = 1 << 30
+GIB = 1 << 30
 SAMPLE_S = 0.2
 RESULT_ENV = "LAUNCHER_LISTING_RESULT"  # the child writes its measurements there
 STOP_AFTER = "pipeline.plan:plan_dataset"  # the launcher's plan: listing, sample, class ids, shard counts
@@ -98,9 +98,11 @@ def child_main(argv: list[str], stop_after: str) -> int:
 
     def measured(*args, **kwargs):
         start = time.time()
-        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        rss_before, cpu_before = usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
         returned = real(*args, **kwargs)
         end = time.time()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         record = {
             "stopped_after_plan": True,
             "stop_after": stop_after,
@@ -109,7 +111,9 @@ def child_main(argv: list[str], stop_after: str) -> int:
             "plan_ended": end,
             "plan_s": end - start,
             "peak_rss_before_plan_bytes": rss_before,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "cpu_before_plan_s": round(cpu_before, 2),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),  # the process's, from its start to the plan's end
             "plan": _summary_of(returned),
         }
         Path(result_path).write_text(json.dumps(record, default=str))
@@ -158,8 +162,8 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
     if names % classes:
         raise SystemExit(f"--names {names} is not a multiple of --classes {classes}")
     per_class = names // classes
-    max_rss = int(args.max_gb * GB)
-    address_space = int((args.max_gb + args.as_slack_gb) * GB)
+    max_rss = int(args.max_gb * GIB)
+    address_space = int((args.max_gb + args.as_slack_gb) * GIB)
     with tempfile.TemporaryDirectory(prefix="launcher-listing-") as tmp, \
             serve(classes, per_class, bucket_name=BUCKET) as fake:
         result_path = Path(tmp) / "result.json"
@@ -170,7 +174,8 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
         argv = launcher_argv(args.launcher_args)
         command = [sys.executable, "-m", "benchmarks.launcher_listing", "--child", args.stop_after, "--", *argv]
         stdout_path, stderr_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        peak_sampled, stopped = 0, None
+        peak_sampled, cpu_sampled, stopped = 0, 0.0, None
+        own_cpu = resource.getrusage(resource.RUSAGE_SELF)
         start = time.time()
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
             child = subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=stderr,
@@ -179,11 +184,16 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
             while child.poll() is None:
                 rss = _tree_rss(handle)
                 peak_sampled = max(peak_sampled, rss)
+                try:
+                    times = handle.cpu_times()
+                    cpu_sampled = times.user + times.system
+                except psutil.Error:
+                    pass
                 elapsed = time.time() - start
                 if rss > max_rss:
-                    stopped = f"over {args.max_gb:g} GB RSS after {elapsed:.0f} s"
+                    stopped = f"over {args.max_gb:g} GiB RSS after {elapsed:.0f} s"
                 elif elapsed > args.timeout:
-                    stopped = f"over {args.timeout:g} s (RSS {rss / GB:.2f} GB then)"
+                    stopped = f"over {args.timeout:g} s (RSS {rss / GIB:.2f} GiB then)"
                 if stopped:
                     for proc in [*handle.children(recursive=True), handle]:
                         try:
@@ -195,6 +205,9 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
                 time.sleep(SAMPLE_S)
         wall = time.time() - start
         fake_stats = fake.stats()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        # This process does little but serve the fake: its CPU is about the fake's.
+        fake_stats["cpu_s"] = round(usage.ru_utime + usage.ru_stime - own_cpu.ru_utime - own_cpu.ru_stime, 2)
         stderr_text = stderr_path.read_text(errors="replace")
         record = {
             "names": names,
@@ -205,6 +218,7 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
             "stopped": stopped,
             "wall_s_until_exit": round(wall, 2),
             "peak_rss_sampled_bytes": peak_sampled,
+            "cpu_s_sampled": round(cpu_sampled, 2),
             "limits": {"timeout_s": args.timeout, "max_rss_gb": args.max_gb, "rlimit_as_gb": args.max_gb +
                        args.as_slack_gb},
             "fake": fake_stats,
@@ -221,7 +235,7 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
             record["stopped_after_plan"] = False
             if stopped is None:
                 memory = "MemoryError" in stderr_text or "Cannot allocate memory" in stderr_text
-                record["stopped"] = (f"failed: out of the {args.max_gb + args.as_slack_gb:g} GB address space"
+                record["stopped"] = (f"failed: out of the {args.max_gb + args.as_slack_gb:g} GiB address space"
                                      if memory else f"failed with exit code {child.returncode}")
     if stderr_text.strip():
         (out_dir / f"names-{names}.stderr.txt").write_text(stderr_text[-200_000:])
@@ -230,19 +244,19 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
 
 
 def _fmt(record: dict) -> tuple[str, ...]:
-    gb = lambda n: f"{n / GB:.2f}"  # noqa: E731
+    gb = lambda n: f"{n / GIB:.2f}"  # noqa: E731
     if record.get("stopped_after_plan"):
         wall, plan, rss = f"{record['wall_s']:.1f}", f"{record['plan_s']:.1f}", gb(record["peak_rss_bytes"])
-        outcome = "plan done"
+        cpu, outcome = f"{record['cpu_s']:.1f}", f"done: {record['stop_after'].rpartition(':')[2]}"
     else:
         wall, plan, rss = f">{record['wall_s_until_exit']:.0f}", "-", f">={gb(record['peak_rss_sampled_bytes'])}"
-        outcome = record["stopped"]
+        cpu, outcome = f">={record['cpu_s_sampled']:.0f}", record["stopped"]
     fake = record["fake"]
-    return (f"{record['names']:,}", f"{record['classes']:,}", wall, plan, rss, f"{fake['list_requests']:,}",
+    return (f"{record['names']:,}", f"{record['classes']:,}", wall, plan, cpu, rss, f"{fake['list_requests']:,}",
             f"{fake['objects_listed']:,}", f"{fake['prefixes_listed']:,}", f"{fake['downloads']:,}", outcome)
 
 
-HEADER = ("names", "classes", "wall s", "{} s", "peak RSS GB", "list requests", "objects listed",
+HEADER = ("names", "classes", "wall s", "{} s", "CPU s", "peak RSS GiB", "list requests", "objects listed",
           "prefixes listed", "downloads", "outcome")
 
 
@@ -271,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=1000, help="class folders (default 1000)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is stopped (default 900)")
     parser.add_argument("--max_gb", type=float, default=6.0,
-                        help="RSS in GB at which a run is stopped (default 6)")
+                        help="RSS in GiB (2^30 bytes) at which a run is stopped (default 6)")
     parser.add_argument("--as_slack_gb", type=float, default=2.0,
                         help="RLIMIT_AS is --max_gb plus this much address space (default 2)")
     parser.add_argument("--stop_after", default=STOP_AFTER,
@@ -293,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "code": {"commit": _git("rev-parse", "HEAD"), "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
-                 "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))},
+                 "last_launcher_commit": _git("log", "-1", "--format=%h %s", "--", "pipeline", "transforms"),
+                 "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "pipeline", "transforms"))},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "args": {k: v for k, v in vars(args).items()},
         "runs": [{k: v for k, v in r.items() if k not in ("stderr_tail", "stdout_tail")} for r in records],

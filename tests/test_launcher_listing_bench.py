@@ -22,7 +22,8 @@ def test_a_small_listing_is_planned_and_measured(tmp_path):
     assert run["fake"]["downloads"] > 0  # the launcher's sample of images read the fake's JPEG
     assert run["peak_rss_bytes"] > run["peak_rss_before_plan_bytes"] > 0
     assert 0 < run["plan_s"] <= run["wall_s"]
-    assert "| 3,000 | 30 |" in result.stdout and "plan done" in result.stdout
+    assert run["cpu_s"] > run["cpu_before_plan_s"] > 0
+    assert "| 3,000 | 30 |" in result.stdout and "done: plan_dataset" in result.stdout
     assert json.loads((tmp_path / "names-3000.json").read_text())["names"] == 3000
 
 
@@ -34,6 +35,6 @@ def test_a_run_over_the_memory_cap_is_stopped_and_reported(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [run] = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert run["stopped_after_plan"] is False
-    assert run["stopped"].startswith("over 0.05 GB RSS"), run["stopped"]
+    assert run["stopped"].startswith("over 0.05 GiB RSS"), run["stopped"]
     assert run["peak_rss_sampled_bytes"] > 0.05 * 2**30
-    assert "over 0.05 GB RSS" in result.stdout
+    assert "over 0.05 GiB RSS" in result.stdout
