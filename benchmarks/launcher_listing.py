@@ -154,18 +154,20 @@ def _tree_rss(process) -> int:
 
 
 def measure(names: int, classes: int, args, out_dir: Path) -> dict:
-    """One fresh launcher process against a fake bucket of `names` objects in `classes` folders."""
+    """One fresh launcher process against a fake bucket of `names` objects in `classes` folders (per split)."""
     import psutil
 
     from tests.fake_gcs_listing import serve
 
-    if names % classes:
-        raise SystemExit(f"--names {names} is not a multiple of --classes {classes}")
-    per_class = names // classes
+    splits = tuple(split for split in args.splits.split(",") if split)
+    folders = classes * max(1, len(splits))
+    if names % folders:
+        raise SystemExit(f"--names {names} is not a multiple of {folders} class folders")
+    per_class = names // folders
     max_rss = int(args.max_gb * GIB)
     address_space = int((args.max_gb + args.as_slack_gb) * GIB)
     with tempfile.TemporaryDirectory(prefix="launcher-listing-") as tmp, \
-            serve(classes, per_class, bucket_name=BUCKET) as fake:
+            serve(classes, per_class, bucket_name=BUCKET, splits=splits) as fake:
         result_path = Path(tmp) / "result.json"
         env = dict(os.environ, **fake.client_env(str(Path(tmp) / "gcloud")), **{RESULT_ENV: str(result_path)})
         (Path(tmp) / "gcloud").mkdir()
@@ -212,6 +214,7 @@ def measure(names: int, classes: int, args, out_dir: Path) -> dict:
         record = {
             "names": names,
             "classes": classes,
+            "splits": list(splits),
             "per_class": per_class,
             "command": "python -m pipeline.main " + " ".join(argv),
             "exit_code": child.returncode,
@@ -283,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--names", default="1e6,1e7", help="comma-separated object counts (default 1e6,1e7)")
     parser.add_argument("--classes", type=int, default=1000, help="class folders (default 1000)")
+    parser.add_argument("--splits", default="",
+                        help="comma-separated split folders, e.g. train,validation: the layout "
+                             "<input>/<split>/<class>/, --names in all (default: none, <input>/<class>/)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is stopped (default 900)")
     parser.add_argument("--max_gb", type=float, default=6.0,
                         help="RSS in GiB (2^30 bytes) at which a run is stopped (default 6)")

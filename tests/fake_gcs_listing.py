@@ -7,7 +7,8 @@
 
     python -m tests.fake_gcs_listing --classes 1000 --per_class 1000 --port 8123   # stand-alone
 
-Bucket `b` (or the `bucket_name` given) holds `in/class_{c:04d}/img_{i:08d}.jpg` for c < classes and i < per_class.
+Bucket `b` (or the `bucket_name` given) holds `in/class_{c:04d}/img_{i:08d}.jpg` for c < classes and i < per_class,
+or with `splits` `in/<split>/class_{c:04d}/img_{i:08d}.jpg` for each split.
 Every name is computed from its index j = c * per_class + i; the names are all of one
 length, so their sorted order is the index order and a prefix covers one range of
 indices, found by binary search. A page token is the index the next page starts at, so
@@ -77,28 +78,42 @@ def _crc32c_b64(data: bytes) -> str:
 
 
 class SyntheticBucket:
-    """`classes` x `per_class` object names, computed from their index; nothing is stored per object."""
+    """`classes` x `per_class` object names, computed from their index; nothing is stored per object.
 
-    def __init__(self, classes: int, per_class: int, root: str = ROOT):
+    With `splits` (e.g. ("train", "validation")), each split folder holds all the classes:
+    `in/<split>/class_{c:04d}/img_{i:08d}.jpg`, classes x per_class names per split.
+    """
+
+    def __init__(self, classes: int, per_class: int, root: str = ROOT, splits: tuple[str, ...] = ()):
         if not 0 < classes <= 10_000 or not 0 < per_class <= 100_000_000:
             raise ValueError("classes must be in 1..10000 and per_class in 1..10^8 (the names' fixed widths)")
+        if any(not split or "/" in split for split in splits) or len(set(splits)) != len(splits):
+            raise ValueError(f"splits must be distinct folder names without '/': {splits!r}")
         self.classes = classes
         self.per_class = per_class
         self.root = root
-        self.count = classes * per_class
-        self._pattern = re.compile(re.escape(root) + r"/class_(\d{4})/img_(\d{8})\.jpg")
+        # In the order of their names' bytes, so that index order stays name order.
+        self.splits = sorted(splits, key=lambda split: (split + "/").encode())
+        self._folders = [f"{root}/{split}" for split in self.splits] or [root]
+        self.count = len(self._folders) * classes * per_class
+        split_part = "(?:(" + "|".join(re.escape(split) for split in self.splits) + ")/)" if splits else "()"
+        self._pattern = re.compile(re.escape(root) + "/" + split_part + r"class_(\d{4})/img_(\d{8})\.jpg")
 
     def name(self, j: int) -> str:
-        c, i = divmod(j, self.per_class)
-        return f"{self.root}/class_{c:04d}/img_{i:08d}.jpg"
+        group, rest = divmod(j, self.classes * self.per_class)
+        c, i = divmod(rest, self.per_class)
+        return f"{self._folders[group]}/class_{c:04d}/img_{i:08d}.jpg"
 
     def index(self, name: str) -> int | None:
         """The index of an object's name, or None when there is no such object."""
         match = self._pattern.fullmatch(name)
         if not match:
             return None
-        c, i = int(match.group(1)), int(match.group(2))
-        return c * self.per_class + i if c < self.classes and i < self.per_class else None
+        group = self.splits.index(match.group(1)) if self.splits else 0
+        c, i = int(match.group(2)), int(match.group(3))
+        if c >= self.classes or i >= self.per_class:
+            return None
+        return (group * self.classes + c) * self.per_class + i
 
     def _first(self, above) -> int:
         """The first index j (0..count) for which above(name(j)) holds; `above` is monotonic."""
@@ -368,9 +383,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve(classes: int, per_class: int, port: int = 0, quiet_unknown: bool = False, bucket_name: str = BUCKET):
-    """A FakeGcs serving classes x per_class objects in gs://`bucket_name` on a background thread, for the block."""
-    server = FakeGcs(SyntheticBucket(classes, per_class), port, quiet_unknown, bucket_name)
+def serve(classes: int, per_class: int, port: int = 0, quiet_unknown: bool = False, bucket_name: str = BUCKET,
+          splits: tuple[str, ...] = ()):
+    """A FakeGcs serving classes x per_class objects (per split) in gs://`bucket_name` on a background thread."""
+    server = FakeGcs(SyntheticBucket(classes, per_class, splits=splits), port, quiet_unknown, bucket_name)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
                               name="fake-gcs-listing")
     thread.start()
@@ -390,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per_class", type=int, default=1000)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--bucket", default=BUCKET)
+    parser.add_argument("--splits", default="", help="comma-separated split folders, e.g. train,validation")
     args = parser.parse_args(argv)
-    with serve(args.classes, args.per_class, args.port, bucket_name=args.bucket) as server:
+    splits = tuple(split for split in args.splits.split(",") if split)
+    with serve(args.classes, args.per_class, args.port, bucket_name=args.bucket, splits=splits) as server:
         print(f"STORAGE_EMULATOR_HOST={server.host}  gs://{args.bucket}/{ROOT}: {server.bucket.count} objects",
               flush=True)
         try:

@@ -156,3 +156,33 @@ def test_page_cost_does_not_depend_on_the_position():
     _, prefixes, following = bucket.page("in/", "/", 0, 1000)
     assert len(prefixes) == 1000 and following == 1000 * 1_000_000
     assert calls < 1000 * 80  # one binary search per prefix
+
+
+def test_names_are_in_index_order_and_map_back_to_their_index():
+    """Index order must be name order (GCS lists in name order), also for split names that prefix each other."""
+    for bucket in (SyntheticBucket(3, 4), SyntheticBucket(2, 3, splits=("validation", "a-b", "a", "train"))):
+        names = [bucket.name(j) for j in range(bucket.count)]
+        assert names == sorted(names) and len(set(names)) == bucket.count
+        assert [bucket.index(name) for name in names] == list(range(bucket.count))
+        assert bucket.index(names[-1].replace(".jpg", ".png")) is None
+    assert SyntheticBucket(2, 3, splits=("a",)).index("in/class_0000/img_00000000.jpg") is None
+
+
+@pytest.mark.timeout(60)
+def test_split_folders_list_at_two_levels(monkeypatch, tmp_path):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    with serve(3, 5, splits=("validation", "train")) as server:
+        for name, value in server.client_env(str(tmp_path)).items():
+            monkeypatch.setenv(name, value)
+        client = storage.Client(project="test-project", credentials=AnonymousCredentials())
+        top = client.list_blobs(BUCKET, prefix="in/", delimiter="/")
+        assert list(top) == [] and sorted(top.prefixes) == ["in/train/", "in/validation/"]
+        classes = client.list_blobs(BUCKET, prefix="in/validation/", delimiter="/")
+        assert list(classes) == [] and sorted(classes.prefixes) == [f"in/validation/class_{c:04d}/" for c in range(3)]
+        names = [b.name for b in client.list_blobs(BUCKET, prefix="in/")]
+        assert len(names) == 2 * 3 * 5 and names == sorted(names)
+        assert names[0] == "in/train/class_0000/img_00000000.jpg"
+        assert client.bucket(BUCKET).get_blob("in/validation/class_0002/img_00000004.jpg").size == len(server.jpeg)
+        assert server.stats()["unknown"] == []
