@@ -302,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="launcher-listing-results-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = [int(float(n)) for n in args.names.split(",") if n.strip()]
+    code = {  # the code measured, as it is when the runs start
+        "commit": _git("rev-parse", "HEAD"), "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
+        "last_launcher_commit": _git("log", "-1", "--format=%h %s", "--", "pipeline", "transforms"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "pipeline", "transforms")),
+    }
     records = []
     for names in counts:
         print(f"# {names:,} names in {args.classes:,} classes ...", file=sys.stderr, flush=True)
@@ -312,9 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# the fake answered 501 to: {record['fake']['unknown'][:5]}", file=sys.stderr)
     summary = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "code": {"commit": _git("rev-parse", "HEAD"), "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
-                 "last_launcher_commit": _git("log", "-1", "--format=%h %s", "--", "pipeline", "transforms"),
-                 "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "pipeline", "transforms"))},
+        "code": code,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "args": {k: v for k, v in vars(args).items()},
         "runs": [{k: v for k, v in r.items() if k not in ("stderr_tail", "stdout_tail")} for r in records],
