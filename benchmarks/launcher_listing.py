@@ -1,7 +1,8 @@
 """The launcher's time and peak memory against a synthetic gs:// input of millions of names.
 
     .venv/bin/python -m benchmarks.launcher_listing --names 1e6,1e7 --classes 1000 \
-        --timeout 900 --max_gb 6 --out benchmarks/results/2026-11-30-listing
+        --timeout 3000 --max_gb 6 --out benchmarks/results/2026-11-30-listing
+    [--splits train,validation] [--stop_after pipeline.graph:build_pipeline] [-- more pipeline.main options]
 
 For each N, a fake GCS (`tests/fake_gcs_listing.py`, on a thread of this process)
 serves gs://listing-bench/in with `--classes` class folders of N / classes JPEG names each;
@@ -12,14 +13,16 @@ command a user runs for Dataflow starts in a fresh process, against that fake:
         --temp_location=gs://listing-bench/tmp --input_dir=gs://listing-bench/in \
         --output_dir=gs://listing-bench/out --dry_run=True --no_auth
 
-and is stopped right after the launcher's plan (`pipeline.plan.plan_dataset`)
+and is stopped right after the launcher's plan (`pipeline.plan.plan_dataset`, or the
+module:function given with --stop_after, replaced wherever pipeline/ imported it by name)
 returns: everything before it (Beam's import, the options and their checks, the
 output folder's check) and the plan itself (listing, the sample of images, class ids
 and shard counts) are measured; building, translating and staging the graph are not
 (staging uploads the package, which the fake does not take, and costs the same at any N).
 
 Measured per N: the wall time from the process's start to the plan's end, the plan's
-own time, and the process's peak RSS (its ru_maxrss when the plan returns; psutil
+own time, the process's CPU seconds (on a shared machine wall time also counts waiting for
+a core, and the fake's own CPU), and the process's peak RSS (its ru_maxrss when the plan returns; psutil
 samples when it is stopped); plus what the fake served (list requests, objects,
 prefixes, downloads). A run is stopped, and reported as such, past `--timeout`
 seconds or `--max_gb` of RSS; the process also runs under RLIMIT_AS (`--max_gb` +
