@@ -222,7 +222,8 @@ class _Probe:
 
 def _probe(folder: Folder, input_dir: str, follow_symlinks: bool, want: int) -> _Probe:
     probe = _Probe(folder)
-    for entry in list_folder(folder, input_dir, follow_symlinks):
+    # Small pages on gs://: a probe usually stops at the first image, and a page holds up to 1,000 names.
+    for entry in list_folder(folder, input_dir, follow_symlinks, page_size=min(PROBE_ENTRIES, 10 * want)):
         probe.entries += 1
         ref = classify(entry, input_dir)
         if isinstance(ref, FileRef):

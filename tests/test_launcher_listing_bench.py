@@ -38,3 +38,17 @@ def test_a_run_over_the_memory_cap_is_stopped_and_reported(tmp_path):
     assert run["stopped"].startswith("over 0.05 GiB RSS"), run["stopped"]
     assert run["peak_rss_sampled_bytes"] > 0.05 * 2**30
     assert "over 0.05 GiB RSS" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_launcher_lists_class_folders_not_files_whatever_the_input_size(tmp_path):
+    """Issue 16: 5 million names in 50 class folders; the launcher asks for the folders and a few names of each."""
+    result = cli("benchmarks.launcher_listing", "--names=5000000", "--classes=50", f"--out={tmp_path}", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run] = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    assert run["stopped_after_plan"] is True and run["plan"]["classes"] == 50
+    # One listing of the top (its 50 prefixes), then one small page per class folder for the sample of 200
+    # images (4 a folder, pages of 10 x that): 2,000 names, never the 5 M.
+    assert run["fake"]["prefixes_listed"] == 50, run["fake"]
+    assert run["fake"]["objects_listed"] <= 2_000, run["fake"]
+    assert run["fake"]["list_requests"] <= 51, run["fake"]

@@ -197,14 +197,16 @@ def _gcs_prefix(folder: str) -> tuple[str, str]:
     return bucket, (prefix.rstrip("/") + "/") if prefix else ""
 
 
-def gcs_list(folder: str, folders_too: bool = False) -> Iterator[Entry | Folder]:
+def gcs_list(folder: str, folders_too: bool = False, page_size: int | None = None) -> Iterator[Entry | Folder]:
     """The objects below the gs:// `folder`, streamed page by page (never all in memory).
 
     With `folders_too`, only one level: its objects, then its subfolders as `Folder`
     (the listing's prefixes). Folder placeholder objects (names ending in '/') are not files.
+    `page_size` asks for smaller pages than the service's 1,000, for a caller that stops early.
     """
     bucket, prefix = _gcs_prefix(folder)
-    pages = gcs_client(folder).list_blobs(bucket, prefix=prefix, delimiter="/" if folders_too else None)
+    pages = gcs_client(folder).list_blobs(bucket, prefix=prefix, delimiter="/" if folders_too else None,
+                                          page_size=page_size)
     for blob in pages:
         if not blob.name.endswith("/"):
             yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
@@ -239,12 +241,13 @@ def list_top(input_dir: str, follow_symlinks: bool, depth: int, below: Folder | 
         level = deeper
 
 
-def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
-    """Every entry below `folder` (one that `list_top` gave), streamed."""
+def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, page_size: int | None = None
+                ) -> Iterator[Entry]:
+    """Every entry below `folder` (one that `list_top` gave), streamed; `page_size` as for `gcs_list`."""
     if is_local(folder.path):
         yield from _walk([(folder.path, folder.ancestors, 0)], os.path.realpath(input_dir), follow_symlinks, None)
     else:
-        yield from gcs_list(folder.path)
+        yield from gcs_list(folder.path, page_size=page_size)
 
 
 def list_entries(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
