@@ -6,8 +6,8 @@ This is the real command and the real Beam graph, with one change: each
 worker process converts the first image it is given, and hands out that same
 encoded image for every later one without reading their files, so the records
 of one worker all hold the same picture. Everything else runs as usual:
-imports, planning, listing, labels, the shuffle, building each
-tf.train.Example, the TFRecord writes, the shard cut and the dataset
+imports, planning, listing, labels, the shard assignment, grouping by
+shard, building each tf.train.Example, the TFRecord writes and the dataset
 description. Its time is what the pipeline adds to the image work: were the
 two simply to add up, the pipeline would run at floor / (floor + this) of the
 floor's speed. The output is for timing only.
