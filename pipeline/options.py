@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import math
 import re
 import time
@@ -238,6 +239,9 @@ def validate(options: PipelineOptions) -> Settings:
     if o.file_format == "array_record" and o.compression != "none":
         raise UserError(f"--file_format=array_record takes no --compression={o.compression}: ArrayRecord shards "
                         "are written uncompressed; drop --compression, or write TFRecord shards")
+    if o.file_format == "array_record" and importlib.util.find_spec("array_record") is None:
+        raise UserError("--file_format=array_record needs the array-record package, which is not installed: "
+                        "pip install array-record, or write TFRecord shards")
     if o.file_format == "array_record" and o.index_files:
         raise UserError("--index_files is for TFRecord shards, and ArrayRecord shards index themselves "
                         "(random access): drop --index_files, or write TFRecord shards")
