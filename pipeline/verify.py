@@ -50,16 +50,8 @@ from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
-from transforms.tfrecord import CorruptRecord, record_offsets, scan_records
-
-
-def _scan(path: str):
-    """(index, record bytes or None for a bad checksum) of a shard: TFRecord, or ArrayRecord by its name."""
-    if path.endswith(".array_record"):
-        from transforms.shardfiles import scan_array_records
-
-        return scan_array_records(path)
-    return scan_records(path)
+from transforms.shardfiles import scan_shard
+from transforms.tfrecord import CorruptRecord, record_offsets
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
@@ -145,7 +137,7 @@ class _RecordChecker:
         result = _ShardResult(split, path.rsplit("/", 1)[-1])
         chunk = []
         try:
-            for index, data in _scan(path):
+            for index, data in scan_shard(path):
                 result.records += 1
                 if data is None:
                     result.unread += 1

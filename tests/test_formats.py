@@ -349,3 +349,38 @@ def test_readme_grain_example_runs(arrays, monkeypatch):
     images, labels = namespace["batch"]
     assert images.shape == (8, SIZE, SIZE, 3) and images.dtype == np.uint8
     assert labels.shape == (8,) and set(labels.tolist()) <= set(range(info["num_classes"]))
+
+
+def test_preview_samples_array_record_shards_like_tfrecord_ones(arrays, standard):
+    from pipeline.preview import sample_records
+
+    def sampled(out, info):
+        problems = []
+        chosen, read = sample_records(str(out), info, "train", per_class=2, max_records=1000, problems=problems)
+        assert problems == []
+        return read, {label: [(i, e["source_path"], e["image"].tobytes()) for i, e in rows]
+                      for label, rows in chosen.items()}
+
+    read, chosen = sampled(*arrays)
+    assert (read, chosen) == sampled(*standard)
+    assert sum(len(rows) for rows in chosen.values()) == 2 * len(chosen) > 0
+
+
+def test_benchmark_says_it_reads_tfrecord_only(arrays):
+    from pipeline.bench_input import dataset_source
+    from pipeline.errors import DatasetError
+
+    out, _ = arrays
+    with pytest.raises(DatasetError, match="holds array_record shards: the benchmark reads TFRecord shards"):
+        dataset_source(str(out), "train")
+
+
+def test_array_record_without_the_package_is_a_one_line_error(tree, tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "array_record"
+                        else find_spec(name, *a))
+    with pytest.raises(UserError, match="--file_format=array_record needs the array-record package, which is not "
+                                        "installed: pip install array-record"):
+        convert(tree, tmp_path / "out", "--file_format=array_record")

@@ -26,7 +26,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.listing import is_local
-from transforms.tfrecord import frame_record
+from transforms.tfrecord import frame_record, scan_records
 
 TFRECORD, ARRAY_RECORD = "tfrecord", "array_record"
 FILE_FORMATS = (TFRECORD, ARRAY_RECORD)
@@ -168,3 +168,15 @@ def scan_array_records(path: str):
     finally:
         if temp:
             os.unlink(temp)
+
+
+def scan_shard(path: str):
+    """(index, record bytes, or None for a bad checksum) of every record of a shard: TFRecord, or ArrayRecord
+    by its name (.array_record).
+
+    Raises:
+        CorruptRecord: a TFRecord shard whose framing breaks; for ArrayRecord, whatever its reader raises.
+    """
+    if path.endswith(".array_record"):
+        return scan_array_records(path)
+    return scan_records(path)
