@@ -316,6 +316,27 @@ def test_array_record_shards_on_gcs(gcs_emulator, tree, arrays):
     assert report.ok, report.format()
 
 
+@pytest.mark.timeout(300)
+def test_kaggle_names_on_gcs(gcs_emulator, tree, kaggle):
+    """On gs:// too, each shard and its index are published under their Kaggle names, once, from the run's folder."""
+    from pipeline.verify import verify_dataset
+    from tests.gcs_fixtures import NO_AUTH
+
+    bucket = gcs_emulator.create_bucket("formats-kaggle")
+    output = f"{bucket}/tfrecords"
+    assert convert(tree, output, NO_AUTH, f"--image_size={SIZE}", "--validation_split=0.25", "--num_shards=train=3",
+                   "--shard_names=kaggle", "--index_files") == 0
+    local_out, local_info = kaggle
+    assert gcs_emulator.list_names(output) == sorted(p.name for p in local_out.iterdir())
+    remote_info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    assert remote_info["splits"] == local_info["splits"]
+    for shard in remote_info["splits"]["train"]["shards"]:
+        assert gcs_emulator.read(f"{output}/{shard['file']}") == (local_out / shard["file"]).read_bytes()
+        assert gcs_emulator.read(f"{output}/{shard['index']}") == (local_out / shard["index"]).read_bytes()
+    report = verify_dataset(output, decode=False)
+    assert report.ok, report.format()
+
+
 # --- the README's examples ------------------------------------------------------------------------------------
 
 
