@@ -3,14 +3,15 @@
 Layout of --output_dir while a run is going on:
 
     .image-tfrecords.lock                     who is writing here (one run at a time)
-    .image-tfrecords-tmp/<run id>/shards/     the run's shards, each written once under its final file name
+    .image-tfrecords-tmp/<run id>/shards/     the run's shards, each written once under its standard name
     <the previous complete dataset, if any>   untouched until this run has finished
 
 A run's files take their final names only when it publishes them, after every
 shard is written and counted: the previous dataset's files are removed, the new
-shards renamed into place, then labels.txt, features.json, errors.jsonl and, last,
-dataset_info.json. A folder without dataset_info.json therefore never holds a
-file named like a shard of a complete run, and `--overwrite` never loses the old
+shards renamed into place (under their Kaggle names with --shard_names=kaggle),
+then labels.txt, features.json, errors.jsonl and, last, dataset_info.json. A
+folder without dataset_info.json therefore never holds a file named like a shard
+of a complete run, and `--overwrite` never loses the old
 dataset before the new one is complete.
 
 Each run works in a folder of its own (its run id), and removes only that
