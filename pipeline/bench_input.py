@@ -86,6 +86,10 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     """
     info = reader.load_info(dataset_dir)
     files = reader.shard_paths(dataset_dir, split, info)
+    file_format = (info.get("options") or {}).get("file_format", "tfrecord")
+    if file_format != "tfrecord":
+        raise DatasetError(f"{dataset_dir} holds {file_format} shards: the benchmark reads TFRecord shards with "
+                           "tf.data; convert the folder again without --file_format to benchmark it")
     if not files:
         raise DatasetError(f"the {split!r} split of {dataset_dir} has no records (every image was rejected); "
                            "pick another --split")

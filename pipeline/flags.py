@@ -15,6 +15,8 @@ from transforms.examples import SCHEMAS
 from transforms.imaging import CHROMA_SUBSAMPLING, IMAGE_FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings
 
 COMPRESSIONS = ("none", "gzip")
+FILE_FORMATS = ("tfrecord", "array_record")  # transforms.shardfiles writes them
+SHARD_NAMES = ("standard", "kaggle")
 IF_EXISTS = ("refuse", "overwrite", "skip")
 MAX_CONVERSION_THREADS = 32
 
@@ -120,6 +122,13 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "sample of images converted with these settings. Default: 150.")
     add("--compression", default="none", choices=COMPRESSIONS,
         help="TFRecord compression; gzip shards end in .tfrecord.gz. Default: none.")
+    add("--file_format", default="tfrecord", choices=FILE_FORMATS,
+        help="File format of the shards: tfrecord, or array_record (train-00000-of-00004.array_record, the same "
+             "serialized Examples, one per ArrayRecord chunk) for Grain's random access. array_record takes "
+             "neither --compression=gzip nor --index_files. Default: tfrecord.")
+    add("--shard_names", default="standard", choices=SHARD_NAMES,
+        help="How shards are named: standard (train-00000-of-00004.tfrecord) or kaggle, with the shard's index "
+             "and record count as Kaggle's TPU notebooks count them (train00-2071.tfrec). Default: standard.")
     add("--index_files", **ON_OFF,
         help="Also write each shard's index for DALI's TFRecord reader and the tfrecord package, beside it: "
              "train-00000-of-00004.idx for train-00000-of-00004.tfrecord, one 'offset length' line per record. "

@@ -34,7 +34,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     # (ShardKey, ImageRef) -> ShardInfo: each shard converted and written where its images are grouped
     written = placed | "WriteShards" >> WriteShards(
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
-        settings.compression, settings.index_files,
+        settings.compression, settings.index_files, settings.file_format, settings.shard_names,
     )
     rejections = (listed[SKIPPED], labeled[UNLABELED], written[REJECTED]) | "AllRejections" >> beam.Flatten()
     info = {

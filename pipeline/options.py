@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import math
 import re
 import time
@@ -66,6 +67,8 @@ class Settings:
     quiet: bool
     verbose: bool
     index_files: bool = False
+    file_format: str = "tfrecord"
+    shard_names: str = "standard"
 
     @property
     def overwrite(self) -> bool:
@@ -97,6 +100,8 @@ class Settings:
             "compression": self.compression,
             "follow_symlinks": self.follow_symlinks,
             "index_files": self.index_files,
+            "file_format": self.file_format,
+            "shard_names": self.shard_names,
         }
 
 
@@ -231,6 +236,15 @@ def validate(options: PipelineOptions) -> Settings:
     if o.index_files and o.compression != "none":
         raise UserError(f"--index_files needs uncompressed shards, but --compression={o.compression}: an index "
                         "holds byte offsets into the uncompressed file; drop one of the two options")
+    if o.file_format == "array_record" and o.compression != "none":
+        raise UserError(f"--file_format=array_record takes no --compression={o.compression}: ArrayRecord shards "
+                        "are written uncompressed; drop --compression, or write TFRecord shards")
+    if o.file_format == "array_record" and importlib.util.find_spec("array_record") is None:
+        raise UserError("--file_format=array_record needs the array-record package, which is not installed: "
+                        "pip install array-record, or write TFRecord shards")
+    if o.file_format == "array_record" and o.index_files:
+        raise UserError("--index_files is for TFRecord shards, and ArrayRecord shards index themselves "
+                        "(random access): drop --index_files, or write TFRecord shards")
     if o.quiet and o.verbose:
         raise UserError("--quiet and --verbose contradict each other: give one of them")
     if_exists = o.if_exists
@@ -272,6 +286,8 @@ def validate(options: PipelineOptions) -> Settings:
         quiet=o.quiet,
         verbose=o.verbose,
         index_files=o.index_files,
+        file_format=o.file_format,
+        shard_names=o.shard_names,
     )
 
 

@@ -128,7 +128,8 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     import tensorflow as tf
 
     from pipeline import reader
-    from transforms.tfrecord import CorruptRecord, scan_records
+    from transforms.shardfiles import scan_shard
+    from transforms.tfrecord import CorruptRecord
 
     problems = [] if problems is None else problems
     paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
@@ -144,7 +145,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     for path, listed in zip(paths, info["splits"][split]["shards"], strict=True):
         name = path.rsplit("/", 1)[-1]
         try:
-            for index, data in scan_records(path):
+            for index, data in scan_shard(path):
                 if not any(wanted.values()) or read >= max_records:
                     return chosen, read
                 read += 1

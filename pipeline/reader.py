@@ -263,6 +263,10 @@ def make_dataset(
         raise ValueError("scale=True needs decode=True: only decoded pixels can be scaled to [0, 1]")
     info = load_info(dataset_dir)
     files = shard_paths(dataset_dir, split, info)
+    if (info.get("options") or {}).get("file_format", "tfrecord") != "tfrecord":
+        raise DatasetError(f"{dataset_dir} holds {info['options']['file_format']} shards, which tf.data does not "
+                           "read: open them with Grain (README: Random access with Grain), or convert again "
+                           "without --file_format")
     compression = "GZIP" if info["compression"] == "gzip" else ""
     image = info["image"]
     image_size = (image["height"], image["width"]) if image.get("fixed_size") else None

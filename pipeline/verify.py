@@ -3,15 +3,18 @@
     python -m pipeline.verify tfrecords/                  # exit 0: all good, 1: problems listed, 2: not a dataset
     python -m pipeline.verify gs://bucket/tfrecords/ --no_decode
 
-Every shard is read back record by record (TFRecord CRCs), every Example is
-parsed with the reader helper's feature spec and, unless --no_decode, every
-image is decoded as a training job would decode it. Counts are compared with
-dataset_info.json per shard, per split and per class, and the files section
-must satisfy found = written + rejected + skipped, with one errors.jsonl line
-per rejected or skipped file. Every file in the folder that a shard glob
-(`<split>-*.tfrecord*`) matches but dataset_info.json does not list is a problem:
-a reader that globs would read it. A dataset of 0 records is a problem too.
-A record that is not an Example is named and reading goes on.
+Every shard is read back record by record (TFRecord CRCs; ArrayRecord shards
+through ArrayRecord's reader), every Example is parsed with the reader
+helper's feature spec and, unless --no_decode, every image is decoded as a
+training job would decode it. Counts are compared with dataset_info.json per
+shard, per split and per class, and the files section must satisfy
+found = written + rejected + skipped, with one errors.jsonl line per rejected
+or skipped file. Every file in the folder that a shard glob
+(`<split>-*.tfrecord*`, Kaggle's `<split>*.tfrec`, `<split>*.array_record`)
+matches but dataset_info.json does not list is a problem: a reader that globs
+would read it. A dataset of 0 records is a problem too. A record that is not an
+Example is named and reading goes on. A Kaggle name (--shard_names=kaggle) must
+give its shard's true record count.
 Index files (--index_files) must match their shards line for line: a missing,
 wrong or stale index is a problem, and so is an index named like one of this
 tool's whose shard is not in the dataset.
@@ -46,8 +49,9 @@ from pipeline.cli import main_of
 from pipeline.quiet import import_tensorflow
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
-from transforms.outputs import INDEX_NAME, SHARD_NAME, index_name
-from transforms.tfrecord import CorruptRecord, record_offsets, scan_records
+from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
+from transforms.shardfiles import scan_shard
+from transforms.tfrecord import CorruptRecord, record_offsets
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
@@ -133,7 +137,7 @@ class _RecordChecker:
         result = _ShardResult(split, path.rsplit("/", 1)[-1])
         chunk = []
         try:
-            for index, data in scan_records(path):
+            for index, data in scan_shard(path):
                 result.records += 1
                 if data is None:
                     result.unread += 1
@@ -322,8 +326,13 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
             name = shard["file"]
             listed.add(name)
             match = SHARD_NAME.fullmatch(name)
-            if not match or match["split"] != split or int(match["index"]) != number \
-                    or int(match["count"]) != len(shards):
+            kaggle = KAGGLE_NAME.fullmatch(name)  # --shard_names=kaggle: no shard count, but the record count
+            if match:
+                says_so = match["split"] == split and int(match["index"]) == number \
+                    and int(match["count"]) == len(shards)
+            else:
+                says_so = bool(kaggle) and kaggle["split"] == split and int(kaggle["index"]) == number
+            if not says_so:
                 report.problems.append(f"{name}: listed as shard {number} of {len(shards)} of split {split!r} in "
                                        f"{INFO_FILE}, but its name does not say so")
             if name not in present:
@@ -333,11 +342,14 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
                 report.problems.append(f"{name}: {present[name]} bytes, but {INFO_FILE} says {shard.get('bytes')}")
             to_read.append((split, _join(dataset_dir, name), shard))
     # A reader that globs the shards (README: glob("train-*.tfrecord")) reads every match, listed or not.
-    globs = [f"{split}-*.tfrecord*" for split in sorted(set(SPLITS) | set(info["splits"]))]
+    # Kaggle's notebooks glob train*.tfrec; Grain's users *.array_record.
+    globs = [glob for split in sorted(set(SPLITS) | set(info["splits"]))
+             for glob in (f"{split}-*.tfrecord*", f"{split}*.tfrec", f"{split}*.tfrec.gz", f"{split}*.array_record")]
     for name in sorted(set(present) - listed):
         pattern = next((glob for glob in globs if fnmatch.fnmatchcase(name, glob)), None)
         if pattern:
-            stale = " (a stale shard from another run?)" if SHARD_NAME.fullmatch(name) else ""
+            own = SHARD_NAME.fullmatch(name) or KAGGLE_NAME.fullmatch(name)
+            stale = " (a stale shard from another run?)" if own else ""
             report.problems.append(
                 f"{name}: not listed in {INFO_FILE}, but the shard glob {pattern} matches it, so readers that glob "
                 f"read it as part of the dataset{stale}: remove it or move it out of this folder")
@@ -403,6 +415,11 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
         if result.readable and result.records != listed.get("records"):
             report.problems.append(f"{result.name}: holds {result.records} records, but {INFO_FILE} says "
                                    f"{listed.get('records')}")
+        kaggle = KAGGLE_NAME.fullmatch(result.name)
+        if kaggle and result.readable and int(kaggle["records"]) != result.records:
+            report.problems.append(f"{result.name}: holds {result.records} records, but its name says "
+                                   f"{int(kaggle['records'])}, and Kaggle's notebooks count the records from the "
+                                   "names: convert again")
     for split, split_info in info["splits"].items():
         expected = split_info.get("records")
         listed_sum = sum(s.get("records", 0) for s in split_info.get("shards", []))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-from transforms import write
+from transforms import shardfiles
 
 
 def _broken_write(*args, **kwargs):
@@ -16,7 +16,7 @@ def _broken_write(*args, **kwargs):
     raise OSError(code, os.strerror(code))
 
 
-write.frame_record = _broken_write  # called as each record is written to its shard
+shardfiles.frame_record = _broken_write  # called as each record is written to its shard
 
 if __name__ == "__main__":
     raise SystemExit(pipeline.main.main())

@@ -144,12 +144,12 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     from pipeline.cli import main_of
     from pipeline.launcher import run
     from tests.conftest import FAST
-    from transforms import write
+    from transforms import shardfiles
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(write, "frame_record", full_disk)  # where each record is written to its shard
+    monkeypatch.setattr(shardfiles, "frame_record", full_disk)  # where each record is written to its shard
     out = tmp_path / "out"
     code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet", *FAST])
 

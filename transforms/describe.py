@@ -25,6 +25,7 @@ from transforms.outputs import (
     FEATURES_FILE,
     INFO_FILE,
     LABELS_FILE,
+    index_name,
     publish_shards,
     release_lock,
     remove_run_dir,
@@ -106,10 +107,15 @@ class _WriteInfo(beam.DoFn):
                 by_reason[key[0]][key[1]] += count
 
         shards = defaultdict(list)
-        for split, name, count, size, *index in sorted(shard_stats):  # index: [file name or ''], or none
+        renamed = {}  # final name -> its name in the run's folder, when they differ (--shard_names=kaggle)
+        # In shard order: by the name in the run's folder (train-00000-of-00004...), which every shard has.
+        for split, name, count, size, *rest in sorted(shard_stats, key=_shard_order):
             entry = {"file": name, "records": count, "bytes": size}
-            if index and index[0]:
-                entry["index"] = index[0]
+            index, temp = (list(rest) + ["", ""])[:2]  # older ShardInfos have neither
+            if index:
+                entry["index"] = index
+            if temp:
+                renamed[name] = temp
             shards[split].append(entry)
 
         splits = {}
@@ -179,7 +185,9 @@ class _WriteInfo(beam.DoFn):
             return
         # The previous dataset (if any) gives way to this run's shards, then the descriptions follow.
         publish_shards(self._output_dir, self._run_id,
-                       [s["file"] for s in all_shards] + [s["index"] for s in all_shards if "index" in s])
+                       [(renamed.get(s["file"], s["file"]), s["file"]) for s in all_shards]
+                       + [(index_name(renamed.get(s["file"], s["file"])), s["index"]) for s in all_shards
+                          if "index" in s])
         # Streamed from the side input, never held in memory: a messy folder may have millions.
         write_lines(join(ERRORS_FILE), (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections))
         write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
@@ -189,6 +197,13 @@ class _WriteInfo(beam.DoFn):
         remove_run_dir(self._output_dir, self._run_id)
         release_lock(self._output_dir, self._run_id)
         yield info
+
+
+def _shard_order(shard: tuple) -> tuple[str, str]:
+    """A ShardInfo's place in the dataset: its split and its name in the run's folder (its final name when the
+    same)."""
+    temp = shard[5] if len(shard) > 5 else ""
+    return shard[0], temp or shard[1]
 
 
 class DescribeDataset(beam.PTransform):

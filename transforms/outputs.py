@@ -3,14 +3,15 @@
 Layout of --output_dir while a run is going on:
 
     .image-tfrecords.lock                     who is writing here (one run at a time)
-    .image-tfrecords-tmp/<run id>/shards/     the run's shards, each written once under its final file name
+    .image-tfrecords-tmp/<run id>/shards/     the run's shards, each written once under its standard name
     <the previous complete dataset, if any>   untouched until this run has finished
 
 A run's files take their final names only when it publishes them, after every
 shard is written and counted: the previous dataset's files are removed, the new
-shards renamed into place, then labels.txt, features.json, errors.jsonl and, last,
-dataset_info.json. A folder without dataset_info.json therefore never holds a
-file named like a shard of a complete run, and `--overwrite` never loses the old
+shards renamed into place (under their Kaggle names with --shard_names=kaggle),
+then labels.txt, features.json, errors.jsonl and, last, dataset_info.json. A
+folder without dataset_info.json therefore never holds a file named like a shard
+of a complete run, and `--overwrite` never loses the old
 dataset before the new one is complete.
 
 Each run works in a folder of its own (its run id), and removes only that
@@ -46,15 +47,21 @@ TEMP_DIR = ".image-tfrecords-tmp"
 LOCK_FILE = ".image-tfrecords.lock"
 
 _SPLITS = "|".join(SPLITS)
-SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(?:\.gz)?")
-# --index_files: a shard's index for DALI and the tfrecord package, beside it (train-00000-of-00004.idx).
-INDEX_NAME = re.compile(r"(?:" + _SPLITS + r")-\d{5,}-of-\d{5,}\.idx")
+SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
+                        r"\.(?:tfrecord(?:\.gz)?|array_record)")
+# --shard_names=kaggle: the shard's index and record count, as Kaggle's notebooks count them (train00-2071.tfrec).
+KAGGLE_NAME = re.compile(r"(?P<split>" + _SPLITS + r")(?P<index>\d{2,})-(?P<records>\d+)"
+                         r"\.(?:tfrec(?:\.gz)?|array_record)")
+# --index_files: a shard's index for DALI and the tfrecord package, beside it (train-00000-of-00004.idx,
+# train00-2071.idx).
+INDEX_NAME = re.compile(r"(?:" + _SPLITS + r")(?:-\d{5,}-of-\d{5,}|\d{2,}-\d+)\.idx")
 _DESCRIPTIONS = "|".join(re.escape(name) for name in DESCRIPTION_FILES)
 # Beam's temporary folders of earlier versions of this tool, which wrote next to the shards.
 _BEAM_TEMP_DIR = r"beam-temp-(?:" + _SPLITS + "|" + re.escape(os.path.splitext(ERRORS_FILE)[0]) + r")-[0-9a-f]{32}"
 BEAM_TEMP_DIR = re.compile(_BEAM_TEMP_DIR)
 # The final names of a run's files: replaced when a new run publishes.
-_FINAL_NAME = re.compile(SHARD_NAME.pattern + "|" + INDEX_NAME.pattern + "|" + _DESCRIPTIONS)
+_FINAL_NAME = re.compile(re.sub(r"\?P<\w+>", "?:", "|".join([SHARD_NAME.pattern, KAGGLE_NAME.pattern,
+                                                             INDEX_NAME.pattern, _DESCRIPTIONS])))
 # Every name this tool writes, relative to --output_dir, except the lock. Nothing else there is ever
 # removed, also not names that merely look alike (train-notes.txt, beam-temp-mine/, .notes.tmp-1).
 _OWN_NAME = re.compile(
@@ -79,11 +86,15 @@ def relative_to(path: str, folder: str) -> str:
 
 
 def index_name(shard_file: str) -> str:
-    """The index file of a shard: its name without .tfrecord, plus .idx (train-00000-of-00004.idx).
+    """The index file of a shard: its name without .tfrecord (or .tfrec), plus .idx (train-00000-of-00004.idx).
 
     Not `<shard>.tfrecord.idx`: the shard glob `train-*.tfrecord*` would read it as a shard.
     """
-    stem = shard_file[:-len(".tfrecord")] if shard_file.endswith(".tfrecord") else shard_file
+    stem = shard_file
+    for suffix in (".tfrecord", ".tfrec"):
+        if shard_file.endswith(suffix):
+            stem = shard_file[:-len(suffix)]
+            break
     return stem + ".idx"
 
 
@@ -146,24 +157,28 @@ def remove_run_dir(output_dir: str, run_id: str) -> None:
             pass  # another run's folder (a leftover, or being deleted) is in it
 
 
-def publish_shards(output_dir: str, run_id: str, shard_files: list[str]) -> None:
+def publish_shards(output_dir: str, run_id: str, shard_files: list) -> None:
     """Replace the folder's previous dataset with this run's shards; the descriptions follow, by the caller.
 
-    `shard_files` names every file of the run's shards folder to publish: the shards and their index files.
+    `shard_files` names every file of the run's shards folder to publish (the
+    shards and their index files): a name, or a (name in the run's folder,
+    final name) pair for a file whose final name differs (--shard_names=kaggle).
+    Each file is renamed once, from the run's folder to its final name.
 
     dataset_info.json goes first, so that from here until the caller writes the
     new one, the folder is visibly incomplete.
     """
+    pairs = [(entry, entry) if isinstance(entry, str) else tuple(entry) for entry in shard_files]
     info = FileSystems.join(output_dir, INFO_FILE)
     if FileSystems.exists(info):
         FileSystems.delete([info])
-    new = set(shard_files)
+    new = {final for _, final in pairs}
     old = [p for p in final_outputs(output_dir) if relative_to(p, output_dir) not in new]
     if old:
         FileSystems.delete(old)
     source = shards_dir(output_dir, run_id)
     # A retried attempt of this step finds the files an earlier attempt renamed already in place.
-    moves = [(FileSystems.join(source, name), FileSystems.join(output_dir, name)) for name in shard_files]
+    moves = [(FileSystems.join(source, temp), FileSystems.join(output_dir, final)) for temp, final in pairs]
     moves = [(src, dst) for src, dst in moves if FileSystems.exists(src) or not FileSystems.exists(dst)]
     if moves:
         FileSystems.rename([src for src, _ in moves], [dst for _, dst in moves])

@@ -7,10 +7,13 @@ worker that holds the group and written to the shard's file as they come. No
 byte is written twice or read back: the shard's size and, with index files,
 its `offset length` index are known from the records as they are written.
 
-Shards are written under their final names in the run's own temporary
-folder; the dataset description publishes them into the output folder once
-every count is checked. A retried bundle writes the same shard again, whole,
+Shards are written under their standard names in the run's own temporary
+folder; the dataset description publishes them into the output folder, under
+their final names, once every count is checked. A final name can depend on
+what the shard holds (--shard_names=kaggle puts its record count in it), so
+ShardInfo carries both. A retried bundle writes the same shard again, whole,
 under the same name (a GCS object appears only once its upload completes).
+The file itself is TFRecord or ArrayRecord (`transforms.shardfiles`).
 """
 
 from __future__ import annotations
@@ -26,31 +29,26 @@ from transforms.convert import convert_in_order
 from transforms.imaging import ImageSettings
 from transforms.outputs import index_name, shards_dir
 from transforms.pool import ConversionPool, time_limit
+from transforms.shardfiles import ARRAY_RECORD, KAGGLE, STANDARD, TFRECORD, kaggle_name, open_writer, shard_name
 from transforms.sharding import ShardKey, rank_order
-from transforms.tfrecord import frame_record, record_offsets
+from transforms.tfrecord import record_offsets
 
-__all__ = ["REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "record_offsets",
-           "shard_name", "write_index"]
+__all__ = ["REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "kaggle_name",
+           "record_offsets", "shard_name", "write_index"]
 REJECTED = "rejected"
 WRITTEN = "written"
 
 
 class ShardInfo(NamedTuple):
-    """One final shard: its split, file name, record count, size in bytes and index file name ('' for none)."""
+    """One final shard: its split, final file name, record count, size in bytes, final index file name ('' for
+    none) and its file's name in the run's temporary folder ('' when the same as its final name)."""
 
     split: str
     file: str
     records: int
     bytes: int
     index: str = ""
-
-
-def shard_suffix(compression: str) -> str:
-    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
-
-
-def shard_name(split: str, index: int, count: int, compression: str) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}{shard_suffix(compression)}"
+    temp: str = ""
 
 
 def index_text(sizes: list[int]) -> str:
@@ -73,13 +71,15 @@ class _ConvertAndWrite(beam.DoFn):
     """(ShardKey, [ImageRef]) -> ShardInfo; Rejection on REJECTED; ((split, label, upscaled), records) on WRITTEN."""
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
-                 index_files: bool):
+                 index_files: bool, file_format: str = TFRECORD, shard_names: str = STANDARD):
         self._folder = folder
         self._settings = settings
         self._schema = schema
         self._threads = threads
         self._compression = compression
         self._index_files = index_files
+        self._file_format = file_format
+        self._shard_names = shard_names
         self._pool: ConversionPool | None = None
 
     def setup(self):
@@ -92,50 +92,52 @@ class _ConvertAndWrite(beam.DoFn):
     def process(self, element):
         key, refs = element
         key = ShardKey(*key)
-        name = shard_name(key.split, key.index, key.count, self._compression)
+        name = shard_name(key.split, key.index, key.count, self._compression, self._file_format)
         path = FileSystems.join(self._folder, name)
-        codec = CompressionTypes.GZIP if self._compression == "gzip" else CompressionTypes.UNCOMPRESSED
         written: Counter = Counter()  # (split, label, upscaled) -> records
-        sizes = []  # framed size of each record, in order
+        sizes = []  # size of each record in the file, in order
         ordered = sorted(refs, key=rank_order)  # one shard's references: thousands, not the dataset
-        with FileSystems.create(path, mime_type="application/octet-stream", compression_type=codec) as out:
-            for outcome in convert_in_order(self._pool, ordered, self._settings, self._schema):
-                if outcome.rejection is not None:
-                    yield beam.pvalue.TaggedOutput(REJECTED, outcome.rejection)
-                    continue
-                record = frame_record(outcome.example)
-                out.write(record)
-                sizes.append(len(record))
-                written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
-        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-        if codec == CompressionTypes.UNCOMPRESSED and size != sum(sizes):
-            raise OSError(f"{path} holds {size} bytes after writing {sum(sizes)}: the file system lost data; "
-                          "run the conversion again")
+        out = open_writer(path, self._file_format, self._compression)
+        for outcome in convert_in_order(self._pool, ordered, self._settings, self._schema):
+            if outcome.rejection is not None:
+                yield beam.pvalue.TaggedOutput(REJECTED, outcome.rejection)
+                continue
+            sizes.append(out.write(outcome.example))
+            written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
+        size = out.close()
+        final = name
+        if self._shard_names == KAGGLE:  # the record count is known now; the file is renamed when published
+            final = kaggle_name(key.split, key.index, key.count, len(sizes), self._compression, self._file_format)
         index = ""
         if self._index_files:
             index = index_name(name)
             write_index(self._folder, index, sizes)
         for tally, count in written.items():
             yield beam.pvalue.TaggedOutput(WRITTEN, (tally, count))
-        yield ShardInfo(key.split, name, len(sizes), size, index)
+        yield ShardInfo(key.split, final, len(sizes), size, index_name(final) if index else "",
+                        name if final != name else "")
 
 
 class WriteShards(beam.PTransform):
     """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection) and WRITTEN (tallies) on the side.
 
-    Shards are written to the run's own temporary folder under their final
-    names; the dataset description publishes them into `output_dir` once every
-    count is checked. With `index_files`, each shard's index file is written
-    beside it (uncompressed shards only).
+    Shards are written to the run's own temporary folder under their standard
+    names; the dataset description publishes them into `output_dir`, under
+    their final names, once every count is checked. With `index_files`, each
+    shard's index file is written beside it (uncompressed TFRecord shards only).
     """
 
     def __init__(self, output_dir: str, run_id: str, settings: ImageSettings, schema: str, threads: int,
-                 compression: str, index_files: bool = False):
+                 compression: str, index_files: bool = False, file_format: str = TFRECORD,
+                 shard_names: str = STANDARD):
         super().__init__()
-        if index_files and compression != "none":
-            raise ValueError("index files hold byte offsets into uncompressed shards: not with compression")
+        if index_files and (compression != "none" or file_format != TFRECORD):
+            raise ValueError("index files hold byte offsets into uncompressed TFRecord shards: not with "
+                             "compression or another file format")
+        if file_format == ARRAY_RECORD and compression != "none":
+            raise ValueError("ArrayRecord shards are not gzip-compressed")
         self._fn = _ConvertAndWrite(shards_dir(output_dir, run_id), settings, schema, threads, compression,
-                                    index_files)
+                                    index_files, file_format, shard_names)
 
     def expand(self, placed):
         return (
