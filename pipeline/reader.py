@@ -268,7 +268,7 @@ def make_dataset(
     By default each element is a dict of every field (see `parse_example`).
     With `supervised`, it is an `(image, label)` tuple instead, which Keras'
     `model.fit` takes as (inputs, targets). `one_hot` makes the label a float32
-    vector of `num_classes` (from dataset_info.json), for
+    vector of `num_classes` (from image_tfrecords.json), for
     `categorical_crossentropy`; without it the label is the int64 class id, for
     `sparse_categorical_crossentropy`. `scale` makes the image float32 in
     [0, 1] (pixel / 255) instead of uint8 0-255.

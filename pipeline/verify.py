@@ -6,10 +6,10 @@
 Every shard is read back record by record (TFRecord CRCs), every Example is
 parsed with the reader helper's feature spec and, unless --no_decode, every
 image is decoded as a training job would decode it. Counts are compared with
-dataset_info.json per shard, per split and per class, and the files section
+image_tfrecords.json per shard, per split and per class, and the files section
 must satisfy found = written + rejected + skipped, with one errors.jsonl line
 per rejected or skipped file. Every file in the folder that a shard glob
-(`<split>-*.tfrecord*`) matches but dataset_info.json does not list is a problem:
+(`<split>-*.tfrecord*`) matches but image_tfrecords.json does not list is a problem:
 a reader that globs would read it. A dataset of 0 records is a problem too.
 A record that is not an Example is named and reading goes on.
 Index files (--index_files) must match their shards line for line: a missing,
@@ -270,13 +270,13 @@ class Report:
 
 
 def load_info(dataset_dir: str) -> dict:
-    """dataset_info.json read through Beam's file systems, checked by reader.load_info.
+    """image_tfrecords.json read through Beam's file systems, checked by reader.load_info.
 
     Beam's GCS client, unlike TensorFlow's, is the one every other step of this
     tool uses (credentials, STORAGE_EMULATOR_HOST).
 
     Raises:
-        DatasetError: when there is no complete dataset there, or its dataset_info.json is malformed.
+        DatasetError: when there is no complete dataset there, or its image_tfrecords.json is malformed.
     """
     return reader.load_info(dataset_dir, read_text=_read_text)
 
@@ -289,7 +289,7 @@ def _read_text(path: str) -> str | None:
 
 
 def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
-    """labels.txt's lines, which must be dataset_info.json's class names; falls back to those names."""
+    """labels.txt's lines, which must be image_tfrecords.json's class names; falls back to those names."""
     class_names = list(info.get("class_names", []))
     text = _read_text(_join(dataset_dir, LABELS_FILE))
     if text is None:
@@ -431,7 +431,7 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
 
 
 def _nothing_written(info: dict) -> str:
-    """Why a dataset holds no records, as dataset_info.json's files section tells it."""
+    """Why a dataset holds no records, as image_tfrecords.json's files section tells it."""
     found = info.get("files", {}).get("found")
     why = (f"every one of the {found} files found was rejected or skipped (see {ERRORS_FILE} for each file's "
            "reason); fix the input" if found else "no image file was found in the input; check --input_dir")
@@ -530,10 +530,10 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
 
 
 def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None) -> Report:
-    """Read a whole dataset back and compare it with its dataset_info.json.
+    """Read a whole dataset back and compare it with its image_tfrecords.json.
 
     Raises:
-        DatasetError: when `dataset_dir` holds no dataset_info.json (not a complete dataset).
+        DatasetError: when `dataset_dir` holds no image_tfrecords.json (not a complete dataset).
     """
     info = load_info(dataset_dir)
     report = Report(dataset_dir, decoded=decode)
@@ -564,7 +564,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.verify",
-        description="Check a converted dataset against its dataset_info.json. Exit code 0: everything matches; "
+        description="Check a converted dataset against its image_tfrecords.json. Exit code 0: everything matches; "
                     "1: problems (listed one per line); 2: not a complete dataset.")
     parser.add_argument("dataset_dir", help="the dataset folder (--output_dir of the conversion), local or gs://")
     parser.add_argument("--no_decode", action="store_true",

@@ -164,7 +164,7 @@ def test_benchmark_stops_at_a_flipped_byte_naming_it(tmp_path, capsys):
                                 "or convert it again")
 
 
-# ---- files a shard glob reads but image_tfrecords.json does not list ---------------------------------------------------
+# ---- files a shard glob reads but image_tfrecords.json does not list ------------------------------------------------
 
 @pytest.mark.timeout(120)
 def test_verify_flags_every_file_the_shard_glob_reads_but_the_metadata_does_not_list(tmp_path, capsys):

@@ -244,7 +244,8 @@ def test_verify_catches_a_short_or_missing_index(indexed, capsys):
     assert code == 1
     records = len(rows)
     assert problems == [
-        "problem: train-00001-of-00002.idx: listed in image_tfrecords.json as the index of train-00001-of-00002.tfrecord "
+        "problem: train-00001-of-00002.idx: listed in image_tfrecords.json as the index of "
+        "train-00001-of-00002.tfrecord "
         "but missing; convert again with --index_files (or rebuild it with tfrecord2idx)",
         f"problem: validation-00001-of-00002.idx: {records - 1} lines, but validation-00001-of-00002.tfrecord holds "
         f"{records} records: a wrong or stale index; convert again with --index_files (or rebuild it with "
@@ -256,7 +257,8 @@ def test_verify_catches_an_index_whose_shard_is_not_in_the_dataset(indexed, caps
     (indexed / "my-notes.idx").write_text("not this tool's name: not its business")
     code, problems = verify_lines(indexed, capsys)
     assert code == 1
-    assert problems == ["problem: train-00002-of-00003.idx: an index file, but its shard is not in image_tfrecords.json "
+    assert problems == ["problem: train-00002-of-00003.idx: an index file, but its shard is not in "
+                        "image_tfrecords.json "
                         "(a stale index from another run?): remove it"]
 
 

@@ -11,7 +11,7 @@ With these files `tfds.builder_from_directory(output_dir)` loads the dataset as 
     <label>.labels.txt      the `ClassLabel`'s names (label.labels.txt, or image-class-label.labels.txt
                             for --schema=tf_slim)
 
-The formats are TFDS 4.x's (`DatasetInfo.write_to_directory`, `FeatureConnector.to_json`); the tests
+The formats are TFDS 4.x's (`DatasetInfo.write_to_directory`, `FeatureConnector.save_config`); the tests
 load what these functions write with TFDS itself. TFDS reads uncompressed shards named by a template
 only: for gzip shards, or names it cannot template, `tfds_files` gives no files and the reason why.
 """
@@ -41,7 +41,7 @@ _CLASSES = {
 
 
 def _leaf(field_name: str, dtype: str, image_info: dict, num_classes: int) -> dict:
-    """One feature's config, as `FeatureConnector.to_json_content` gives it."""
+    """One feature's config, as `FeatureConnector.to_proto` gives it in JSON."""
     if field_name == "image":
         height, width = image_info.get("height"), image_info.get("width")
         fixed = image_info.get("fixed_size") and height and width
@@ -89,11 +89,10 @@ def _features_content(tree: dict, image_info: dict, num_classes: int) -> dict:
 
 
 def features_json(schema: str, image_info: dict, num_classes: int) -> dict:
-    """TFDS's features.json: the top-level FeaturesDict of the written keys."""
+    """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`."""
     return {
-        "type": _CLASSES["dict"],
-        "content": _features_content(_nest(schema), image_info, num_classes),
-        "proto_cls": "tensorflow_datasets.FeaturesDict",
+        "pythonClassName": _CLASSES["dict"],
+        "featuresDict": _features_content(_nest(schema), image_info, num_classes),
     }
 
 
@@ -157,7 +156,7 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
         return {}, why_not
     return {
         labels_file(schema): "".join(f"{name}\n" for name in class_names),
-        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names)), indent=2) + "\n",
+        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names)), indent=4, sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
     }, None
 
