@@ -14,7 +14,8 @@ a reader that globs would read it. A dataset of 0 records is a problem too.
 A record that is not an Example is named and reading goes on.
 Index files (--index_files) must match their shards line for line: a missing,
 wrong or stale index is a problem, and so is an index named like one of this
-tool's whose shard is not in the dataset.
+tool's whose shard is not in the dataset. TFDS's files (dataset_info.json,
+features.json, label.labels.txt) must say what image_tfrecords.json says.
 
 Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
 --no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded
@@ -44,6 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import reader
 from pipeline.cli import main_of
 from pipeline.quiet import import_tensorflow
+from transforms import tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, SHARD_NAME, index_name
@@ -529,6 +531,43 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
                                        f"{INFO_FILE} says {listed_reasons[stage][reason]}")
 
 
+def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
+    """TFDS's files (dataset_info.json, features.json, <label>.labels.txt) must say what image_tfrecords.json says.
+
+    A folder of format version 1 has none; a folder whose shards TFDS cannot read has none either.
+    """
+    if "tfds" not in info:
+        return
+    try:
+        expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
+                                               info["compression"])
+    except (KeyError, TypeError, ValueError):
+        return  # a malformed splits section: _check_shard_files and _check_counts name it
+    redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
+    for name, text in expected.items():
+        found = _read_text(_join(dataset_dir, name))
+        if found is None:
+            report.problems.append(f"{name}: missing, but {INFO_FILE} lists it among TFDS's files; {redo}")
+            continue
+        if name == tfds_metadata.TFDS_INFO_FILE:
+            try:
+                found_info = json.loads(found)
+            except ValueError:
+                found_info = None
+            want = json.loads(text)
+            differ = ([key for key in want if key != "description" and found_info.get(key) != want[key]]
+                      if isinstance(found_info, dict) else ["the whole file"])
+            if differ:
+                report.problems.append(f"{name}: its {', '.join(differ)} differ from the splits and keys in "
+                                       f"{INFO_FILE} (TFDS reads its shard lengths from it); {redo}")
+        elif name.endswith(tfds_metadata.LABELS_SUFFIX):
+            if found.splitlines() != text.splitlines():
+                report.problems.append(f"{name}: TFDS's class names differ from {LABELS_FILE}; {redo}")
+        elif found != text:
+            report.problems.append(f"{name}: TFDS's features differ from the keys and image size in {INFO_FILE}; "
+                                   f"{redo}")
+
+
 def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None) -> Report:
     """Read a whole dataset back and compare it with its image_tfrecords.json.
 
@@ -540,6 +579,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     labels = _check_labels(dataset_dir, info, report)
     to_read = _check_shard_files(dataset_dir, info, report)
     _check_index_files(dataset_dir, info, report)
+    _check_tfds_files(dataset_dir, info, report)
     checker = _RecordChecker(info, labels, decode)
     # A few shards at a time: tf.data already decodes each chunk on every core; more threads would only
     # overlap reading (GCS latency) and hold more chunks in memory.

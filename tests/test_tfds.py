@@ -260,3 +260,42 @@ def test_a_folder_of_format_version_1_is_read_verified_and_replaced(converted, t
     import tensorflow_datasets as tfds
 
     assert tfds.builder_from_directory(str(old)).info.splits["train"].num_examples == 4
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda d: (d / "label.labels.txt").unlink(),
+     "label.labels.txt: missing, but image_tfrecords.json lists it among TFDS's files; tfds.builder_from_directory "
+     "would not load the folder as it is; convert again"),
+    (lambda d: (d / "dataset_info.json").write_text(
+        (d / "dataset_info.json").read_text().replace('"shardLengths": [\n        "', '"shardLengths": [\n        "1')),
+     "dataset_info.json: its splits differ from the splits and keys in image_tfrecords.json (TFDS reads its shard "
+     "lengths from it); tfds.builder_from_directory would not load the folder as it is; convert again"),
+    (lambda d: (d / "features.json").write_text((d / "features.json").read_text().replace('"16"', '"32"')),
+     "features.json: TFDS's features differ from the keys and image size in image_tfrecords.json; "
+     "tfds.builder_from_directory would not load the folder as it is; convert again"),
+    (lambda d: (d / "label.labels.txt").write_text("a\nb\nc\nd\n"),
+     "label.labels.txt: TFDS's class names differ from labels.txt; tfds.builder_from_directory would not load the "
+     "folder as it is; convert again"),
+])
+def test_verify_checks_the_tfds_files(converted, tmp_path, damage, problem):
+    from pipeline import verify
+
+    _, out = converted
+    assert verify.verify_dataset(str(out), decode=False).problems == []
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    damage(copy)
+    assert verify.verify_dataset(str(copy), decode=False).problems == [problem]
+
+
+def test_the_description_step_needs_no_tensorflow():
+    """Dataflow workers have neither TensorFlow nor TFDS: writing TFDS's files imports neither."""
+    import subprocess
+    import sys
+
+    code = ("import sys, transforms.describe, transforms.tfds_metadata, transforms.outputs; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
