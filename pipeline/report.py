@@ -92,4 +92,6 @@ def format_summary(info: dict) -> str:
         f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
         f"{info['num_classes']} classes; labels in labels.txt."
     )
+    if (info.get("tfds") or {}).get("note"):  # TFDS cannot load this folder: say why, once
+        lines.append(f"Note: no TFDS files written: {info['tfds']['note']}.")
     return "\n".join(lines)

@@ -173,7 +173,7 @@ def test_tf_slim_schema_loads_as_nested_features(tmp_path):
         assert e["image"]["encoded"].shape == (e["image"]["height"], e["image"]["width"], 3) == (12, 8, 3)
 
 
-def test_gzip_shards_get_no_tfds_files_and_say_why(tmp_path):
+def test_gzip_shards_get_no_tfds_files_and_say_why(tmp_path, capsys):
     """TFDS 4.9 reads TFRecord shards uncompressed only: no TFDS files, and image_tfrecords.json says why."""
     import tensorflow_datasets as tfds
 
@@ -182,9 +182,10 @@ def test_gzip_shards_get_no_tfds_files_and_say_why(tmp_path):
     assert convert(src, out, "--compression=gzip", "--image_size=8") == 0
     info = _info(out)
     assert info["tfds"]["files"] == []
-    assert info["tfds"]["note"] == ("TFDS reads uncompressed TFRecord shards only, and these are gzip-compressed: "
-                                    "convert with --compression=none to load the folder with "
-                                    "tfds.builder_from_directory")
+    note = ("TFDS reads uncompressed TFRecord shards only, and these are gzip-compressed: convert with "
+            "--compression=none to load the folder with tfds.builder_from_directory")
+    assert info["tfds"]["note"] == note
+    assert capsys.readouterr().out.splitlines()[-1] == f"Note: no TFDS files written: {note}."
     assert not (out / "dataset_info.json").exists() and not (out / "features.json").exists()
     with pytest.raises(Exception, match="Could not read dataset info from .*dataset_info.json"):
         tfds.builder_from_directory(str(out))
