@@ -300,3 +300,25 @@ def test_the_description_step_needs_no_tensorflow():
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_readme_tfds_example_runs(converted, monkeypatch, capsys):
+    """The README's TFDS example, run as written in a folder holding its tfrecords/ dataset."""
+    import re
+    import textwrap
+
+    from tests.conftest import REPO
+
+    _, out = converted
+    readme = open(f"{REPO}/README.md").read()
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+              if "builder_from_directory" in b]
+    assert len(blocks) == 1, "the README should have one python example with tfds.builder_from_directory"
+    monkeypatch.chdir(out.parent)
+    capsys.readouterr()
+    exec(compile(blocks[0], "README.md", "exec"), {})
+    info = _info(out)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"{info['splits']['train']['records']} {info['class_names']}"
+    shape, name = printed[1].split(") ")
+    assert shape == f"({SIZE}, {SIZE}, 3" and name in info["class_names"]
