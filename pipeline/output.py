@@ -105,7 +105,15 @@ def existing_dataset(settings: Settings) -> str | None:
     files = info.get("files") or {}
     return (f"{settings.output_dir} already holds a complete dataset made with the same options "
             f"({files.get('written', '?')} images, created {info.get('created', '?')}); nothing to do "
-            "(--if_exists=skip)")
+            "(--if_exists=skip)" + _older_format(info))
+
+
+def _older_format(info: dict) -> str:
+    """What a dataset of format version 1 lacks, for the --if_exists=skip message."""
+    if info.get("format_version") != 1:
+        return ""
+    return ("; it is of format version 1, without TensorFlow Datasets' files: --if_exists=overwrite converts it "
+            "again so that tfds.builder_from_directory loads it")
 
 
 def why_stale(holder: dict, options: PipelineOptions) -> str | None:

@@ -12,6 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.sample_data import generate_dataset
 from tests.conftest import convert
@@ -19,6 +20,7 @@ from tests.test_pipeline import write_tiny_tree
 from transforms import tfds_metadata
 
 SIZE = 16
+CONVERTED_WITH = (f"--image_size={SIZE}", "--validation_split=0.25", "--num_shards=2")
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -40,7 +42,7 @@ def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("tfds")
     generate_dataset(str(root / "in"), images_per_class=8, seed=3, min_side=24, max_side=48)
     out = root / "tfrecords"
-    assert convert(root / "in", out, f"--image_size={SIZE}", "--validation_split=0.25", "--num_shards=2") == 0
+    assert convert(root / "in", out, *CONVERTED_WITH) == 0
     return root / "in", out
 
 
@@ -243,6 +245,11 @@ def test_a_folder_of_format_version_1_is_read_verified_and_replaced(converted, t
     (old / "dataset_info.json").write_text(json.dumps(version_1, indent=2))
     (old / "features.json").write_text(json.dumps(info["features"], indent=2))
 
+    import tensorflow_datasets as tfds
+
+    # TFDS cannot read it (docs/troubleshooting.md names this error): convert again.
+    with pytest.raises(Exception, match='has no field named "format_version"'):
+        tfds.builder_from_directory(str(old))
     assert reader.load_info(str(old))["format_version"] == 1
     assert len(list(reader.make_dataset(str(old), "train").as_numpy_iterator())) == info["splits"]["train"]["records"]
     assert verify.run([str(old)]) == 0
@@ -255,11 +262,18 @@ def test_a_folder_of_format_version_1_is_read_verified_and_replaced(converted, t
     with pytest.raises(UserError, match=r"already holds a dataset \(dataset_info.json\): pass --if_exists=overwrite"):
         convert(source, old, "--image_size=8")
     assert json.loads((old / "dataset_info.json").read_text())["format_version"] == 1
+    # --if_exists=skip accepts it when made with the same options, and says what it lacks.
+    from pipeline.options import validate
+    from pipeline.output import existing_dataset
+
+    settings = validate(PipelineOptions([f"--input_dir={info['options']['input_dir']}", f"--output_dir={old}",
+                                         "--if_exists=skip", *CONVERTED_WITH]))
+    assert existing_dataset(settings).endswith(
+        "nothing to do (--if_exists=skip); it is of format version 1, without TensorFlow Datasets' files: "
+        "--if_exists=overwrite converts it again so that tfds.builder_from_directory loads it")
     # --overwrite replaces it with a dataset of this version, which TFDS loads.
     assert convert(source, old, "--image_size=8", "--overwrite") == 0
     assert _info(old)["format_version"] == 2
-    import tensorflow_datasets as tfds
-
     assert tfds.builder_from_directory(str(old)).info.splits["train"].num_examples == 4
 
 
