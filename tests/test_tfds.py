@@ -6,6 +6,7 @@ typed features, records, labels and pixels are checked against what was written.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -336,3 +337,61 @@ def test_readme_tfds_example_runs(converted, monkeypatch, capsys):
     assert printed[0] == f"{info['splits']['train']['records']} {info['class_names']}"
     shape, name = printed[1].split(") ")
     assert shape == f"({SIZE}, {SIZE}, 3" and name in info["class_names"]
+
+
+def test_array_record_shards_get_tfds_s_array_record_format():
+    """--file_format=array_record's shards (train-00000-of-00002.array_record): TFDS's file format and template."""
+    splits = {"train": {"shards": [{"file": f"train-0000{i}-of-00002.array_record", "records": 3, "bytes": 100}
+                                   for i in range(2)]}}
+    assert tfds_metadata.unsupported(splits, "none") is None
+    info = tfds_metadata.dataset_info_json(splits, "default")
+    assert info["fileFormat"] == "array_record"
+    assert info["splits"] == [{"name": "train", "shardLengths": ["3", "3"], "numBytes": "200",
+                               "filepathTemplate": "{SPLIT}-{SHARD_X_OF_Y}.array_record"}]
+
+
+def test_array_record_shards_load_as_a_tfds_data_source(converted, tmp_path):
+    """The same records in ArrayRecord shards (as --file_format=array_record names them) with our metadata:
+    TFDS opens them as a random-access data source (as_dataset is TFRecord-only in TFDS 4.9)."""
+    pytest.importorskip("array_record")
+    import tensorflow_datasets as tfds
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from PIL import Image as PILImage
+
+    from transforms.examples import Example
+    from transforms.tfrecord import iter_records
+
+    _, out = converted
+    info = _info(out)
+    splits, records = {}, []
+    for split, split_info in info["splits"].items():
+        shards = []
+        for shard in split_info["shards"]:
+            name = shard["file"].replace(".tfrecord", ".array_record")
+            writer = ArrayRecordWriter(str(tmp_path / name), "group_size:1")
+            rows = list(iter_records(str(out / shard["file"])))
+            for row in rows:
+                writer.write(row)
+            writer.close()
+            records += rows if split == "train" else []
+            shards.append({"file": name, "records": len(rows), "bytes": (tmp_path / name).stat().st_size})
+        splits[split] = {"shards": shards}
+    files, why_not = tfds_metadata.tfds_files(splits, info["schema"], info["image"], info["class_names"], "none")
+    assert why_not is None
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    builder = tfds.builder_from_directory(str(tmp_path))
+    source = builder.as_data_source(split="train")
+    assert len(source) == info["splits"]["train"]["records"] == len(records)
+    # {source_path: (label, JPEG bytes)} of what was written. TFDS's data source decodes with PIL (TensorFlow's
+    # decoder rounds JPEG's colour conversion differently), so the pixels are compared with PIL's decode.
+    written = {}
+    for raw in records:
+        feature = Example.FromString(raw).features.feature
+        written[feature["source_path"].bytes_list.value[0].decode()] = (
+            feature["label"].int64_list.value[0], feature["image"].bytes_list.value[0])
+    for i in (0, len(source) - 1, len(source) // 2):  # random access
+        example = source[i]
+        label, encoded = written[example["source_path"].decode()]
+        assert example["label"] == label
+        np.testing.assert_array_equal(example["image"], np.asarray(PILImage.open(io.BytesIO(encoded)).convert("RGB")))

@@ -29,6 +29,8 @@ DATASET_NAME = "image_tfrecords"
 DATASET_VERSION = "1.0.0"
 # TFDS's variables: {SPLIT} and {SHARD_X_OF_Y} (00000-of-00004), as this tool names its shards.
 SHARD_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.tfrecord"
+# TFDS's file formats (its FileFormat names), by the shards' extension: TFRecord, and ArrayRecord.
+FILE_FORMATS = {"tfrecord": "tfrecord", "array_record": "array_record"}
 
 _PREFIX = "tensorflow_datasets.core.features."
 _CLASSES = {
@@ -102,8 +104,20 @@ def labels_file(schema: str) -> str:
     return key.replace("/", "-") + LABELS_SUFFIX
 
 
-def _template_name(split: str, index: int, count: int) -> str:
-    return SHARD_TEMPLATE.format(SPLIT=split, SHARD_X_OF_Y=f"{index:05d}-of-{count:05d}")
+def file_format(splits: dict) -> str:
+    """The shards' extension (tfrecord, array_record): the first shard's; tfrecord when there is none."""
+    for info in splits.values():
+        for shard in info["shards"]:
+            return shard["file"].rpartition(".")[2]
+    return "tfrecord"
+
+
+def shard_template(extension: str = "tfrecord") -> str:
+    return SHARD_TEMPLATE.replace(".tfrecord", "." + extension)
+
+
+def _template_name(split: str, index: int, count: int, extension: str) -> str:
+    return shard_template(extension).format(SPLIT=split, SHARD_X_OF_Y=f"{index:05d}-of-{count:05d}")
 
 
 def unsupported(splits: dict, compression: str) -> str | None:
@@ -111,31 +125,36 @@ def unsupported(splits: dict, compression: str) -> str | None:
     if compression != "none":
         return (f"TFDS reads uncompressed TFRecord shards only, and these are {compression}-compressed: "
                 "convert with --compression=none to load the folder with tfds.builder_from_directory")
+    extension = file_format(splits)
+    if extension not in FILE_FORMATS:
+        extension = "tfrecord"  # the message below shows the names TFDS would find
+    template = shard_template(extension)
     for split, info in splits.items():
         names = [shard["file"] for shard in info["shards"]]
-        expected = [_template_name(split, i, len(names)) for i in range(len(names))]
+        expected = [_template_name(split, i, len(names), extension) for i in range(len(names))]
         if names != expected:
-            return (f"TFDS finds shards by the template {SHARD_TEMPLATE} (e.g. {expected[0] if expected else '-'}), "
-                    f"and split {split!r} has other names ({names[0]}): convert with the default shard names "
-                    "to load the folder with tfds.builder_from_directory")
+            return (f"TFDS finds shards by the template {template} (e.g. {expected[0] if expected else '-'}), "
+                    f"and split {split!r} has other names ({names[0] if names else 'none'}): convert with the "
+                    "default shard names to load the folder with tfds.builder_from_directory")
     return None
 
 
 def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
     """TFDS's dataset_info.json (the DatasetInfo proto in JSON), for splits as image_tfrecords.json lists them."""
     keys = SCHEMAS[schema]
+    extension = file_format(splits)
     info = {
         "name": DATASET_NAME,
         "version": DATASET_VERSION,
         "description": description,
-        "fileFormat": "tfrecord",
+        "fileFormat": FILE_FORMATS.get(extension, "tfrecord"),
         "moduleName": "image_tfrecords",
         "splits": [
             {
                 "name": split,
                 "shardLengths": [str(shard["records"]) for shard in info["shards"]],
                 "numBytes": str(sum(shard["bytes"] for shard in info["shards"])),
-                "filepathTemplate": SHARD_TEMPLATE,
+                "filepathTemplate": shard_template(extension),
             }
             for split, info in splits.items()
         ],
