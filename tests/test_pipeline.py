@@ -89,7 +89,7 @@ def test_summary_and_error_report(sample_output):
     features = json.loads((sample_output / "image_tfrecords.json").read_text())["features"]
     assert set(features) == {"image", "label", "class_name", "height", "width", "source_path"}
     tfds_features = json.loads((sample_output / "features.json").read_text())  # TFDS's (tests/test_tfds.py)
-    assert set(tfds_features["content"]["features"]) == set(features)
+    assert set(tfds_features["featuresDict"]["features"]) == set(features)
 
 
 def test_bad_and_odd_files_are_reported_and_counted(tmp_path):
