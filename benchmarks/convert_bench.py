@@ -135,7 +135,7 @@ def measure_pipeline(input_dir: str, output_dir: str, extra: list[str], module: 
     elapsed = time.perf_counter() - start
     if process.returncode:
         raise SystemExit(f"pipeline failed ({process.returncode}):\n{stderr[-3000:]}")
-    with open(os.path.join(output_dir, "dataset_info.json")) as f:
+    with open(os.path.join(output_dir, "image_tfrecords.json")) as f:
         info = json.load(f)
     written = info["files"]["written"]
     return {"images": written, "seconds": elapsed, "images_per_second": written / elapsed,

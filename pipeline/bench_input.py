@@ -79,7 +79,7 @@ def _file_sizes(files: list[str], expected: dict[str, int] | None = None) -> lis
 
 
 def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | None = None) -> Source:
-    """The shards of one split of a converted dataset, described by its dataset_info.json.
+    """The shards of one split of a converted dataset, described by its image_tfrecords.json.
 
     `image_size` (height, width) resizes the images; by default they keep the
     dataset's fixed size, and a dataset of varying sizes needs one.

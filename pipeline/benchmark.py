@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("dataset", nargs="?", default=None, metavar="DATASET_DIR",
         help="A converted dataset (the --output_dir of pipeline.main), local or gs://, as for verify and preview; "
-             "its dataset_info.json names the shards, keys and image size. This (or --dataset_dir) or "
+             "its image_tfrecords.json names the shards, keys and image size. This (or --dataset_dir) or "
              "--file_pattern is required.")
     add("--dataset_dir", default=None,
         help="The same as the DATASET_DIR argument. Default: none.")
@@ -135,7 +135,7 @@ def validate(args: argparse.Namespace) -> Settings:
                         "--file_pattern='GLOB' (any TFRecords), not both and not neither")
     if args.dataset_dir and (args.schema or args.image_key or args.label_key is not None):
         raise UserError("--schema, --image_key and --label_key are for --file_pattern; with --dataset_dir the "
-                        "keys come from dataset_info.json")
+                        "keys come from image_tfrecords.json")
     for name in ("batch_size", "epochs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}={getattr(args, name)} must be at least 1")

@@ -16,6 +16,6 @@ def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> i
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; no dataset_info.json was written, so run the same command again",
+        print("error: interrupted; no image_tfrecords.json was written, so run the same command again",
               file=sys.stderr)
         return 130

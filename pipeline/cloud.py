@@ -358,7 +358,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str) -
     print(f"Submitted Dataflow job {cloud.job_name} ({job_id}) for run {run_id}.")
     print("\n".join(job_links(options, job_id)), flush=True)
     if options.view_as(ConvertOptions).no_wait or os.environ.get(FLEX_TEMPLATE_ENV):
-        print(f"Not waiting for the job; dataset_info.json appears in {settings.output_dir} when it succeeds.")
+        print(f"Not waiting for the job; image_tfrecords.json appears in {settings.output_dir} when it succeeds.")
         return 0
     print("Waiting for the job to finish (Ctrl-C stops waiting, not the job; --no_wait skips this).", flush=True)
     try:

@@ -11,7 +11,7 @@ class UserError(Exception):
 
 
 class DatasetError(UserError):
-    """A dataset folder that cannot be read: no dataset_info.json, missing or corrupt shards."""
+    """A dataset folder that cannot be read: no image_tfrecords.json, missing or corrupt shards."""
 
 
 class OutOfSpace(UserError):

@@ -49,7 +49,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "<input_dir>/<split>/<class>/<image> with split folders train/, validation/ (or val/), test/. "
              "Required.")
     add("--output_dir", default=None, **required,
-        help="Folder for the TFRecord shards and dataset_info.json, local or gs://. {date} and {timestamp} in "
+        help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "
              "--run_date sets the date. Required.")
     add("--run_date", default=None,

@@ -75,7 +75,7 @@ class Settings:
         return self.if_exists == "overwrite"
 
     def as_dict(self) -> dict:
-        """The options as recorded in dataset_info.json."""
+        """The options as recorded in image_tfrecords.json."""
         image = self.image
         return {
             "input_dir": self.input_dir,
@@ -134,7 +134,7 @@ def parse_num_shards(text) -> dict[str, int]:
 
 
 def format_num_shards(counts: dict[str, int]):
-    """How dataset_info.json records --num_shards: 0, a number for train alone, or 'train=64,validation=8'."""
+    """How image_tfrecords.json records --num_shards: 0, a number for train alone, or 'train=64,validation=8'."""
     if not counts:
         return 0
     if set(counts) == {"train"}:

@@ -30,10 +30,10 @@ from pipeline.errors import UserError
 from pipeline.options import Settings
 from transforms.outputs import (
     BEAM_TEMP_DIR,
-    INFO_FILE,
     TEMP_DIR,
     LockHeld,
     acquire_lock,
+    completion_marker,
     final_outputs,
     is_local,
     local_holder_alive,
@@ -50,9 +50,12 @@ LAUNCH_GRACE_S = 15 * 60
 
 
 def read_existing_info(output_dir: str) -> dict | None:
-    """The output folder's dataset_info.json, None when there is none (or it is unreadable)."""
-    path = FileSystems.join(output_dir, INFO_FILE)
-    if not FileSystems.exists(path):
+    """The output folder's image_tfrecords.json (or version 1's dataset_info.json), None when there is none.
+
+    {} when it is unreadable.
+    """
+    path = completion_marker(output_dir)
+    if path is None:
         return None
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:
@@ -89,7 +92,8 @@ def existing_dataset(settings: Settings) -> str | None:
     info = read_existing_info(settings.output_dir)
     if info is None or settings.if_exists == "overwrite":
         return None
-    where = f"--output_dir {settings.output_dir} already holds a dataset ({INFO_FILE})"
+    marker = os.path.basename(completion_marker(settings.output_dir) or "")
+    where = f"--output_dir {settings.output_dir} already holds a dataset ({marker})"
     if settings.if_exists == "refuse":
         raise UserError(f"{where}: pass --if_exists=overwrite (or --overwrite) to replace it, --if_exists=skip to "
                         "accept it when it was made with the same options, or choose another folder")
@@ -101,7 +105,15 @@ def existing_dataset(settings: Settings) -> str | None:
     files = info.get("files") or {}
     return (f"{settings.output_dir} already holds a complete dataset made with the same options "
             f"({files.get('written', '?')} images, created {info.get('created', '?')}); nothing to do "
-            "(--if_exists=skip)")
+            "(--if_exists=skip)" + _older_format(info))
+
+
+def _older_format(info: dict) -> str:
+    """What a dataset of format version 1 lacks, for the --if_exists=skip message."""
+    if info.get("format_version") != 1:
+        return ""
+    return ("; it is of format version 1, without TensorFlow Datasets' files: --if_exists=overwrite converts it "
+            "again so that tfds.builder_from_directory loads it")
 
 
 def why_stale(holder: dict, options: PipelineOptions) -> str | None:
@@ -211,7 +223,7 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
     """
     if dry_run:
         return OldOutputs([])
-    complete = FileSystems.exists(FileSystems.join(settings.output_dir, INFO_FILE))
+    complete = completion_marker(settings.output_dir) is not None
     keep = set(final_outputs(settings.output_dir)) if complete else set()
     mine = run_dir(settings.output_dir, run_id)
     stale = [p for p in own_outputs(settings.output_dir) if p not in keep and not p.startswith(mine + "/")]

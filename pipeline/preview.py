@@ -135,7 +135,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
     schema = info["schema"]
     label_key = SCHEMAS[schema]["label"][0]
-    # dataset_info.json says how many images each class has here: stop as soon as all of them are found.
+    # image_tfrecords.json says how many images each class has here: stop as soon as all of them are found.
     counts = info["splits"][split].get("class_counts", {})
     wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
     chosen: dict[int, list] = {label: [] for label in wanted}
@@ -275,7 +275,7 @@ def class_chart(info: dict):
                 ax.bar_label(bars, fontsize=8, padding=2)
     if many:
         ax.set_xticks([])
-        ax.set_xlabel(f"{len(names)} classes, sorted by count (names and counts in dataset_info.json)")
+        ax.set_xlabel(f"{len(names)} classes, sorted by count (names and counts in image_tfrecords.json)")
     else:
         ax.set_xticks(x, [f"{i} {names[i]}" for i in order], rotation=45 if len(names) > 6 else 0, ha="right"
                       if len(names) > 6 else "center")

@@ -180,7 +180,7 @@ def progress_line(done: int, total: int, rate: float) -> str:
             left = (total - done) / rate
             line += ", under 1 s left" if left < 1 else f", about {format_duration(left)} left"
     if total and done >= total:
-        line += "; writing shards and dataset_info.json"
+        line += "; writing shards and image_tfrecords.json"
     return line
 
 

@@ -4,7 +4,7 @@
     ds = reader.make_dataset("tfrecords/", "train", batch_size=128)   # {'image': uint8[B,H,W,3], 'label': ...}
     model.fit(reader.make_dataset("tfrecords/", "train", batch_size=128, supervised=True, one_hot=True, scale=True))
 
-`dataset_info.json` names the shards, the keys and the image size, so the
+`image_tfrecords.json` names the shards, the keys and the image size, so the
 reader never guesses. Files are read in parallel with no fixed order
 (`num_parallel_reads=AUTOTUNE`, `deterministic=False`) and batches have a
 static shape (`drop_remainder=True`), as a TPU needs.
@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
-from transforms.describe import ERRORS_FILE, FORMAT_VERSION, INFO_FILE
+from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
 from transforms.examples import SCHEMAS
+from transforms.outputs import LEGACY_INFO_FILE
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -41,7 +42,10 @@ def _read_with_tensorflow(path: str) -> str | None:
 
 
 def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = None) -> dict:
-    """The parsed and checked dataset_info.json of `dataset_dir` (local or gs://).
+    """The parsed and checked image_tfrecords.json of `dataset_dir` (local or gs://).
+
+    A folder written by format version 1 has its description in dataset_info.json
+    instead (a name TFDS owns now): that one is read when there is no image_tfrecords.json.
 
     `read_text(path)` returns a file's text, or None when it does not exist;
     by default TensorFlow's file systems read it (pipeline.verify passes Beam's).
@@ -52,13 +56,11 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
         DatasetError: when there is no complete dataset there, naming what is wrong.
     """
     path = _join(dataset_dir, INFO_FILE)
-    try:
-        text = (read_text or _read_with_tensorflow)(path)
-    except ValueError as e:  # not UTF-8
-        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
-    except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says
-        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e}); check the path and your "
-                           "access to it") from None
+    text = _read_info_text(path, read_text)
+    if text is None:
+        legacy = _read_info_text(_join(dataset_dir, LEGACY_INFO_FILE), read_text)
+        if legacy is not None and _version(legacy) == 1:  # version 1's description, not TFDS's dataset_info.json
+            path, text = _join(dataset_dir, LEGACY_INFO_FILE), legacy
     if text is None:
         raise DatasetError(
             f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
@@ -70,6 +72,24 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
         raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
     check_info(info, path)
     return info
+
+
+def _version(text: str):
+    try:
+        info = json.loads(text)
+    except ValueError:
+        return None
+    return info.get("format_version") if isinstance(info, dict) else None
+
+
+def _read_info_text(path: str, read_text: Callable[[str], str | None] | None) -> str | None:
+    try:
+        return (read_text or _read_with_tensorflow)(path)
+    except ValueError as e:  # not UTF-8
+        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
+    except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says
+        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e}); check the path and your "
+                           "access to it") from None
 
 
 _JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), (int, "a number"), (float, "a number"),
@@ -96,9 +116,9 @@ def check_info(info, path: str = INFO_FILE) -> dict:
     tail = "it was not written by this tool; convert again"
     if not isinstance(info, dict):
         raise DatasetError(f"{path} is not a JSON object but {_shown(info)}: {tail}")
-    if "format_version" in info and info["format_version"] != FORMAT_VERSION:
-        raise DatasetError(f"{path} has format version {info['format_version']!r}, but this reader reads version "
-                           f"{FORMAT_VERSION}: convert again")
+    if "format_version" in info and info["format_version"] not in READABLE_VERSIONS:
+        raise DatasetError(f"{path} has format version {info['format_version']!r}, but this reader reads versions "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}: convert again")
     required = ("format_version", "splits", "image", "schema", "class_names", "compression")
     missing = [key for key in required if key not in info]
     if missing:
@@ -248,7 +268,7 @@ def make_dataset(
     By default each element is a dict of every field (see `parse_example`).
     With `supervised`, it is an `(image, label)` tuple instead, which Keras'
     `model.fit` takes as (inputs, targets). `one_hot` makes the label a float32
-    vector of `num_classes` (from dataset_info.json), for
+    vector of `num_classes` (from image_tfrecords.json), for
     `categorical_crossentropy`; without it the label is the int64 class id, for
     `sparse_categorical_crossentropy`. `scale` makes the image float32 in
     [0, 1] (pixel / 255) instead of uint8 0-255.

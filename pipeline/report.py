@@ -1,6 +1,6 @@
 """Lines of the final report printed after a conversion: images per class and shard sizes.
 
-Everything printed here is also in dataset_info.json (`splits.*.class_counts`,
+Everything printed here is also in image_tfrecords.json (`splits.*.class_counts`,
 `shard_bytes`, `total_bytes`), which is where scripts should read it.
 """
 
@@ -40,7 +40,7 @@ def class_count_lines(info: dict) -> list[str]:
             counts = "".join("  " + str(c.get(name, 0)).rjust(w) for c, w in zip(splits.values(), widths, strict=True))
             lines.append(f"  {str(label).rjust(id_width)} {name}".ljust(first) + counts)
         return lines
-    lines = [f"Images per class ({len(names)} classes; every count is in dataset_info.json):"]
+    lines = [f"Images per class ({len(names)} classes; every count is in image_tfrecords.json):"]
     for split, counts in splits.items():
         values = sorted((counts.get(name, 0), name) for name in names)
         fewest = ", ".join(f"{name} {count}" for count, name in values[:3])
@@ -92,4 +92,6 @@ def format_summary(info: dict) -> str:
         f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
         f"{info['num_classes']} classes; labels in labels.txt."
     )
+    if (info.get("tfds") or {}).get("note"):  # TFDS cannot load this folder: say why, once
+        lines.append(f"Note: no TFDS files written: {info['tfds']['note']}.")
     return "\n".join(lines)

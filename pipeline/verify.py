@@ -6,18 +6,19 @@
 Every shard is read back record by record (TFRecord CRCs; ArrayRecord shards
 through ArrayRecord's reader), every Example is parsed with the reader
 helper's feature spec and, unless --no_decode, every image is decoded as a
-training job would decode it. Counts are compared with dataset_info.json per
+training job would decode it. Counts are compared with image_tfrecords.json per
 shard, per split and per class, and the files section must satisfy
 found = written + rejected + skipped, with one errors.jsonl line per rejected
 or skipped file. Every file in the folder that a shard glob
 (`<split>-*.tfrecord*`, Kaggle's `<split>*.tfrec`, `<split>*.array_record`)
-matches but dataset_info.json does not list is a problem: a reader that globs
+matches but image_tfrecords.json does not list is a problem: a reader that globs
 would read it. A dataset of 0 records is a problem too. A record that is not an
 Example is named and reading goes on. A Kaggle name (--shard_names=kaggle) must
 give its shard's true record count.
 Index files (--index_files) must match their shards line for line: a missing,
 wrong or stale index is a problem, and so is an index named like one of this
-tool's whose shard is not in the dataset.
+tool's whose shard is not in the dataset. TFDS's files (dataset_info.json,
+features.json, label.labels.txt) must say what image_tfrecords.json says.
 
 Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
 --no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded
@@ -47,6 +48,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import reader
 from pipeline.cli import main_of
 from pipeline.quiet import import_tensorflow
+from transforms import tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
@@ -274,13 +276,13 @@ class Report:
 
 
 def load_info(dataset_dir: str) -> dict:
-    """dataset_info.json read through Beam's file systems, checked by reader.load_info.
+    """image_tfrecords.json read through Beam's file systems, checked by reader.load_info.
 
     Beam's GCS client, unlike TensorFlow's, is the one every other step of this
     tool uses (credentials, STORAGE_EMULATOR_HOST).
 
     Raises:
-        DatasetError: when there is no complete dataset there, or its dataset_info.json is malformed.
+        DatasetError: when there is no complete dataset there, or its image_tfrecords.json is malformed.
     """
     return reader.load_info(dataset_dir, read_text=_read_text)
 
@@ -293,7 +295,7 @@ def _read_text(path: str) -> str | None:
 
 
 def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
-    """labels.txt's lines, which must be dataset_info.json's class names; falls back to those names."""
+    """labels.txt's lines, which must be image_tfrecords.json's class names; falls back to those names."""
     class_names = list(info.get("class_names", []))
     text = _read_text(_join(dataset_dir, LABELS_FILE))
     if text is None:
@@ -448,7 +450,7 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
 
 
 def _nothing_written(info: dict) -> str:
-    """Why a dataset holds no records, as dataset_info.json's files section tells it."""
+    """Why a dataset holds no records, as image_tfrecords.json's files section tells it."""
     found = info.get("files", {}).get("found")
     why = (f"every one of the {found} files found was rejected or skipped (see {ERRORS_FILE} for each file's "
            "reason); fix the input" if found else "no image file was found in the input; check --input_dir")
@@ -546,17 +548,55 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
                                        f"{INFO_FILE} says {listed_reasons[stage][reason]}")
 
 
+def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
+    """TFDS's files (dataset_info.json, features.json, <label>.labels.txt) must say what image_tfrecords.json says.
+
+    A folder of format version 1 has none; a folder whose shards TFDS cannot read has none either.
+    """
+    if "tfds" not in info:
+        return
+    try:
+        expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
+                                               info["compression"])
+    except (KeyError, TypeError, ValueError):
+        return  # a malformed splits section: _check_shard_files and _check_counts name it
+    redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
+    for name, text in expected.items():
+        found = _read_text(_join(dataset_dir, name))
+        if found is None:
+            report.problems.append(f"{name}: missing, but {INFO_FILE} lists it among TFDS's files; {redo}")
+            continue
+        if name == tfds_metadata.TFDS_INFO_FILE:
+            try:
+                found_info = json.loads(found)
+            except ValueError:
+                found_info = None
+            want = json.loads(text)
+            differ = ([key for key in want if key != "description" and found_info.get(key) != want[key]]
+                      if isinstance(found_info, dict) else ["the whole file"])
+            if differ:
+                report.problems.append(f"{name}: its {', '.join(differ)} differ from the splits and keys in "
+                                       f"{INFO_FILE} (TFDS reads its shard lengths from it); {redo}")
+        elif name.endswith(tfds_metadata.LABELS_SUFFIX):
+            if found.splitlines() != text.splitlines():
+                report.problems.append(f"{name}: TFDS's class names differ from {LABELS_FILE}; {redo}")
+        elif found != text:
+            report.problems.append(f"{name}: TFDS's features differ from the keys and image size in {INFO_FILE}; "
+                                   f"{redo}")
+
+
 def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None) -> Report:
-    """Read a whole dataset back and compare it with its dataset_info.json.
+    """Read a whole dataset back and compare it with its image_tfrecords.json.
 
     Raises:
-        DatasetError: when `dataset_dir` holds no dataset_info.json (not a complete dataset).
+        DatasetError: when `dataset_dir` holds no image_tfrecords.json (not a complete dataset).
     """
     info = load_info(dataset_dir)
     report = Report(dataset_dir, decoded=decode)
     labels = _check_labels(dataset_dir, info, report)
     to_read = _check_shard_files(dataset_dir, info, report)
     _check_index_files(dataset_dir, info, report)
+    _check_tfds_files(dataset_dir, info, report)
     checker = _RecordChecker(info, labels, decode)
     # A few shards at a time: tf.data already decodes each chunk on every core; more threads would only
     # overlap reading (GCS latency) and hold more chunks in memory.
@@ -581,7 +621,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.verify",
-        description="Check a converted dataset against its dataset_info.json. Exit code 0: everything matches; "
+        description="Check a converted dataset against its image_tfrecords.json. Exit code 0: everything matches; "
                     "1: problems (listed one per line); 2: not a complete dataset.")
     parser.add_argument("dataset_dir", help="the dataset folder (--output_dir of the conversion), local or gs://")
     parser.add_argument("--no_decode", action="store_true",

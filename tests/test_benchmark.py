@@ -326,10 +326,10 @@ def _one_error_line(code: int, err: str) -> str:
 
 
 def test_a_folder_without_dataset_info_is_refused(dataset_copy, capsys):
-    (dataset_copy / "dataset_info.json").unlink()  # as an interrupted conversion leaves it
+    (dataset_copy / "image_tfrecords.json").unlink()  # as an interrupted conversion leaves it
     code, out, err = _run(capsys, f"--dataset_dir={dataset_copy}")
     line = _one_error_line(code, err)
-    assert f"{dataset_copy} has no dataset_info.json" in line and out == ""
+    assert f"{dataset_copy} has no image_tfrecords.json" in line and out == ""
 
 
 def test_a_corrupt_shard_is_named_with_its_record(dataset_copy, capsys):
@@ -354,7 +354,7 @@ def test_a_truncated_shard_is_named(dataset_copy, capsys):
     shard.write_bytes(shard.read_bytes()[:1000])
     code, _, err = _run(capsys, f"--dataset_dir={dataset_copy}")
     line = _one_error_line(code, err)
-    assert re.search(rf"{re.escape(str(shard))} is 1000 bytes but dataset_info.json says \d+", line)
+    assert re.search(rf"{re.escape(str(shard))} is 1000 bytes but image_tfrecords.json says \d+", line)
 
 
 def test_no_files_matching_the_pattern(tmp_path, capsys):

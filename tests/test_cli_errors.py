@@ -70,7 +70,7 @@ def test_existing_dataset_needs_overwrite(small_tree, tmp_path):
     assert "already holds a dataset" in message and "--overwrite" in message
     assert convert(small_tree, out, "--overwrite", "--num_shards=1") == 0
     assert (out / "my_notes.txt").read_text() == "mine"  # never delete what we did not write
-    assert json.loads((out / "dataset_info.json").read_text())["files"]["written"] == 6
+    assert json.loads((out / "image_tfrecords.json").read_text())["files"]["written"] == 6
 
 
 def test_output_inside_input(small_tree):
@@ -156,7 +156,7 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     assert code == 1
     # Beam's own error log of the failed step is not shown: this line says what it means.
     assert capsys.readouterr().err.splitlines() == [full_disk_line(out)]
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "image_tfrecords.json").exists()
 
 
 def full_disk_line(out) -> str:
@@ -179,7 +179,7 @@ def test_a_full_disk_in_worker_processes_is_one_line_and_other_disk_errors_keep_
     assert broken.returncode == 1  # not recognised: Beam's log and the traceback, as before
     assert "ERROR apache_beam" in broken.stderr
     assert broken.stderr.count("OSError: [Errno 5] Input/output error") >= 2
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "image_tfrecords.json").exists()
 
 
 def test_beams_log_records_wait_for_the_outcome_and_show_in_order_unless_discarded(monkeypatch):

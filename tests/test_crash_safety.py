@@ -1,4 +1,4 @@
-"""Crash safety: a killed run leaves no dataset_info.json; the same command again gives a complete dataset.
+"""Crash safety: a killed run leaves no image_tfrecords.json; the same command again gives a complete dataset.
 
 Also: the output folder's hygiene. Only the names this tool writes are ever
 removed, never a user's file, not even one whose name looks like a shard's.
@@ -51,7 +51,7 @@ USER_FILES = {
     "beam-temp-train-notes/keep.txt": "not Beam's uuid",
     ".image-tfrecords-tmp-old/keep.txt": "named like this tool's temporary folder",
     "keep/train-00000-of-00001.tfrecord": "a shard in a subfolder: not this run's",
-    "keep/dataset_info.json": "{}",
+    "keep/image_tfrecords.json": "{}",
 }
 
 # An interrupted run's leftovers, of every kind this tool and Beam write, from runs with other shard counts.
@@ -62,6 +62,8 @@ LEFTOVERS = [
     "test-00000-of-00001.tfrecord",
     "labels.txt",
     "features.json",
+    "dataset_info.json",
+    "label.labels.txt",
     "errors.jsonl",
     f".{INFO_FILE}.tmp-{HEX}",
     f".labels.txt.tmp-{HEX}",
@@ -181,7 +183,7 @@ def small_tree(tmp_path_factory):
 
 
 def test_dataset_info_is_the_last_file_written(small_tree, tmp_path, monkeypatch):
-    """Every shard, labels.txt, features.json and errors.jsonl is final before dataset_info.json appears."""
+    """Every shard, labels.txt, errors.jsonl and TFDS's files are final before image_tfrecords.json appears."""
     out = tmp_path / "out"
     events = []
     real_create, real_rename, real_delete = FileSystems.create, FileSystems.rename, FileSystems.delete
@@ -208,12 +210,12 @@ def test_dataset_info_is_the_last_file_written(small_tree, tmp_path, monkeypatch
     assert [e for e in in_output if e[1].endswith(INFO_FILE)] == [("rename", str(out / INFO_FILE))]
     final = {os.path.basename(path) for kind, path in in_output if kind == "rename" and
              os.path.dirname(path) == str(out)}
-    assert {"labels.txt", "features.json", "errors.jsonl"} <= final
+    assert {"labels.txt", "features.json", "dataset_info.json", "label.labels.txt", "errors.jsonl"} <= final
     assert sum(bool(SHARD_NAME.fullmatch(name)) for name in final) == 4  # 2 train + 2 validation
 
 
 class CrashAtMarker(Exception):
-    """Stands for the process dying just before dataset_info.json would be renamed into place."""
+    """Stands for the process dying just before image_tfrecords.json would be renamed into place."""
 
 
 def crash_before_the_marker(monkeypatch):
@@ -240,7 +242,7 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
     assert any(name.startswith(f".{INFO_FILE}.tmp-") for name in os.listdir(out))
     assert sum(bool(SHARD_NAME.fullmatch(name)) for name in os.listdir(out)) == 6
     assert main_of(verify.run, [str(out)]) == 2
-    assert "has no dataset_info.json" in capsys.readouterr().err
+    assert "has no image_tfrecords.json" in capsys.readouterr().err
 
     # The same command again, with another shard count: complete, exact, nothing stale.
     assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
@@ -325,7 +327,7 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     refused = cli("pipeline.verify", str(out))  # as a user would check the folder
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        f"error: {out} has no dataset_info.json: it is not a complete dataset (an interrupted conversion leaves "
+        f"error: {out} has no image_tfrecords.json: it is not a complete dataset (an interrupted conversion leaves "
         "none); convert again with python -m pipeline.main"]
 
     # The same command (other shard count, no compression), with no --overwrite needed.

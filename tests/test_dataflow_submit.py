@@ -57,12 +57,13 @@ def job_id_of(result) -> str:
 
 
 def assert_complete_dataset(gcs_emulator, output_dir: str, images: int = 12) -> dict:
-    """dataset_info.json, every shard it lists and nothing of a run left over: no lock, no temporary object."""
+    """image_tfrecords.json, every shard it lists and nothing of a run left over: no lock, no temporary object."""
     names = gcs_emulator.list_names(output_dir)
-    info = json.loads(gcs_emulator.read(f"{output_dir}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read(f"{output_dir}/image_tfrecords.json"))
     assert info["files"]["written"] == images
     shards = {s["file"] for split in info["splits"].values() for s in split["shards"]}
-    assert set(names) == shards | {"dataset_info.json", "labels.txt", "features.json", "errors.jsonl"}, names
+    assert set(names) == shards | {"image_tfrecords.json", "labels.txt", "features.json", "errors.jsonl",
+                                   "dataset_info.json", "label.labels.txt"}, names
     return info
 
 
@@ -120,7 +121,7 @@ def test_no_wait_returns_at_once_and_a_retry_never_touches_the_running_job(gcs_e
     assert len(dataflow_api.jobs) == 1
     # The default still refuses, and --if_exists=skip refuses a dataset of other options.
     refused = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--no_wait"))
-    assert refused.returncode == 2 and "already holds a dataset (dataset_info.json)" in refused.stderr
+    assert refused.returncode == 2 and "already holds a dataset (image_tfrecords.json)" in refused.stderr
     other = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--if_exists=skip", "--seed=7"))
     assert other.returncode == 2
     assert "made with other options (seed: 42 -> 7)" in other.stderr

@@ -45,7 +45,7 @@ def test_small_images_get_a_notice_before_converting(small_photos, tmp_path):
     # the dataset's size at each setting, both as figures in MB or kB
     assert "at --image_size=512" in text and "at --image_size=128" in text
     # the run goes on with the size it was given
-    info = json.loads((tmp_path / "out" / "dataset_info.json").read_text())
+    info = json.loads((tmp_path / "out" / "image_tfrecords.json").read_text())
     assert info["options"]["image_size"] == "512x512"
 
 
@@ -130,7 +130,7 @@ def test_per_split_shard_counts(tmp_path):
     assert convert(src, out, "--num_shards=train=3,validation=2", "--image_size=16", "--test_split=0.2") == 0
     sizes = _shard_sizes(out)
     assert (len(sizes["train"]), len(sizes["validation"]), len(sizes["test"])) == (3, 2, 1)
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["options"]["num_shards"] == "train=3,validation=2"
 
 
@@ -206,7 +206,7 @@ def test_readme_hand_typed_reader_reads_gzip_and_tf_slim(tmp_path, schema, compr
     exec(compile(code, "README.md", "exec"), scope)
     images, labels = next(iter(scope["ds"]))
     assert tuple(images.shape) == (2, 24, 24, 3) and set(labels.numpy()) <= {0, 1}
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     assert sum(1 for _ in scope["ds"].unbatch()) == info["splits"]["train"]["records"] // 2 * 2
 
 

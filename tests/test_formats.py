@@ -44,7 +44,7 @@ def tree(tmp_path_factory):
 
 def _convert(tree, out, *args):
     assert convert(tree, out, f"--image_size={SIZE}", "--validation_split=0.25", "--num_shards=train=3", *args) == 0
-    return json.loads((out / "dataset_info.json").read_text())
+    return json.loads((out / "image_tfrecords.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,8 @@ def test_kaggle_names_carry_each_shards_true_record_count(kaggle, standard):
     shards = [s for split in info["splits"].values() for s in split["shards"]]
     assert [s["file"] for s in info["splits"]["train"]["shards"]] == [
         f"train{i:02d}-{s['records']}.tfrec" for i, s in enumerate(info["splits"]["train"]["shards"])]
-    descriptions = ["dataset_info.json", "errors.jsonl", "features.json", "labels.txt"]
+    # TFDS cannot find Kaggle names by its file name template: no TFDS files (image_tfrecords.json says why).
+    descriptions = ["errors.jsonl", "image_tfrecords.json", "labels.txt"]
     assert names == sorted([s["file"] for s in shards] + [s["index"] for s in shards] + descriptions)
     assert all(re.fullmatch(r"(train|validation)\d\d-\d+\.(tfrec|idx)", n) for n in names if n not in descriptions)
     # The counts in the names are those of the files, read back record by record.
@@ -147,13 +148,13 @@ def test_verify_catches_a_kaggle_name_with_the_wrong_count(kaggle, tmp_path):
     source, _ = kaggle
     out = tmp_path / "tfrecords"
     shutil.copytree(source, out)
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     shard = info["splits"]["train"]["shards"][1]
     wrong = f"train01-{shard['records'] + 1}.tfrec"
     (out / shard["file"]).rename(out / wrong)
     (out / shard["index"]).rename(out / wrong.replace(".tfrec", ".idx"))
     shard.update(file=wrong, index=wrong.replace(".tfrec", ".idx"))
-    (out / "dataset_info.json").write_text(json.dumps(info))
+    (out / "image_tfrecords.json").write_text(json.dumps(info))
     report = verify_dataset(str(out), decode=False)
     assert report.problems == [
         f"{wrong}: holds {shard['records']} records, but its name says {shard['records'] + 1}, and Kaggle's "
@@ -170,7 +171,7 @@ def test_verify_catches_a_stray_kaggle_named_shard(kaggle, tmp_path):
     shutil.copy(out / first, out / "train07-5.tfrec")
     report = verify_dataset(str(out), decode=False)
     assert len(report.problems) == 1
-    assert report.problems[0].startswith("train07-5.tfrec: not listed in dataset_info.json, but the shard glob "
+    assert report.problems[0].startswith("train07-5.tfrec: not listed in image_tfrecords.json, but the shard glob "
                                          "train*.tfrec matches it")
     assert "(a stale shard from another run?)" in report.problems[0]
 
@@ -181,18 +182,20 @@ def test_overwrite_replaces_kaggle_named_shards_and_their_indexes(tree, tmp_path
     kaggle_files = {s[key] for split in kaggle_info["splits"].values() for s in split["shards"]
                     for key in ("file", "index")}
     assert kaggle_files <= {p.name for p in out.iterdir()}
-    assert len(own_outputs(str(out))) == len(kaggle_files) + 4  # the shards, indexes and description files
+    # the shards, indexes and description files (errors.jsonl, image_tfrecords.json, labels.txt: no TFDS files)
+    assert len(own_outputs(str(out))) == len(kaggle_files) + 3
     (out / "train-notes.tfrec.txt").write_text("mine")  # looks alike, is not this tool's
     info = _convert(tree, out, "--overwrite")
     names = {p.name for p in out.iterdir()}
     assert not kaggle_files & names
     assert names == {s["file"] for split in info["splits"].values() for s in split["shards"]} | {
-        "dataset_info.json", "labels.txt", "features.json", "errors.jsonl", "train-notes.tfrec.txt"}
+        "image_tfrecords.json", "dataset_info.json", "features.json", "label.labels.txt", "labels.txt",
+        "errors.jsonl", "train-notes.tfrec.txt"}
     # And back: the standard shards give way to Kaggle's.
     info = _convert(tree, out, "--overwrite", "--shard_names=kaggle")
     assert {p.name for p in out.iterdir()} == {s["file"] for split in info["splits"].values()
                                                 for s in split["shards"]} | {
-        "dataset_info.json", "labels.txt", "features.json", "errors.jsonl", "train-notes.tfrec.txt"}
+        "image_tfrecords.json", "labels.txt", "errors.jsonl", "train-notes.tfrec.txt"}
 
 
 # --- ArrayRecord ----------------------------------------------------------------------------------------------
@@ -206,7 +209,8 @@ def test_array_record_shards_hold_the_same_records_as_tfrecord_shards(arrays, st
         f"train-{i:05d}-of-00003.array_record" for i in range(3)]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [s["file"] for split in info["splits"].values() for s in split["shards"]]
-        + ["dataset_info.json", "errors.jsonl", "features.json", "labels.txt"])
+        + ["dataset_info.json", "errors.jsonl", "features.json", "image_tfrecords.json", "label.labels.txt",
+           "labels.txt"])
     # Byte for byte the serialized Examples of the TFRecord run, in the same shards, in the same order.
     assert _array_records(out, info) == _records(standard_out, standard_info)
     for split, split_info in info["splits"].items():
@@ -259,7 +263,7 @@ def test_verify_reads_array_record_shards_and_catches_a_damaged_one(arrays, tmp_
     shard.write_bytes(data[:len(data) // 2])
     report = verify_dataset(str(out), decode=False)
     assert not report.ok
-    assert any(p.startswith(f"{shard.name}: {len(data) // 2} bytes, but dataset_info.json says {len(data)}")
+    assert any(p.startswith(f"{shard.name}: {len(data) // 2} bytes, but image_tfrecords.json says {len(data)}")
                for p in report.problems), report.problems
     assert any(p.startswith(f"{shard.name}: cannot be read") for p in report.problems), report.problems
 
@@ -306,7 +310,7 @@ def test_array_record_shards_on_gcs(gcs_emulator, tree, arrays):
     assert convert(tree, output, NO_AUTH, f"--image_size={SIZE}", "--validation_split=0.25",
                    "--num_shards=train=3", "--file_format=array_record") == 0
     local_out, local_info = arrays
-    remote_info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    remote_info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert remote_info["splits"] == local_info["splits"]
     remote = {split: [r for s in split_info["shards"]
                       for _, r in scan_array_records(FileSystems.join(output, s["file"]))]
@@ -328,7 +332,7 @@ def test_kaggle_names_on_gcs(gcs_emulator, tree, kaggle):
                    "--shard_names=kaggle", "--index_files") == 0
     local_out, local_info = kaggle
     assert gcs_emulator.list_names(output) == sorted(p.name for p in local_out.iterdir())
-    remote_info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    remote_info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert remote_info["splits"] == local_info["splits"]
     for shard in remote_info["splits"]["train"]["shards"]:
         assert gcs_emulator.read(f"{output}/{shard['file']}") == (local_out / shard["file"]).read_bytes()

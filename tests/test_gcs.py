@@ -54,8 +54,8 @@ def test_gcs_conversion_gives_the_same_dataset_as_local_folders(gcs_emulator, gc
     for name in ("labels.txt", "errors.jsonl", "features.json"):
         assert gcs_emulator.read(f"{gcs_output}/{name}") == (sample_output / name).read_bytes(), name
 
-    remote = json.loads(gcs_emulator.read(f"{gcs_output}/dataset_info.json"))
-    local = json.loads((sample_output / "dataset_info.json").read_text())
+    remote = json.loads(gcs_emulator.read(f"{gcs_output}/image_tfrecords.json"))
+    local = json.loads((sample_output / "image_tfrecords.json").read_text())
     assert remote["class_names"] == local["class_names"]
     assert remote["files"] == local["files"]
     assert remote["rejected_by_reason"] == local["rejected_by_reason"]
@@ -84,10 +84,10 @@ def test_gcs_error_report_names_the_skipped_file(gcs_emulator, gcs_output):
 
 
 def test_existing_gcs_dataset_is_not_replaced_without_overwrite(gcs_emulator, gcs_input, gcs_output):
-    before = gcs_emulator.read(f"{gcs_output}/dataset_info.json")
+    before = gcs_emulator.read(f"{gcs_output}/image_tfrecords.json")
     with pytest.raises(UserError, match="already holds a dataset"):
         convert(f"{gcs_input}/photos", gcs_output, NO_AUTH)
-    assert gcs_emulator.read(f"{gcs_output}/dataset_info.json") == before
+    assert gcs_emulator.read(f"{gcs_output}/image_tfrecords.json") == before
 
 
 @pytest.mark.parametrize("flag", ["input", "output", "labels"])

@@ -40,7 +40,7 @@ def errors_by_name(output_dir) -> dict[str, str]:
 
 
 def files_counts(output_dir) -> dict:
-    with open(os.path.join(output_dir, "dataset_info.json")) as f:
+    with open(os.path.join(output_dir, "image_tfrecords.json")) as f:
         return json.load(f)["files"]
 
 

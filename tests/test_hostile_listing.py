@@ -33,7 +33,7 @@ def settings_of(input_dir, output_dir, *args):
 def run_ok(input_dir, output_dir, *args):
     """Convert; returns (info, errors by relpath, labels lines). Checks exit 0 and the accounting."""
     assert convert(input_dir, output_dir, *args) == 0
-    info = json.loads((output_dir / "dataset_info.json").read_text())
+    info = json.loads((output_dir / "image_tfrecords.json").read_text())
     errors = {}
     with open(output_dir / "errors.jsonl", encoding="utf-8") as f:
         for line in f:

@@ -3,7 +3,7 @@
 verify lists a non-Example record, a corrupt record and every stray file a shard glob
 would read as problems and goes on; preview skips bad records, says which, and draws
 the rest; benchmark, which cannot time a broken dataset, stops with one `error:` line
-naming the shard and the record. Malformed dataset_info.json gives every tool one
+naming the shard and the record. Malformed image_tfrecords.json gives every tool one
 `error:` line. Most cases run the tools in-process (each subprocess imports TensorFlow);
 one case per tool runs it as a user does, with `python -m`.
 """
@@ -164,7 +164,7 @@ def test_benchmark_stops_at_a_flipped_byte_naming_it(tmp_path, capsys):
                                 "or convert it again")
 
 
-# ---- files a shard glob reads but dataset_info.json does not list ---------------------------------------------------
+# ---- files a shard glob reads but image_tfrecords.json does not list ------------------------------------------------
 
 @pytest.mark.timeout(120)
 def test_verify_flags_every_file_the_shard_glob_reads_but_the_metadata_does_not_list(tmp_path, capsys):
@@ -173,12 +173,12 @@ def test_verify_flags_every_file_the_shard_glob_reads_but_the_metadata_does_not_
     assert "Traceback" not in err and code == 1
     globs = {name: name.split("-")[0] + "-*.tfrecord*" for name in extra}
     assert problems == [
-        f"problem: {name}: not listed in dataset_info.json, but the shard glob {globs[name]} matches it, so "
+        f"problem: {name}: not listed in image_tfrecords.json, but the shard glob {globs[name]} matches it, so "
         "readers that glob read it as part of the dataset: remove it or move it out of this folder"
         for name in sorted(extra)]
 
 
-# ---- malformed dataset_info.json ------------------------------------------------------------------------------
+# ---- malformed image_tfrecords.json ------------------------------------------------------------------------------
 
 MALFORMED = {case: (change, fragment) for case, change, fragment in hostile.MALFORMED_INFO}
 
@@ -197,7 +197,7 @@ def test_malformed_dataset_info_is_one_error_line(tmp_path, capsys, case, tool):
         code, _, err = _benchmark(capsys, root)
     line = _error_line(err)
     assert code == 2
-    assert line.startswith(f"error: {root}/dataset_info.json ") and fragment in line, line
+    assert line.startswith(f"error: {root}/image_tfrecords.json ") and fragment in line, line
     assert line.endswith("convert again"), line
     assert not (tmp_path / "sheet.png").exists() and not (tmp_path / "chart.png").exists()
 
@@ -208,7 +208,7 @@ def test_the_benchmark_command_on_a_dataset_info_that_is_a_list(tmp_path):
     proc = cli("pipeline.benchmark", f"--dataset_dir={root}", timeout=110)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        f"error: {root}/dataset_info.json is not a JSON object but a list: it was not written by this tool; "
+        f"error: {root}/image_tfrecords.json is not a JSON object but a list: it was not written by this tool; "
         "convert again"]
 
 
@@ -220,10 +220,10 @@ def test_the_metadata_checks_name_the_field_and_its_type(tmp_path):
     root = hostile.malformed_info(tmp_path / "ds", MALFORMED["shards_null"][0])
     with pytest.raises(DatasetError) as raised:
         reader.load_info(str(root))
-    assert str(raised.value) == (f"{root}/dataset_info.json is malformed (splits.train.shards is null, not a list): "
+    assert str(raised.value) == (f"{root}/image_tfrecords.json is malformed (splits.train.shards is null, not a list): "
                                  "it was not written by this tool; convert again")
     root = hostile.malformed_info(tmp_path / "ds2", MALFORMED["splits_missing"][0])
-    with pytest.raises(DatasetError, match=re.escape("dataset_info.json lacks splits: it was not written")):
+    with pytest.raises(DatasetError, match=re.escape("image_tfrecords.json lacks splits: it was not written")):
         reader.load_info(str(root))
 
 
@@ -243,7 +243,7 @@ def test_verify_fails_a_dataset_of_zero_records_and_says_why(tmp_path, capsys):
     root = hostile.nothing_written(tmp_path / "ds")
     code, problems, err = _verify(capsys, root)
     assert "Traceback" not in err and code == 1
-    assert problems == ["problem: dataset_info.json: the dataset holds no records: every one of the 2 files found "
+    assert problems == ["problem: image_tfrecords.json: the dataset holds no records: every one of the 2 files found "
                         "was rejected or skipped (see errors.jsonl for each file's reason); fix the input and "
                         "convert again"]
 
@@ -276,9 +276,9 @@ def test_a_conversion_that_rejects_every_image_exits_non_zero_and_verify_agrees(
     report = verify.verify_dataset(str(out))
     assert not report.ok
     assert [p for p in report.problems if "holds no records" in p] == [
-        "dataset_info.json: the dataset holds no records: every one of the 2 files found was rejected or skipped "
+        "image_tfrecords.json: the dataset holds no records: every one of the 2 files found was rejected or skipped "
         "(see errors.jsonl for each file's reason); fix the input and convert again"]
-    assert json.loads((out / "dataset_info.json").read_text())["files"]["written"] == 0
+    assert json.loads((out / "image_tfrecords.json").read_text())["files"]["written"] == 0
 
 
 # ---- Examples that parse as protocol buffers but not as this dataset's records ------------------------------------

@@ -103,7 +103,7 @@ def test_a_dirty_folder_converts_with_exit_0(dirty_run):
 
 def test_every_file_is_a_record_or_a_listed_rejection(dirty_run):
     code, out, photos, good, bad = dirty_run
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     reasons = {e["relpath"]: e["reason"] for e in errors}
     assert all(e["detail"] for e in errors)
@@ -123,7 +123,7 @@ def test_every_file_is_a_record_or_a_listed_rejection(dirty_run):
 
 def test_odd_files_are_converted_correctly(dirty_run):
     code, out, photos, good, bad = dirty_run
-    records = _records(out, json.loads((out / "dataset_info.json").read_text()))
+    records = _records(out, json.loads((out / "image_tfrecords.json").read_text()))
     for relpath, (_, colour) in good.items():
         image = records[relpath]
         assert image.size == (SIZE, SIZE)

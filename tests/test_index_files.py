@@ -84,7 +84,7 @@ def tree(tmp_path_factory):
 
 
 def listed_shards(out) -> list[dict]:
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     return [shard for split in info["splits"].values() for shard in split["shards"]]
 
 
@@ -113,7 +113,7 @@ def test_convert_writes_each_shards_index_beside_it_without_reading_the_shard_ag
     # Published with the shards: nothing left in the run's temporary folder, no other index.
     assert not (out / TEMP_DIR).exists()
     assert sorted(n for n in os.listdir(out) if n.endswith(".idx")) == sorted(s["index"] for s in shards)
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["options"]["index_files"] is True
     report = verify.verify_dataset(str(out), decode=False)
     assert report.problems == [] and report.index_files == 6
@@ -124,7 +124,7 @@ def test_without_the_option_no_index_is_written(tree, tmp_path):
     assert convert(tree, out, "--image_size=16", "--num_shards=train=2,validation=2") == 0
     assert [n for n in os.listdir(out) if n.endswith(".idx")] == []
     assert all("index" not in shard for shard in listed_shards(out))
-    assert json.loads((out / "dataset_info.json").read_text())["options"]["index_files"] is False
+    assert json.loads((out / "image_tfrecords.json").read_text())["options"]["index_files"] is False
 
 
 @pytest.mark.skipif(not HAS_TFRECORD, reason=NO_TFRECORD)
@@ -159,7 +159,7 @@ def test_index_files_refuse_gzip_in_one_line(tree, tmp_path):
 def test_reruns_replace_stale_indexes_and_keep_a_users_files(tree, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    # An interrupted run's leftovers (no dataset_info.json), and the user's own files.
+    # An interrupted run's leftovers (no image_tfrecords.json), and the user's own files.
     (out / "train-00007-of-00009.idx").write_text("0 10\n")
     user = {"train-notes.idx": "mine", "my-train-00000-of-00001.idx": "another tool's", "train.idx": "mine too"}
     for name, text in user.items():
@@ -187,7 +187,7 @@ def test_index_files_on_gcs(gcs_emulator, tree, tmp_path):
     bucket = gcs_emulator.create_bucket("index-files")
     out = f"{bucket}/tfrecords"
     assert convert(tree, out, NO_AUTH, "--image_size=16", "--num_shards=train=2,validation=2", "--index_files") == 0
-    info = json.loads(gcs_emulator.read(f"{out}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read(f"{out}/image_tfrecords.json"))
     shards = [shard for split in info["splits"].values() for shard in split["shards"]]
     names = gcs_emulator.list_names(out)
     assert sorted(n for n in names if n.endswith(".idx")) == sorted(s["index"] for s in shards)
@@ -244,7 +244,8 @@ def test_verify_catches_a_short_or_missing_index(indexed, capsys):
     assert code == 1
     records = len(rows)
     assert problems == [
-        "problem: train-00001-of-00002.idx: listed in dataset_info.json as the index of train-00001-of-00002.tfrecord "
+        "problem: train-00001-of-00002.idx: listed in image_tfrecords.json as the index of "
+        "train-00001-of-00002.tfrecord "
         "but missing; convert again with --index_files (or rebuild it with tfrecord2idx)",
         f"problem: validation-00001-of-00002.idx: {records - 1} lines, but validation-00001-of-00002.tfrecord holds "
         f"{records} records: a wrong or stale index; convert again with --index_files (or rebuild it with "
@@ -256,7 +257,8 @@ def test_verify_catches_an_index_whose_shard_is_not_in_the_dataset(indexed, caps
     (indexed / "my-notes.idx").write_text("not this tool's name: not its business")
     code, problems = verify_lines(indexed, capsys)
     assert code == 1
-    assert problems == ["problem: train-00002-of-00003.idx: an index file, but its shard is not in dataset_info.json "
+    assert problems == ["problem: train-00002-of-00003.idx: an index file, but its shard is not in "
+                        "image_tfrecords.json "
                         "(a stale index from another run?): remove it"]
 
 
@@ -275,7 +277,7 @@ def test_verify_checks_a_users_own_index_of_a_shard(tree, tmp_path, capsys):
 def test_a_malformed_index_entry_in_dataset_info_is_a_dataset_error(indexed):
     from pipeline import reader
 
-    info = json.loads((indexed / "dataset_info.json").read_text())
+    info = json.loads((indexed / "image_tfrecords.json").read_text())
     info["splits"]["train"]["shards"][0]["index"] = "../elsewhere.idx"
     with pytest.raises(DatasetError, match=r"splits.train.shards\[0\].index '../elsewhere.idx' is not a file name"):
         reader.check_info(info)
@@ -316,7 +318,7 @@ def test_readme_dali_example_names_every_shard_with_its_index(indexed, monkeypat
     exec(compile(readme_block("fn.readers.tfrecord"), "README.md", "exec"), namespace)
     namespace["train_pipeline"]()
     (call,) = calls
-    shards = [s for s in json.loads(open("tfrecords/dataset_info.json").read())["splits"]["train"]["shards"]]
+    shards = [s for s in json.loads(open("tfrecords/image_tfrecords.json").read())["splits"]["train"]["shards"]]
     assert call["path"] == [f"tfrecords/{s['file']}" for s in shards]
     assert call["index_path"] == [f"tfrecords/{s['index']}" for s in shards]
     for path, index in zip(call["path"], call["index_path"], strict=True):
@@ -333,7 +335,7 @@ def test_readme_tfrecord_package_example_reads_every_record(indexed, monkeypatch
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=""))
     assert run.returncode == 0, run.stderr
-    info = json.loads(open("tfrecords/dataset_info.json").read())
+    info = json.loads(open("tfrecords/image_tfrecords.json").read())
     labels = sorted(json.loads(run.stdout.strip().splitlines()[-1]))
     assert len(labels) == info["splits"]["train"]["records"]
     counts = {name: labels.count(i) for i, name in enumerate(info["class_names"]) if labels.count(i)}

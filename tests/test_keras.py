@@ -18,7 +18,7 @@ SIZE = 16
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """4 classes of 8 images, converted at 16x16 with a validation split: (folder, dataset_info.json)."""
+    """4 classes of 8 images, converted at 16x16 with a validation split: (folder, image_tfrecords.json)."""
     from pipeline import reader
 
     root = tmp_path_factory.mktemp("keras")
@@ -64,7 +64,7 @@ def test_supervised_gives_image_label_tuples_that_match_what_was_written(dataset
             ((label, image) for images, labels in reader.make_dataset(str(out), "train", supervised=True)
              .batch(1).as_numpy_iterator() for image, label in zip(images, labels, strict=True))]
     assert sorted(rows) == _written(out)
-    # Labels are the written ones: their counts are dataset_info.json's class counts, by id.
+    # Labels are the written ones: their counts are image_tfrecords.json's class counts, by id.
     counts = Counter(info["class_names"][label] for label, _ in rows)
     assert counts == Counter(info["splits"]["train"]["class_counts"])
     assert len(rows) == info["splits"]["train"]["records"]

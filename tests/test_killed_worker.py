@@ -27,12 +27,12 @@ def test_a_killed_worker_gives_one_line_and_the_same_command_again_completes(tmp
     assert "--conversion_threads" in line and "--max_image_mb" in line and "--max_pixels" in line
     assert "--worker_memory_mb (now 2048, for all its conversions at once)" in line
     assert "run the same command again" in line
-    assert not (tmp_path / "out" / "dataset_info.json").exists()
+    assert not (tmp_path / "out" / "image_tfrecords.json").exists()
 
     killer.unlink()  # the memory-hungry file is dealt with; the same command, as a user would run it
     again = cli("pipeline.main", *args, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    info = json.loads((tmp_path / "out" / "dataset_info.json").read_text())
+    info = json.loads((tmp_path / "out" / "image_tfrecords.json").read_text())
     assert (info["files"]["found"], info["files"]["written"]) == (good, good)
 
 

@@ -314,7 +314,7 @@ def test_a_run_converts_every_large_png_and_its_worker_process_stays_within_the_
                                "--image_size=64x64", "--quiet"], 2500)
     assert not run.killed, f"killed, {run.killed} (peak {run.peak_rss_mb:.0f} MB); {run.stderr[-2000:]}"
     assert run.returncode == 0, run.stderr[-3000:]
-    with open(out / "dataset_info.json") as f:
+    with open(out / "image_tfrecords.json") as f:
         files = json.load(f)["files"]
     assert (files["found"], files["written"], files["rejected"]) == (4, 4, 0)
     assert run.peak_process_rss_mb < 170 + 600 + 150, run

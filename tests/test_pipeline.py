@@ -17,7 +17,7 @@ from transforms.tfrecord import iter_records
 
 def read_records(dataset_dir) -> dict[str, list[dict]]:
     """Every record of every split, parsed without TensorFlow, in file order."""
-    info = json.loads((dataset_dir / "dataset_info.json").read_text())
+    info = json.loads((dataset_dir / "image_tfrecords.json").read_text())
     out = {}
     for split, split_info in info["splits"].items():
         rows = []
@@ -50,7 +50,7 @@ def write_tiny_tree(root, per_class: dict[str, int], size=(24, 24), start=0):
 
 
 def test_every_image_becomes_one_record_with_its_folder_label(sample_tree, sample_output):
-    info = json.loads((sample_output / "dataset_info.json").read_text())
+    info = json.loads((sample_output / "image_tfrecords.json").read_text())
     records = read_records(sample_output)
     sources = [r["source_path"] for rows in records.values() for r in rows]
     images = sorted(str(p.relative_to(sample_tree)) for p in sample_tree.rglob("*") if p.suffix in (".jpg", ".png"))
@@ -68,7 +68,7 @@ def test_every_image_becomes_one_record_with_its_folder_label(sample_tree, sampl
 
 
 def test_counts_per_split_and_class_match_the_hash_and_the_info(sample_tree, sample_output):
-    info = json.loads((sample_output / "dataset_info.json").read_text())
+    info = json.loads((sample_output / "image_tfrecords.json").read_text())
     records = read_records(sample_output)
     for split, rows in records.items():
         for r in rows:
@@ -86,8 +86,10 @@ def test_summary_and_error_report(sample_output):
     lines = [json.loads(line) for line in (sample_output / "errors.jsonl").read_text().splitlines()]
     assert lines == [{"relpath": "README.txt", "stage": "skipped", "reason": "not_an_image_extension",
                       "detail": "extension .txt is not an image extension"}]
-    features = json.loads((sample_output / "features.json").read_text())
+    features = json.loads((sample_output / "image_tfrecords.json").read_text())["features"]
     assert set(features) == {"image", "label", "class_name", "height", "width", "source_path"}
+    tfds_features = json.loads((sample_output / "features.json").read_text())  # TFDS's (tests/test_tfds.py)
+    assert set(tfds_features["featuresDict"]["features"]) == set(features)
 
 
 def test_bad_and_odd_files_are_reported_and_counted(tmp_path):
@@ -104,7 +106,7 @@ def test_bad_and_odd_files_are_reported_and_counted(tmp_path):
     Image.new("RGB", (10, 10), "red").save(src / "B" / "sub" / "UPPER.JPEG")
     out = tmp_path / "out"
     assert convert(src, out) == 0
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     report = {r["relpath"]: r for r in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
     assert {k: (v["stage"], v["reason"]) for k, v in report.items()} == {
         "a/truncated.jpg": ("rejected", "truncated"),
@@ -188,7 +190,7 @@ def test_split_folders_and_labels_file(tmp_path):
     labels.write_text("dog\ncat\n")
     out = tmp_path / "out"
     assert convert(src, out, f"--labels_file={labels}") == 0
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["class_names"] == ["dog", "cat"]
     assert {s: v["records"] for s, v in info["splits"].items()} == {"train": 9, "validation": 4, "test": 3}
     records = read_records(out)
@@ -204,7 +206,7 @@ def test_tf_slim_schema_gzip_and_explicit_shards(tmp_path):
     out = tmp_path / "out"
     assert convert(src, out, "--schema=tf_slim", "--compression=gzip", "--num_shards=train=2,validation=2",
                    "--image_size=32x20", "--validation_split=0.3") == 0
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     files = sorted(s["file"] for split in info["splits"].values() for s in split["shards"])
     assert files == ["train-00000-of-00002.tfrecord.gz", "train-00001-of-00002.tfrecord.gz",
                      "validation-00000-of-00002.tfrecord.gz", "validation-00001-of-00002.tfrecord.gz"]

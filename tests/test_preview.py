@@ -86,7 +86,7 @@ def test_every_tile_shows_its_record_and_its_label(written, records, sample_outp
 def test_rows_end_early_when_a_class_has_fewer_images(sample_output):
     from pipeline.preview import make_contact_sheet
 
-    info = json.loads((sample_output / "dataset_info.json").read_text())
+    info = json.loads((sample_output / "image_tfrecords.json").read_text())
     counts = info["splits"]["validation"]["class_counts"]
     many = max(counts.values()) + 2
     _, tiles = make_contact_sheet(str(sample_output), "validation", many, 32)
@@ -97,7 +97,7 @@ def test_rows_end_early_when_a_class_has_fewer_images(sample_output):
 def test_class_chart_bars_are_the_class_counts(sample_output):
     from pipeline.preview import class_chart
 
-    info = json.loads((sample_output / "dataset_info.json").read_text())
+    info = json.loads((sample_output / "image_tfrecords.json").read_text())
     ax = class_chart(info).axes[0]
     assert [c.get_label() for c in ax.containers] == list(info["splits"])
     for container, (split, split_info) in zip(ax.containers, info["splits"].items(), strict=True):
@@ -113,7 +113,7 @@ def test_refuses_a_folder_that_is_not_a_dataset(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1
-    assert "dataset_info.json" in err and "convert" in err
+    assert "image_tfrecords.json" in err and "convert" in err
     assert not (tmp_path / "sheet.png").exists()
 
 

@@ -64,13 +64,13 @@ def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two
     with ProgressDisplay(counts, 5, interactive=False):
         counts.finished("bundle_1", [_counter("images_converted", 5)])  # done before the first look
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Converted")] == [
-        "Converted 5/5 images (100%); writing shards and dataset_info.json"]
+        "Converted 5/5 images (100%); writing shards and image_tfrecords.json"]
 
 
 def test_progress_line_states_count_share_rate_and_time_left():
     assert progress_line(120, 400, 40.0) == "Converted 120/400 images (30%), 40.0 images/s, about 7 s left"
     assert progress_line(0, 400, 0.0) == "Converted 0/400 images (0%)"
-    assert progress_line(400, 400, 50.0).endswith("; writing shards and dataset_info.json")
+    assert progress_line(400, 400, 50.0).endswith("; writing shards and image_tfrecords.json")
     assert format_duration(3725) == "1 h 02 min"
     assert format_duration(125) == "2 min 05 s"
     assert format_duration(0.3) == "under 1 s"
@@ -197,6 +197,6 @@ def test_ctrl_c_ends_with_one_line_not_every_workers_traceback(small_tree, tmp_p
         pytest.skip("the conversion finished before the interrupt arrived")
     after = text.split("Converting")[-1]
     assert code == 130, text
-    assert "error: interrupted; no dataset_info.json was written" in after
+    assert "error: interrupted; no image_tfrecords.json was written" in after
     assert "Traceback" not in after and "CRITICAL" not in after and "Exception in thread" not in after, after
-    assert not (tmp_path / "out" / "dataset_info.json").exists()
+    assert not (tmp_path / "out" / "image_tfrecords.json").exists()

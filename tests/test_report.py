@@ -1,4 +1,4 @@
-"""The final report: what dataset_info.json records and what the summary prints from it."""
+"""The final report: what image_tfrecords.json records and what the summary prints from it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pipeline.report import class_count_lines, human_bytes, shard_size_line
 
 
 def test_dataset_info_holds_every_number_of_the_report(sample_output):
-    info = json.loads((sample_output / "dataset_info.json").read_text())
+    info = json.loads((sample_output / "image_tfrecords.json").read_text())
     shard_sizes = [shard["bytes"] for split in info["splits"].values() for shard in split["shards"]]
     on_disk = [(sample_output / shard["file"]).stat().st_size
                for split in info["splits"].values() for shard in split["shards"]]
@@ -28,7 +28,7 @@ def test_dataset_info_holds_every_number_of_the_report(sample_output):
 
 
 def test_summary_prints_counts_per_class_and_split_and_shard_sizes(sample_output):
-    info = json.loads((sample_output / "dataset_info.json").read_text())
+    info = json.loads((sample_output / "image_tfrecords.json").read_text())
     text = format_summary(info)
     splits = list(info["splits"])
     header = next(line for line in text.splitlines() if line.startswith("Images per class:"))

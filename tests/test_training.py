@@ -57,7 +57,7 @@ def test_default_run_uses_worker_processes_offline(tmp_path):
     # Conversion ran in separate worker processes, one per core, whose --verbose logs reach the terminal.
     assert result.stderr.count("Python sdk harness starting") == os.cpu_count()
     assert "sdk_worker_main" in result.stderr
-    info = json.loads((out / "dataset_info.json").read_text())
+    info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["files"]["written"] == 24
     assert "Found 24 files: 24 written, 0 rejected, 0 skipped." in result.stdout
 

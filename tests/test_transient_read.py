@@ -85,14 +85,14 @@ def test_transient_errors_are_retried_and_no_image_is_lost(gcs_emulator, gcs_pho
         assert proxy.requests[f"photos/{name}"] == times + 1, name
     assert all(proxy.requests[f"photos/{name}"] == 1 for name in names if name not in faults)
 
-    info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert info["files"]["found"] == info["files"]["written"] == 18
     assert info["files"]["rejected"] == 0 and info["rejected_by_reason"] == {}
     assert gcs_emulator.read(f"{output}/errors.jsonl") == b""
     # The very same records (pixels, labels, paths) as a local conversion of the same files.
     local = tmp_path / "local"
     assert convert(root, local) == 0
-    local_info = json.loads((local / "dataset_info.json").read_text())
+    local_info = json.loads((local / "image_tfrecords.json").read_text())
     remote = _records(info, output)
     assert sum(remote.values()) == 18
     assert remote == _records(local_info, str(local))
@@ -129,14 +129,14 @@ def test_a_read_that_keeps_failing_fails_the_run_in_one_line(gcs_emulator, gcs_p
     reads = proxy.media_requests[f"photos/{names[5]}"]
     assert reads > 0 and reads % transient.READ_ATTEMPTS == 0, reads
     left = gcs_emulator.list_names(output)
-    assert "dataset_info.json" not in left and ".image-tfrecords.lock" not in left
+    assert "image_tfrecords.json" not in left and ".image-tfrecords.lock" not in left
 
     # What the line says to do works: once the service answers again, the same command converts everything.
     proxy.clear()
     result = cli("pipeline.main", f"--input_dir={gcs_photos}/photos", f"--output_dir={output}", NO_AUTH,
                  "--image_timeout_s=10", env=env, timeout=150)
     assert result.returncode == 0, result.stderr
-    info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert info["files"]["found"] == info["files"]["written"] == 18 and info["files"]["rejected"] == 0
 
 
@@ -151,7 +151,7 @@ def test_missing_and_forbidden_objects_are_still_rejections(gcs_emulator, gcs_ph
     assert convert(f"{gcs_photos}/photos", output, NO_AUTH) == 0
 
     assert proxy.requests[f"photos/{names[2]}"] == proxy.requests[f"photos/{names[10]}"] == 1  # not retried
-    info = json.loads(gcs_emulator.read(f"{output}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert info["files"]["found"] == 18 and info["files"]["written"] == 16 and info["files"]["rejected"] == 2
     assert info["rejected_by_reason"] == {"read_error": 2}
     lines = {json.loads(line)["relpath"]: json.loads(line)
@@ -301,4 +301,4 @@ def test_in_process_run_raises_the_one_line_error(gcs_emulator, gcs_photos, smal
     # for minutes at the end of the session, so they go now, while it passes requests on.
     del error
     gc.collect()
-    assert "dataset_info.json" not in gcs_emulator.list_names(output)
+    assert "image_tfrecords.json" not in gcs_emulator.list_names(output)

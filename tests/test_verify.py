@@ -75,11 +75,11 @@ def damaged(mixed, tmp_path):
 
 
 def _info(path) -> dict:
-    return json.loads((path / "dataset_info.json").read_text())
+    return json.loads((path / "image_tfrecords.json").read_text())
 
 
 def _save_info(path, info: dict) -> None:
-    (path / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    (path / "image_tfrecords.json").write_text(json.dumps(info, indent=2))
 
 
 def _record_spans(path) -> list[tuple[int, int]]:
@@ -132,10 +132,10 @@ def test_a_default_conversion_verifies(sample_output):
 
 def test_a_folder_without_dataset_info_is_refused(mixed, tmp_path, capsys):
     shutil.copytree(mixed[0], tmp_path / "partial")
-    os.remove(tmp_path / "partial" / "dataset_info.json")
+    os.remove(tmp_path / "partial" / "image_tfrecords.json")
     assert main_of(verify.run, [str(tmp_path / "partial")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "has no dataset_info.json" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: ") and "has no image_tfrecords.json" in err[0]
     from pipeline import reader
 
     with pytest.raises(DatasetError, match="not a complete dataset"):
@@ -150,8 +150,8 @@ def test_a_dataset_in_gcs_is_verified(gcs_emulator, mixed):
     assert _problems(f"{bucket}/ds") == []
     gcs_emulator.client().bucket("verify-gcs").blob("ds/validation-00001-of-00002.tfrecord").delete()
     assert _problems(f"{bucket}/ds", decode=False) == [
-        "validation-00001-of-00002.tfrecord: listed in dataset_info.json but missing"]
-    with pytest.raises(DatasetError, match="has no dataset_info.json"):
+        "validation-00001-of-00002.tfrecord: listed in image_tfrecords.json but missing"]
+    with pytest.raises(DatasetError, match="has no image_tfrecords.json"):
         verify.verify_dataset(f"{bucket}/nothing")
 
 
@@ -190,20 +190,20 @@ def test_the_verify_command_lists_the_damage_and_exits_1(damaged, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "problem: train-00001-of-00002.tfrecord record 0: data checksum mismatch (the record's bytes are " \
            "corrupt)" in lines
-    assert "problem: validation-00000-of-00002.tfrecord: listed in dataset_info.json but missing" in lines
+    assert "problem: validation-00000-of-00002.tfrecord: listed in image_tfrecords.json but missing" in lines
     assert lines[-1] == f"FAILED: 2 problem(s) in {damaged}."
 
 
 def test_a_missing_shard_is_caught(damaged):
     os.remove(damaged / "validation-00001-of-00002.tfrecord")
-    assert _problems(damaged) == ["validation-00001-of-00002.tfrecord: listed in dataset_info.json but missing"]
+    assert _problems(damaged) == ["validation-00001-of-00002.tfrecord: listed in image_tfrecords.json but missing"]
 
 
 def test_a_stale_shard_of_another_run_is_caught(damaged):
     shutil.copy(damaged / "train-00000-of-00002.tfrecord", damaged / "train-00002-of-00003.tfrecord")
     (damaged / "train-notes.txt").write_text("a user's file: not a shard")
     assert _problems(damaged) == [
-        "train-00002-of-00003.tfrecord: not listed in dataset_info.json, but the shard glob train-*.tfrecord* "
+        "train-00002-of-00003.tfrecord: not listed in image_tfrecords.json, but the shard glob train-*.tfrecord* "
         "matches it, so readers that glob read it as part of the dataset (a stale shard from another run?): remove "
         "it or move it out of this folder"]
 
@@ -213,7 +213,7 @@ def test_a_truncated_shard_is_caught(damaged):
     blob = shard.read_bytes()
     shard.write_bytes(blob[:-10])
     problems = _problems(damaged)
-    assert problems[0] == f"train-00001-of-00002.tfrecord: {len(blob) - 10} bytes, but dataset_info.json says " \
+    assert problems[0] == f"train-00001-of-00002.tfrecord: {len(blob) - 10} bytes, but image_tfrecords.json says " \
                           f"{len(blob)}"
     assert "the file ends inside the record" in problems[1]
     assert len(problems) == 2
@@ -230,12 +230,15 @@ def test_a_record_count_that_differs_from_dataset_info_is_caught(damaged):
     _save_info(damaged, info)
     problems = _problems(damaged, decode=False)
     assert sorted(problems) == sorted([
-        f"train-00000-of-00002.tfrecord: holds {shards[0]['records'] - 1} records, but dataset_info.json says "
+        f"train-00000-of-00002.tfrecord: holds {shards[0]['records'] - 1} records, but image_tfrecords.json says "
         f"{shards[0]['records']}",
-        f"train-00001-of-00002.tfrecord: holds {shards[1]['records'] + 1} records, but dataset_info.json says "
+        f"train-00001-of-00002.tfrecord: holds {shards[1]['records'] + 1} records, but image_tfrecords.json says "
         f"{shards[1]['records']}",
-        f"split 'train' class 'cat': {counts['cat'] - 1} records, but dataset_info.json says {counts['cat']}",
-        f"split 'train' class 'dog': {counts['dog'] + 1} records, but dataset_info.json says {counts['dog']}",
+        f"split 'train' class 'cat': {counts['cat'] - 1} records, but image_tfrecords.json says {counts['cat']}",
+        f"split 'train' class 'dog': {counts['dog'] + 1} records, but image_tfrecords.json says {counts['dog']}",
+        # TFDS's shard lengths are the written ones, so they differ from the edited ones too.
+        "dataset_info.json: its splits differ from the splits and keys in image_tfrecords.json (TFDS reads its "
+        "shard lengths from it); tfds.builder_from_directory would not load the folder as it is; convert again",
     ])
 
 
@@ -247,9 +250,9 @@ def test_an_error_report_line_lost_is_caught(damaged):
     dropped = json.loads(lines[0])
     (damaged / "errors.jsonl").write_text("\n".join(lines[1:]) + "\n")
     problems = _problems(damaged, decode=False)
-    assert "errors.jsonl: 6 lines, but dataset_info.json counts 3 rejected + 4 skipped = 7 files" in problems
+    assert "errors.jsonl: 6 lines, but image_tfrecords.json counts 3 rejected + 4 skipped = 7 files" in problems
     listed = _info(damaged)[f"{dropped['stage']}_by_reason"][dropped["reason"]]
-    assert (f"errors.jsonl: {listed - 1} files {dropped['stage']} as {dropped['reason']!r}, but dataset_info.json "
+    assert (f"errors.jsonl: {listed - 1} files {dropped['stage']} as {dropped['reason']!r}, but image_tfrecords.json "
             f"says {listed}") in problems
     assert len(problems) == 2
 
@@ -260,7 +263,7 @@ def test_files_found_but_not_accounted_for_are_caught(damaged):
     _save_info(damaged, info)
     found, written = info["files"]["found"], info["files"]["written"]
     assert _problems(damaged, decode=False) == [
-        f"dataset_info.json: {found} files found but {written} written + 3 rejected + 4 skipped = {found - 1}; "
+        f"image_tfrecords.json: {found} files found but {written} written + 3 rejected + 4 skipped = {found - 1}; "
         "files are unaccounted for"]
 
 
@@ -278,7 +281,7 @@ def test_a_file_both_written_and_reported_rejected_is_caught(damaged):
 
 
 def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tmp_path):
-    """The in-job invariant: no dataset_info.json unless found = written + rejected + skipped."""
+    """The in-job invariant: no image_tfrecords.json unless found = written + rejected + skipped."""
     fn = _WriteInfo(str(tmp_path), "run-1", ["cat", "dog"], "default", {"compression": "none"}, {}, 0.0, "test")
     tallies = [(("written", "train", 0, False), 2), (("written", "train", 1, False), 1),
                (("rejected", "truncated"), 1), (("skipped", "hidden_file"), 1)]
@@ -287,11 +290,11 @@ def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tm
                   Rejection("cat/.hidden.jpg", "skipped", "hidden_file", "")]
     with pytest.raises(DatasetIncomplete, match="accounting mismatch: 6 files found but 3 written"):
         list(fn.process(None, [*tallies, (("found",), 6)], shards, rejections))
-    assert not (tmp_path / "dataset_info.json").exists()
+    assert not (tmp_path / "image_tfrecords.json").exists()
     short = [("train", "train-00000-of-00001.tfrecord", 2, 100)]
     with pytest.raises(DatasetIncomplete, match="the shards hold 2 records but 3 images were converted"):
         list(fn.process(None, [*tallies, (("found",), 5)], short, rejections))
-    assert not (tmp_path / "dataset_info.json").exists()
+    assert not (tmp_path / "image_tfrecords.json").exists()
     # The run's finished shard waits in its temporary folder; publishing moves it into place.
     written = tmp_path / ".image-tfrecords-tmp" / "run-1" / "shards" / "train-00000-of-00001.tfrecord"
     written.parent.mkdir(parents=True)
@@ -303,7 +306,7 @@ def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tm
     assert [(e["relpath"], e["stage"], e["reason"]) for e in errors] == [
         ("cat/bad.jpg", "rejected", "truncated"), ("cat/.hidden.jpg", "skipped", "hidden_file")]
     assert info["files"] == {"found": 5, "written": 3, "rejected": 1, "skipped": 1, "upscaled": 0}
-    assert (tmp_path / "dataset_info.json").exists()
+    assert (tmp_path / "image_tfrecords.json").exists()
     # Dataflow retries a bundle that failed after it had published: the retry finds the dataset complete.
     (again,) = fn.process(None, [*tallies, (("found",), 5)], shards, iter(rejections))
     assert again == info
@@ -321,7 +324,7 @@ def _frame(data: bytes) -> bytes:
 def craft_dataset(root, splits: dict[str, list[list[dict]]], class_names=CLASSES, compression="none"):
     """Write a dataset by hand: splits maps a split to its shards, each a list of build_example kwargs.
 
-    dataset_info.json agrees with what is written (class counts follow the class_name fields), so
+    image_tfrecords.json agrees with what is written (class counts follow the class_name fields), so
     that only the damage a test puts in the records is wrong.
     """
     root.mkdir(parents=True, exist_ok=True)
@@ -393,7 +396,7 @@ def test_a_class_name_that_disagrees_with_labels_txt_is_caught(tmp_path):
 def test_labels_txt_that_disagrees_with_dataset_info_is_caught(damaged):
     (damaged / "labels.txt").write_text("cat\nfox\ndog\n")
     problems = _problems(damaged, decode=False)
-    assert problems[0] == "labels.txt: 3 classes, but dataset_info.json lists 3; they differ first at id 1"
+    assert problems[0] == "labels.txt: 3 classes, but image_tfrecords.json lists 3; they differ first at id 1"
 
 
 def test_an_image_that_does_not_decode_is_caught_and_no_decode_skips_it(tmp_path):
@@ -489,5 +492,5 @@ def test_a_dataset_info_not_written_by_the_tool_is_refused(damaged, capsys):
     del info["splits"]
     _save_info(damaged, info)
     assert main_of(verify.run, [str(damaged)]) == 2
-    assert capsys.readouterr().err == (f"error: {damaged}/dataset_info.json lacks splits: it was not written by "
+    assert capsys.readouterr().err == (f"error: {damaged}/image_tfrecords.json lacks splits: it was not written by "
                                        "this tool; convert again\n")

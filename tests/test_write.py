@@ -197,7 +197,7 @@ def test_two_runs_give_the_same_shards_byte_for_byte_and_balanced_within_one_ima
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     import json
 
-    info = json.loads((tmp_path / "a" / "dataset_info.json").read_text())
+    info = json.loads((tmp_path / "a" / "image_tfrecords.json").read_text())
     for split in ("train", "validation"):
         counts = [s["records"] for s in info["splits"][split]["shards"]]
         assert max(counts) - min(counts) <= 1, (split, counts)

@@ -1,8 +1,11 @@
-"""DescribeDataset: errors.jsonl, labels.txt, features.json and, last, dataset_info.json.
+"""DescribeDataset: errors.jsonl, labels.txt, TFDS's files and, last, image_tfrecords.json.
 
-`dataset_info.json` is the marker that a dataset is complete: it is written
-only after every shard is final and its record count matches what was
-converted, and it is written under a temporary name and renamed into place.
+`image_tfrecords.json` is this tool's description of the dataset and the marker
+that it is complete: it is written only after every shard is final and its
+record count matches what was converted, and it is written under a temporary
+name and renamed into place. Before it: TFDS's label.labels.txt, features.json
+and dataset_info.json (transforms/tfds_metadata.py), so that
+`tfds.builder_from_directory` loads the folder.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterable
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import tfds_metadata
 from transforms.examples import feature_description
 from transforms.layout import SPLITS
 from transforms.outputs import (
@@ -31,9 +35,12 @@ from transforms.outputs import (
     remove_run_dir,
 )
 
-__all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "DescribeDataset",
-           "write_lines", "write_text"]
-FORMAT_VERSION = 1
+__all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "READABLE_VERSIONS",
+           "DescribeDataset", "write_lines", "write_text"]
+# 2: the description moved from dataset_info.json to image_tfrecords.json; dataset_info.json and
+# features.json are TFDS's now. Its fields are version 1's, plus "tfds".
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # the read-side tools read a version-1 folder's dataset_info.json as its description
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 
 _LOG = logging.getLogger(__name__)
@@ -126,7 +133,7 @@ class _WriteInfo(beam.DoFn):
             if written != records[split]:
                 raise DatasetIncomplete(
                     f"split {split!r}: the shards hold {written} records but {records[split]} images were "
-                    "converted; the dataset is incomplete, so dataset_info.json was not written. Run again."
+                    f"converted; the dataset is incomplete, so {INFO_FILE} was not written. Run again."
                 )
             splits[split] = {
                 "records": records[split],
@@ -142,9 +149,13 @@ class _WriteInfo(beam.DoFn):
         if found_total != written_total + rejected_total + skipped_total:
             raise DatasetIncomplete(
                 f"accounting mismatch: {found_total} files found but {written_total} written + "
-                f"{rejected_total} rejected + {skipped_total} skipped; dataset_info.json was not written"
+                f"{rejected_total} rejected + {skipped_total} skipped; {INFO_FILE} was not written"
             )
         all_shards = [s for info in splits.values() for s in info["shards"]]
+        compression = self._options["compression"]
+        tfds_files, tfds_note = tfds_metadata.tfds_files(
+            splits, self._schema, self._image_info, list(self._class_names), compression,
+            description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).")
         elapsed = max(time.time() - self._start_time, 1e-9)
         info = {
             "format_version": FORMAT_VERSION,
@@ -155,7 +166,7 @@ class _WriteInfo(beam.DoFn):
             "schema": self._schema,
             "features": feature_description(self._schema),
             "image": self._image_info,
-            "compression": self._options["compression"],
+            "compression": compression,
             "class_names": list(self._class_names),
             "num_classes": len(self._class_names),
             "splits": splits,
@@ -173,6 +184,8 @@ class _WriteInfo(beam.DoFn):
             "error_report": ERRORS_FILE,
             "elapsed_seconds": round(elapsed, 3),
             "images_per_second": round(written_total / elapsed, 2),
+            # TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
+            "tfds": {"files": list(tfds_files), "note": tfds_note},
         }
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
         published = _published_by(join(INFO_FILE), self._run_id)
@@ -191,7 +204,8 @@ class _WriteInfo(beam.DoFn):
         # Streamed from the side input, never held in memory: a messy folder may have millions.
         write_lines(join(ERRORS_FILE), (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections))
         write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
-        write_text(join(FEATURES_FILE), json.dumps(info["features"], indent=2) + "\n")
+        for name, text in tfds_files.items():  # TFDS's: label.labels.txt, features.json, dataset_info.json
+            write_text(join(name), text)
         write_text(join(INFO_FILE), json.dumps(info, indent=2) + "\n")  # last: the completion marker
         # This run's own temporary folder and lock; another run's are never touched.
         remove_run_dir(self._output_dir, self._run_id)

@@ -131,7 +131,7 @@ def build_example(
 
 
 def feature_description(schema: str = "default") -> dict[str, dict[str, object]]:
-    """The written keys as JSON-friendly {key: {dtype, shape, field}}; `features.json` holds this."""
+    """The written keys as JSON-friendly {key: {dtype, shape, field}}; image_tfrecords.json's "features" holds this."""
     return {
         key: {"dtype": "int64" if dtype == "int64" else "string", "shape": [], "field": field_name}
         for field_name, (key, dtype) in SCHEMAS[schema].items()

@@ -9,10 +9,12 @@ Layout of --output_dir while a run is going on:
 A run's files take their final names only when it publishes them, after every
 shard is written and counted: the previous dataset's files are removed, the new
 shards renamed into place (under their Kaggle names with --shard_names=kaggle),
-then labels.txt, features.json, errors.jsonl and, last, dataset_info.json. A
-folder without dataset_info.json therefore never holds a file named like a shard
-of a complete run, and `--overwrite` never loses the old
-dataset before the new one is complete.
+then errors.jsonl, labels.txt, TFDS's files (label.labels.txt, features.json,
+dataset_info.json) and, last, image_tfrecords.json, the completion marker. A
+folder without image_tfrecords.json therefore never holds a file named like a
+shard of a complete run, and `--overwrite` never loses the old dataset before the
+new one is complete. (Format version 1 of this tool wrote its own description as
+dataset_info.json, the marker then: `completion_marker` knows both.)
 
 Each run works in a folder of its own (its run id), and removes only that
 folder: a second run, or a scheduler's retry, can never delete a running job's
@@ -33,14 +35,23 @@ from collections.abc import Callable
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import tfds_metadata
+from transforms.examples import SCHEMAS
 from transforms.layout import SPLITS
 from transforms.listing import is_local
 
-INFO_FILE = "dataset_info.json"
+# This tool's description of the dataset (counts, shards, options), the completion marker: written last.
+INFO_FILE = "image_tfrecords.json"
 LABELS_FILE = "labels.txt"
-FEATURES_FILE = "features.json"
 ERRORS_FILE = "errors.jsonl"
-DESCRIPTION_FILES = (ERRORS_FILE, LABELS_FILE, FEATURES_FILE, INFO_FILE)  # in the order they are published
+# TensorFlow Datasets' files (transforms/tfds_metadata.py), so that tfds.builder_from_directory loads the folder.
+TFDS_INFO_FILE = tfds_metadata.TFDS_INFO_FILE
+FEATURES_FILE = tfds_metadata.TFDS_FEATURES_FILE
+TFDS_LABELS_FILES = tuple(sorted({tfds_metadata.labels_file(schema) for schema in SCHEMAS}))
+# Format version 1's description, under TFDS's name: a folder holding one is a complete dataset of that version.
+LEGACY_INFO_FILE = "dataset_info.json"
+# In the order they are published.
+DESCRIPTION_FILES = (ERRORS_FILE, LABELS_FILE, *TFDS_LABELS_FILES, FEATURES_FILE, TFDS_INFO_FILE, INFO_FILE)
 
 # Everything temporary lives in this one folder, which this tool alone writes.
 TEMP_DIR = ".image-tfrecords-tmp"
@@ -157,6 +168,31 @@ def remove_run_dir(output_dir: str, run_id: str) -> None:
             pass  # another run's folder (a leftover, or being deleted) is in it
 
 
+def _read_json(path: str):
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except Exception:  # none there, or not readable
+        return None
+
+
+def completion_marker(output_dir: str) -> str | None:
+    """The file that marks `output_dir`'s dataset complete, None when there is none.
+
+    image_tfrecords.json; or, for a dataset of format version 1, its dataset_info.json (this
+    tool's format, with a format_version, not TFDS's).
+    """
+    marker = FileSystems.join(output_dir, INFO_FILE)
+    if FileSystems.exists(marker):
+        return marker
+    legacy = FileSystems.join(output_dir, LEGACY_INFO_FILE)
+    if FileSystems.exists(legacy):
+        info = _read_json(legacy)
+        if isinstance(info, dict) and "format_version" in info:
+            return legacy
+    return None
+
+
 def publish_shards(output_dir: str, run_id: str, shard_files: list) -> None:
     """Replace the folder's previous dataset with this run's shards; the descriptions follow, by the caller.
 
@@ -165,13 +201,15 @@ def publish_shards(output_dir: str, run_id: str, shard_files: list) -> None:
     final name) pair for a file whose final name differs (--shard_names=kaggle).
     Each file is renamed once, from the run's folder to its final name.
 
-    dataset_info.json goes first, so that from here until the caller writes the
-    new one, the folder is visibly incomplete.
+    The completion marker goes first (image_tfrecords.json, or an earlier version's
+    dataset_info.json), so that from here until the caller writes the new one, the
+    folder is visibly incomplete.
     """
     pairs = [(entry, entry) if isinstance(entry, str) else tuple(entry) for entry in shard_files]
-    info = FileSystems.join(output_dir, INFO_FILE)
-    if FileSystems.exists(info):
-        FileSystems.delete([info])
+    for name in (INFO_FILE, LEGACY_INFO_FILE):
+        marker = FileSystems.join(output_dir, name)
+        if FileSystems.exists(marker):
+            FileSystems.delete([marker])
     new = {final for _, final in pairs}
     old = [p for p in final_outputs(output_dir) if relative_to(p, output_dir) not in new]
     if old:

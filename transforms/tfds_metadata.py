@@ -1,0 +1,183 @@
+"""TensorFlow Datasets' metadata for a converted folder, written with plain json (no TensorFlow on the workers).
+
+With these files `tfds.builder_from_directory(output_dir)` loads the dataset as it is:
+
+    dataset_info.json       TFDS's DatasetInfo proto as JSON: the splits with their shard lengths and
+                            bytes, where the shards are ({SPLIT}-{SHARD_X_OF_Y}.tfrecord) and the
+                            supervised keys (image, label)
+    features.json           TFDS's feature config: the image as an `Image` of the stored size (None x None
+                            when the size varies), the label as a `ClassLabel`, the other keys as `Text`
+                            and `Scalar`
+    <label>.labels.txt      the `ClassLabel`'s names (label.labels.txt, or image-class-label.labels.txt
+                            for --schema=tf_slim)
+
+The formats are TFDS 4.x's (`DatasetInfo.write_to_directory`, `FeatureConnector.save_config`); the tests
+load what these functions write with TFDS itself. TFDS reads uncompressed shards named by a template
+only: for gzip shards, or names it cannot template, `tfds_files` gives no files and the reason why.
+"""
+
+from __future__ import annotations
+
+import re
+
+from transforms.examples import SCHEMAS
+
+TFDS_INFO_FILE = "dataset_info.json"
+TFDS_FEATURES_FILE = "features.json"
+LABELS_SUFFIX = ".labels.txt"
+DATASET_NAME = "image_tfrecords"
+DATASET_VERSION = "1.0.0"
+# TFDS's variables: {SPLIT} and {SHARD_X_OF_Y} (00000-of-00004), as this tool names its shards.
+SHARD_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.tfrecord"
+# TFDS's file formats (its FileFormat names), by the shards' extension: TFRecord, and ArrayRecord.
+FILE_FORMATS = {"tfrecord": "tfrecord", "array_record": "array_record"}
+
+_PREFIX = "tensorflow_datasets.core.features."
+_CLASSES = {
+    "dict": _PREFIX + "features_dict.FeaturesDict",
+    "image": _PREFIX + "image_feature.Image",
+    "label": _PREFIX + "class_label_feature.ClassLabel",
+    "text": _PREFIX + "text_feature.Text",
+    "scalar": _PREFIX + "scalar.Scalar",
+}
+
+
+def _leaf(field_name: str, dtype: str, image_info: dict, num_classes: int) -> dict:
+    """One feature's config, as `FeatureConnector.to_proto` gives it in JSON."""
+    if field_name == "image":
+        height, width = image_info.get("height"), image_info.get("width")
+        fixed = image_info.get("fixed_size") and height and width
+        dims = [str(height), str(width)] if fixed else ["-1", "-1"]
+        return {"pythonClassName": _CLASSES["image"],
+                "image": {"shape": {"dimensions": dims + [str(image_info.get("channels", 3))]},
+                          "dtype": "uint8", "encodingFormat": image_info.get("format", "jpeg")}}
+    if field_name == "label":
+        return {"pythonClassName": _CLASSES["label"], "classLabel": {"numClasses": str(num_classes)}}
+    if dtype == "int64":
+        return {"pythonClassName": _CLASSES["scalar"],
+                "tensor": {"shape": {}, "dtype": "int64", "encoding": "none"}}
+    return {"pythonClassName": _CLASSES["text"], "text": {}}
+
+
+def _nest(schema: str) -> dict:
+    """The written keys as a nested dict of field names: 'image/class/label' -> {'image': {'class': {'label': ...}}}.
+
+    TFDS flattens nested features with '/', so nested dicts give exactly the keys this tool writes.
+    A key that is both a feature and a parent of others ('image' and 'image/encoded') cannot be nested.
+    """
+    tree: dict = {}
+    for field_name, (key, dtype) in SCHEMAS[schema].items():
+        *parents, leaf = key.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"schema {schema!r}: key {key!r} is below another feature")
+        if leaf in node:
+            raise ValueError(f"schema {schema!r}: key {key!r} is also a parent of other keys")
+        node[leaf] = (field_name, dtype)
+    return tree
+
+
+def _features_content(tree: dict, image_info: dict, num_classes: int) -> dict:
+    features = {}
+    for name, node in tree.items():
+        if isinstance(node, dict):
+            features[name] = {"pythonClassName": _CLASSES["dict"],
+                              "featuresDict": _features_content(node, image_info, num_classes)}
+        else:
+            features[name] = _leaf(*node, image_info, num_classes)
+    return {"features": features}
+
+
+def features_json(schema: str, image_info: dict, num_classes: int) -> dict:
+    """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`."""
+    return {
+        "pythonClassName": _CLASSES["dict"],
+        "featuresDict": _features_content(_nest(schema), image_info, num_classes),
+    }
+
+
+def labels_file(schema: str) -> str:
+    """The file that holds the ClassLabel's names, as TFDS finds it: its key, '/' as '-' (a nested feature)."""
+    key = SCHEMAS[schema]["label"][0]
+    return key.replace("/", "-") + LABELS_SUFFIX
+
+
+def file_format(splits: dict) -> str:
+    """The shards' extension (tfrecord, array_record): the first shard's; tfrecord when there is none."""
+    for info in splits.values():
+        for shard in info["shards"]:
+            return shard["file"].rpartition(".")[2]
+    return "tfrecord"
+
+
+def shard_template(extension: str = "tfrecord") -> str:
+    return SHARD_TEMPLATE.replace(".tfrecord", "." + extension)
+
+
+def _template_name(split: str, index: int, count: int, extension: str) -> str:
+    return shard_template(extension).format(SPLIT=split, SHARD_X_OF_Y=f"{index:05d}-of-{count:05d}")
+
+
+def unsupported(splits: dict, compression: str) -> str | None:
+    """Why TFDS cannot read these shards, None when it can."""
+    if compression != "none":
+        return (f"TFDS reads uncompressed TFRecord shards only, and these are {compression}-compressed: "
+                "convert with --compression=none to load the folder with tfds.builder_from_directory")
+    extension = file_format(splits)
+    if extension not in FILE_FORMATS:
+        extension = "tfrecord"  # the message below shows the names TFDS would find
+    template = shard_template(extension)
+    for split, info in splits.items():
+        names = [shard["file"] for shard in info["shards"]]
+        expected = [_template_name(split, i, len(names), extension) for i in range(len(names))]
+        if names != expected:
+            return (f"TFDS finds shards by the template {template} (e.g. {expected[0] if expected else '-'}), "
+                    f"and split {split!r} has other names ({names[0] if names else 'none'}): convert with the "
+                    "default shard names to load the folder with tfds.builder_from_directory")
+    return None
+
+
+def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
+    """TFDS's dataset_info.json (the DatasetInfo proto in JSON), for splits as image_tfrecords.json lists them."""
+    keys = SCHEMAS[schema]
+    extension = file_format(splits)
+    info = {
+        "name": DATASET_NAME,
+        "version": DATASET_VERSION,
+        "description": description,
+        "fileFormat": FILE_FORMATS.get(extension, "tfrecord"),
+        "moduleName": "image_tfrecords",
+        "splits": [
+            {
+                "name": split,
+                "shardLengths": [str(shard["records"]) for shard in info["shards"]],
+                "numBytes": str(sum(shard["bytes"] for shard in info["shards"])),
+                "filepathTemplate": shard_template(extension),
+            }
+            for split, info in splits.items()
+        ],
+    }
+    image, label = keys["image"][0], keys["label"][0]
+    if "/" not in image + label:  # TFDS 4.9 looks supervised keys up at the top level only
+        info["supervisedKeys"] = {"tuple": {"items": [{"featureKey": image}, {"featureKey": label}]}}
+    return info
+
+
+def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[str], compression: str,
+               description: str = "") -> tuple[dict[str, str], str | None]:
+    """{file name: text} of TFDS's files for this dataset, in the order to write them, and None; or ({}, why not)."""
+    import json
+
+    why_not = unsupported(splits, compression)
+    if why_not:
+        return {}, why_not
+    return {
+        labels_file(schema): "".join(f"{name}\n" for name in class_names),
+        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names)), indent=4, sort_keys=True),
+        TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
+    }, None
+
+
+LABELS_NAME = re.compile(r"[\w.-]+" + re.escape(LABELS_SUFFIX))
