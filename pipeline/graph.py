@@ -11,7 +11,7 @@ from transforms.describe import DescribeDataset
 from transforms.labels import UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.sharding import AssignShards
-from transforms.write import REJECTED, WRITTEN, WriteShards
+from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -42,6 +42,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "rejections": rejections,
         "shards": written.shards,
         "found": listed[FOUND],
+        "hashes": written[HASHES],
     } | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,

@@ -64,6 +64,17 @@ def shard_size_line(info: dict) -> str:
             f"(median {human_bytes(sizes['median'])}), {human_bytes(total)} in all.")
 
 
+def duplicates_line(info: dict) -> str:
+    """One line on the groups of byte-identical source files, or '' when there are none."""
+    found = info.get("duplicates") or {}
+    if not found.get("groups"):
+        return ""
+    kinds = [f"{found['within_split']} within a split", f"{found['across_splits']} across splits (leakage)",
+             f"{found['conflicting_labels']} with different labels (conflict)"]
+    return (f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): "
+            f"{', '.join(kinds)}; see \"duplicates\" in dataset_info.json.")
+
+
 def read_info(output_dir: str) -> dict:
     with FileSystems.open(FileSystems.join(output_dir, INFO_FILE), compression_type="uncompressed") as f:
         return json.loads(f.read().decode("utf-8"))
@@ -86,6 +97,9 @@ def format_summary(info: dict) -> str:
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
             lines.append(f"{title}: {reasons} (see {info['error_report']})")
+    line = duplicates_line(info)
+    if line:
+        lines.append(line)
     if files.get("upscaled"):
         lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}")
     lines.append(

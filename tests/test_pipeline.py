@@ -87,7 +87,7 @@ def test_summary_and_error_report(sample_output):
     assert lines == [{"relpath": "README.txt", "stage": "skipped", "reason": "not_an_image_extension",
                       "detail": "extension .txt is not an image extension"}]
     features = json.loads((sample_output / "features.json").read_text())
-    assert set(features) == {"image", "label", "class_name", "height", "width", "source_path"}
+    assert set(features) == {"image", "label", "class_name", "height", "width", "source_path", "sha256"}
 
 
 def test_bad_and_odd_files_are_reported_and_counted(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import duplicates as dup
 from transforms.examples import feature_description
 from transforms.layout import SPLITS
 from transforms.outputs import (
@@ -89,7 +90,7 @@ class _WriteInfo(beam.DoFn):
         self._start_time = start_time
         self._tool_version = tool_version
 
-    def process(self, _, tallies, shard_stats, rejections):
+    def process(self, _, tallies, shard_stats, rejections, duplicates=None):
         records = Counter()
         per_class = defaultdict(Counter)
         by_reason = {"skipped": Counter(), "rejected": Counter()}
@@ -160,6 +161,7 @@ class _WriteInfo(beam.DoFn):
                 "skipped": skipped_total,
                 "upscaled": upscaled,
             },
+            "duplicates": dup.describe(duplicates, self._class_names),
             "rejected_by_reason": dict(sorted(by_reason["rejected"].items())),
             "skipped_by_reason": dict(sorted(by_reason["skipped"].items())),
             "shard_bytes": _summary([s["bytes"] for s in all_shards]),
@@ -196,7 +198,8 @@ class DescribeDataset(beam.PTransform):
 
     Inputs (a dict): 'written' (((split, label, upscaled), records) from WriteShards),
     'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (numbers
-    of files listed, from ListImages).
+    of files listed, from ListImages), and optionally 'hashes' ((sha256, (split, label, relpath))
+    of every written image, from WriteShards) for the duplicate report.
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version):
@@ -223,6 +226,9 @@ class DescribeDataset(beam.PTransform):
         )
         # (split, file name, records, bytes, index file name or '')
         shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
+        side = {}
+        if "hashes" in inputs:  # one small dict: the counts and the first groups of identical source files
+            side["duplicates"] = beam.pvalue.AsSingleton(inputs["hashes"] | "FindDuplicates" >> dup.FindDuplicates())
         return (
             rejections.pipeline
             | "Once" >> beam.Create([None])
@@ -231,5 +237,6 @@ class DescribeDataset(beam.PTransform):
                 tallies=beam.pvalue.AsList(tallies),
                 shard_stats=beam.pvalue.AsList(shard_stats),
                 rejections=beam.pvalue.AsIter(rejections),
+                **side,
             )
         )

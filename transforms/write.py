@@ -29,10 +29,11 @@ from transforms.pool import ConversionPool, time_limit
 from transforms.sharding import ShardKey, rank_order
 from transforms.tfrecord import frame_record, record_offsets
 
-__all__ = ["REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "record_offsets",
+__all__ = ["HASHES", "REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "record_offsets",
            "shard_name", "write_index"]
 REJECTED = "rejected"
 WRITTEN = "written"
+HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report
 
 
 class ShardInfo(NamedTuple):
@@ -70,7 +71,8 @@ def write_index(folder: str, name: str, sizes: list[int]) -> None:
 
 
 class _ConvertAndWrite(beam.DoFn):
-    """(ShardKey, [ImageRef]) -> ShardInfo; Rejection on REJECTED; ((split, label, upscaled), records) on WRITTEN."""
+    """(ShardKey, [ImageRef]) -> ShardInfo; Rejection on REJECTED; ((split, label, upscaled), records) on WRITTEN;
+    (sha256, (split, label, relpath)) of each written image on HASHES."""
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
                  index_files: bool):
@@ -107,6 +109,8 @@ class _ConvertAndWrite(beam.DoFn):
                 out.write(record)
                 sizes.append(len(record))
                 written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
+                yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, outcome.ref.label,
+                                                                         outcome.ref.relpath)))
         size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
         if codec == CompressionTypes.UNCOMPRESSED and size != sum(sizes):
             raise OSError(f"{path} holds {size} bytes after writing {sum(sizes)}: the file system lost data; "
@@ -121,7 +125,8 @@ class _ConvertAndWrite(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection) and WRITTEN (tallies) on the side.
+    """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection), WRITTEN (tallies) and HASHES
+    ((sha256, (split, label, relpath)) per written image) on the side.
 
     Shards are written to the run's own temporary folder under their final
     names; the dataset description publishes them into `output_dir` once every
@@ -142,5 +147,5 @@ class WriteShards(beam.PTransform):
             placed
             # (ShardKey, [ImageRef]): references only, a shard's worth each
             | "GroupByShard" >> beam.GroupByKey()
-            | "ConvertAndWrite" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, main="shards")
+            | "ConvertAndWrite" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, main="shards")
         )
