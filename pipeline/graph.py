@@ -8,7 +8,7 @@ from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms.describe import DescribeDataset
-from transforms.labels import UNLABELED, AssignLabels
+from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
@@ -28,6 +28,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         seed=settings.seed,
         validation_split=settings.validation_split,
         test_split=settings.test_split,
+        group_by=settings.group_by,
     )
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
     placed = labeled.images | "AssignShards" >> AssignShards(plan.sizing)
@@ -37,13 +38,17 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         settings.compression, settings.index_files,
     )
     rejections = (listed[SKIPPED], labeled[UNLABELED], written[REJECTED]) | "AllRejections" >> beam.Flatten()
-    info = {
+    inputs = {
         "written": written[WRITTEN],
         "rejections": rejections,
         "shards": written.shards,
         "found": listed[FOUND],
         "hashes": written[HASHES],
-    } | "DescribeDataset" >> DescribeDataset(
+    }
+    if settings.group_by:
+        inputs["groups"] = labeled[GROUPS]
+    split_by = "split_folders" if plan.split_folders else "group_hash" if settings.group_by else "path_hash"
+    info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,
         plan.class_names,
@@ -52,5 +57,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         plan.image_info(settings),
         start_time,
         __version__,
+        split_by,
     )
     return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

@@ -66,6 +66,8 @@ class Settings:
     quiet: bool
     verbose: bool
     index_files: bool = False
+    group_by: str | None = None
+    duplicates: str = "keep"
 
     @property
     def overwrite(self) -> bool:
@@ -97,6 +99,8 @@ class Settings:
             "compression": self.compression,
             "follow_symlinks": self.follow_symlinks,
             "index_files": self.index_files,
+            "group_by": self.group_by,
+            "duplicates": self.duplicates,
         }
 
 
@@ -184,6 +188,18 @@ def expand_placeholders(path: str, flag: str, now: float | None = None, run_date
     return re.sub(r"\{([^{}]*)\}", substitute, path)
 
 
+def parse_group_by(text: str | None) -> str | None:
+    """--group_by as a regular expression that compiles, or None when not given."""
+    if text is None or text == "":
+        return None
+    try:
+        re.compile(text)  # compiled again on the workers
+    except re.error as e:
+        raise UserError(f"--group_by={text!r} is not a regular expression ({e}): give a Python regular expression "
+                        r"whose first group is the group, such as '^[^/]+/(patient\d+)_'") from None
+    return text
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -239,6 +255,7 @@ def validate(options: PipelineOptions) -> Settings:
             raise UserError(f"--overwrite and --if_exists={if_exists} contradict each other: give one of them")
         if_exists = "overwrite"
     run_date = parse_run_date(o.run_date)
+    group_by = parse_group_by(o.group_by)
     image = ImageSettings(
         width=width,
         height=height,
@@ -272,6 +289,8 @@ def validate(options: PipelineOptions) -> Settings:
         quiet=o.quiet,
         verbose=o.verbose,
         index_files=o.index_files,
+        group_by=group_by,
+        duplicates=o.duplicates,
     )
 
 
