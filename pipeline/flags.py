@@ -16,7 +16,7 @@ from transforms.imaging import CHROMA_SUBSAMPLING, IMAGE_FORMATS, RESAMPLE_FILTE
 
 COMPRESSIONS = ("none", "gzip")
 IF_EXISTS = ("refuse", "overwrite", "skip")
-DUPLICATES = ("keep",)
+DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
 
@@ -73,7 +73,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
     add("--duplicates", default="keep", choices=DUPLICATES,
         help="What to do with byte-identical source files (found by the SHA-256 every record stores): keep "
              "writes every copy and reports the groups in the summary and dataset_info.json (same label in one "
-             "split, across splits, different labels). Default: keep.")
+             "split, across splits, different labels); drop writes the copy with the first path of each group and "
+             "reports the others in errors.jsonl as duplicate, or every copy as duplicate_conflict when they carry "
+             "different labels. drop reads every file twice (a hashing pass before the shards are assigned). "
+             "Default: keep.")
     add("--seed", type=int, default=42,
         help="Seed of the split hash and of the shuffle order. Default: 42.")
     add("--image_size", default="512",

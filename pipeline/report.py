@@ -111,8 +111,10 @@ def duplicates_line(info: dict) -> str:
         return ""
     kinds = [f"{found['within_split']} within a split", f"{found['across_splits']} across splits (leakage)",
              f"{found['conflicting_labels']} with different labels (conflict)"]
+    dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
+               "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
     return (f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): "
-            f"{', '.join(kinds)}; see \"duplicates\" in dataset_info.json.")
+            f"{', '.join(kinds)}; see \"duplicates\" in dataset_info.json.{dropped}")
 
 
 def read_info(output_dir: str) -> dict:

@@ -100,6 +100,32 @@ def test_duplicate_groups_are_told_apart_in_dataset_info_and_the_summary(tree_wi
     assert info["files"]["written"] == 16
 
 
+def test_drop_writes_one_copy_per_group_and_none_of_a_conflict(tree_with_copies, tmp_path):
+    from pipeline import verify
+
+    src, copies = tree_with_copies
+    out = tmp_path / "out"
+    assert convert(src, out, "--image_size=16", "--duplicates=drop") == 0
+    info, rows = _records(out)
+    errors = {e["relpath"]: e for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    within, across = sorted(copies[0]), sorted(copies[1])
+    assert {path: (e["stage"], e["reason"]) for path, e in errors.items()} == {
+        within[1]: ("rejected", "duplicate"), across[1]: ("rejected", "duplicate"),
+        "cat/rose.png": ("rejected", "duplicate_conflict"), "dog/tulip.png": ("rejected", "duplicate_conflict")}
+    assert errors[within[1]]["detail"].startswith(f"the same bytes as {within[0]!r}, which is written")
+    assert "under the classes 'cat', 'dog': no copy is written" in errors["cat/rose.png"]["detail"]
+    assert set(rows) == {f"{c}/own_{i}.png" for c in ("cat", "dog") for i in range(5)} | {within[0], across[0]}
+    assert len(set(rows.values())) == len(rows) == 12  # no two records of the same bytes
+    assert info["files"] == {"found": 16, "written": 12, "rejected": 4, "skipped": 0, "upscaled": 0}
+    assert info["rejected_by_reason"] == {"duplicate": 2, "duplicate_conflict": 2}
+    # The report covers the input's groups, as with keep.
+    assert {k: v for k, v in info["duplicates"].items() if k != "examples"} == {
+        "groups": 3, "copies": 6, "within_split": 1, "across_splits": 1, "conflicting_labels": 1}
+    assert "--duplicates=drop wrote one copy of each group" in format_summary(info)
+    report = verify.verify_dataset(str(out))
+    assert report.problems == [] and report.warnings == []
+
+
 def test_no_duplicates_no_line(tmp_path):
     src = tmp_path / "in"
     for c, name in enumerate(("a", "b")):
@@ -138,3 +164,19 @@ def test_the_reader_reads_records_written_before_sha256_was_stored():
     del record.features.feature["sha256"]  # as a dataset written before the key was added
     parsed = tf.io.parse_single_example(record.SerializeToString(), reader.feature_spec())
     assert parsed["sha256"] == b"" and parsed["label"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_the_hashing_pass_of_drop_leaves_odd_files_to_the_conversion(tmp_path):
+    """Bounded reads: a FIFO is not opened, a file over the limit is not hashed, a missing one is left to the
+    conversion (which rejects each with its reason); a file is hashed piece by piece to the same digest."""
+    import os
+
+    data = os.urandom(3 * dup.HASH_CHUNK + 5)
+    (tmp_path / "big.bin").write_bytes(data)
+    assert dup.hash_file(str(tmp_path / "big.bin"), len(data)) == hashlib.sha256(data).hexdigest()
+    assert dup.hash_file(str(tmp_path / "big.bin"), len(data) - 1) == ""
+    assert dup.hash_file(str(tmp_path / "big.bin"), len(data) - 1, size=None) == ""
+    os.mkfifo(tmp_path / "fifo.jpg")
+    assert dup.hash_file(str(tmp_path / "fifo.jpg"), 1 << 20) == ""
+    assert dup.hash_file(str(tmp_path / "gone.jpg"), 1 << 20) == ""

@@ -211,7 +211,7 @@ def test_tf_slim_schema_gzip_and_explicit_shards(tmp_path):
     raw = next(iter_records(str(out / files[0])))
     feature = Example.FromString(raw).features.feature
     assert set(feature) == {"image/encoded", "image/format", "image/class/label", "image/class/text",
-                            "image/height", "image/width", "image/filename"}
+                            "image/height", "image/width", "image/filename", "image/key/sha256"}
     assert feature["image/format"].bytes_list.value[0] == b"jpeg"
     assert (feature["image/width"].int64_list.value[0], feature["image/height"].int64_list.value[0]) == (32, 20)
 

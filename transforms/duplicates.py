@@ -13,7 +13,9 @@ reports. A group is one of three kinds:
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import typing
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -44,7 +46,7 @@ def kind(group: DuplicateGroup) -> str:
 
 def duplicate_groups(sha256: str, copies: Iterable[tuple[str, int, str]]) -> list[DuplicateGroup]:
     """[the group] when `copies` holds two or more files, else []."""
-    copies = sorted((str(s), int(label), str(path)) for s, label, path in copies)
+    copies = sorted(((str(s), int(label), str(path)) for s, label, path in copies), key=lambda c: (c[2], c))
     if not sha256 or len(copies) < 2:
         return []
     return [DuplicateGroup(sha256, tuple(copies))]
@@ -108,3 +110,121 @@ class FindDuplicates(beam.PTransform):
             | "KeepCopies" >> beam.FlatMapTuple(duplicate_groups)
             | "Summarise" >> beam.CombineGlobally(_Summarise())
         )
+
+
+# --- --duplicates=drop: a hashing pass before the shards are assigned ---------------------------------------------
+
+DUPLICATE = "duplicate"
+DUPLICATE_CONFLICT = "duplicate_conflict"
+DROPPED = "dropped"
+UNHASHED = "unhashed"
+HASH_CHUNK = 1 << 20
+
+
+def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
+    """The hex SHA-256 of the file at `path` (local or gs://), read in 1 MB pieces (memory stays small);
+    '' for a file that is not hashed here: larger than `max_bytes`, not a regular file, or unreadable (the
+    conversion then rejects it with its reason).
+
+    Raises:
+        TransientReadError: the read kept failing with transient errors (the bundle fails and is retried).
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms.convert import check_regular_file
+    from transforms.transient import TransientReadError, with_retries
+
+    def read(_timeout: float) -> str:
+        digest, total = hashlib.sha256(), 0
+        with FileSystems.open(path, compression_type="uncompressed") as f:
+            while piece := f.read(HASH_CHUNK):
+                total += len(piece)
+                if total > max_bytes:
+                    return ""
+                digest.update(piece)
+        return digest.hexdigest()
+
+    try:
+        if FileSystems.get_scheme(path) is None:
+            size = check_regular_file(path)
+        if size is not None and size > max_bytes:
+            return ""
+        return with_retries(read, path)
+    except TransientReadError:
+        raise
+    except Exception:  # not this step's to judge: the conversion reads it again and rejects it with the reason
+        return ""
+
+
+def resolve(sha256: str, refs: Iterable) -> Iterable:
+    """One group of byte-identical files -> the ImageRef to write (the first path) and a Rejection (DROPPED) of
+    each other copy; copies under different labels are all rejected (no label is picked). A lone file is kept."""
+    from transforms import counters
+    from transforms.records import Rejection
+
+    refs = sorted(refs, key=lambda r: r.relpath)
+    if len(refs) == 1:
+        yield refs[0]
+        return
+    labels = sorted({r.class_name for r in refs})
+    if len(labels) > 1:
+        for ref in refs:
+            counters.inc(f"rejected_{DUPLICATE_CONFLICT}")
+            others = [r.relpath for r in refs if r is not ref]
+            yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+                ref.relpath, "rejected", DUPLICATE_CONFLICT,
+                f"the same bytes as {', '.join(repr(o) for o in others[:3])}{' ...' if len(others) > 3 else ''} "
+                f"under the classes {', '.join(repr(n) for n in labels)}: no copy is written "
+                f"(--duplicates=drop; SHA-256 {sha256})"))
+        return
+    keeper, *copies = refs
+    yield keeper
+    for ref in copies:
+        counters.inc(f"rejected_{DUPLICATE}")
+        yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+            ref.relpath, "rejected", DUPLICATE,
+            f"the same bytes as {keeper.relpath!r}, which is written (--duplicates=drop; SHA-256 {sha256})"))
+
+
+class _Hash(beam.DoFn):
+    """ImageRef -> (sha256, ImageRef); one that is not hashed here on UNHASHED; (sha256, (split, label, relpath))
+    on HASHES for the duplicate report."""
+
+    def __init__(self, max_bytes: int):
+        self._max_bytes = max_bytes
+
+    def process(self, ref):
+        digest = hash_file(ref.path, self._max_bytes, ref.size)
+        if not digest:
+            yield beam.pvalue.TaggedOutput(UNHASHED, ref)
+            return
+        yield beam.pvalue.TaggedOutput(HASHES, (digest, (ref.split, ref.label, ref.relpath)))
+        yield digest, ref
+
+
+HASHES = "hashes"
+
+
+class DropDuplicates(beam.PTransform):
+    """ImageRef -> the ImageRefs to write ('kept'); DROPPED: Rejection of each copy not written; HASHES:
+    (sha256, (split, label, relpath)) of every hashed image, for the duplicate report.
+
+    Every file is read once here, before the shards are assigned (the shards are counted from the kept
+    images), and again when it is converted: that second read is the price of --duplicates=drop.
+    """
+
+    def __init__(self, max_file_bytes: int):
+        super().__init__()
+        self._max_bytes = max_file_bytes
+
+    def expand(self, refs):
+        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes)).with_output_types(
+            tuple[str, typing.Any]).with_outputs(UNHASHED, HASHES, main="hashed")
+        resolved = (
+            hashed.hashed
+            # (sha256, [ImageRef]): spread over the workers by hash
+            | "GroupByHash" >> beam.GroupByKey()
+            | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve).with_outputs(DROPPED, main="kept")
+        )
+        kept = (resolved.kept, hashed[UNHASHED]) | "KeptAndUnhashed" >> beam.Flatten()
+        return {"kept": kept, DROPPED: resolved[DROPPED], HASHES: hashed[HASHES]}
