@@ -195,7 +195,7 @@ def parse_group_by(text: str | None) -> str | None:
     try:
         re.compile(text)  # compiled again on the workers
     except re.error as e:
-        raise UserError(f"--group_by={text!r} is not a regular expression ({e}): give a Python regular expression "
+        raise UserError(f"--group_by='{text}' is not a regular expression ({e}): give a Python regular expression "
                         r"whose first group is the group, such as '^[^/]+/(patient\d+)_'") from None
     return text
 
