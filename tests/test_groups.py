@@ -141,3 +141,24 @@ def test_a_bad_regex_is_one_line_naming_the_flag(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --group_by='[a-' is not a regular expression"), lines
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(300)
+def test_names_that_are_not_utf8_are_grouped_reported_and_deduplicated(tmp_path):
+    """A file name that is not UTF-8 (its bytes as surrogates in Python) in the group and duplicate reports, and
+    in the hashing pass of --duplicates=drop: shown as \\xNN, and the run does not fail on it."""
+    import os
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    _tree(src, groups=4, unmatched=())
+    data = (src / "benign" / "patient00_0.png").read_bytes()
+    for name in (b"benign/patient\xe9_0.png", b"malign/caf\xe9.png"):
+        with open(os.path.join(os.fsencode(src), name), "wb") as f:
+            f.write(data)  # byte-identical to benign/patient00_0.png
+    assert convert(src, out, r"--group_by=/(patient[^_]+)_", "--image_size=8", "--duplicates=drop") == 0
+    info = json.loads((out / "dataset_info.json").read_text())
+    assert info["groups"]["groups"] == 5 and info["groups"]["ungrouped_examples"] == ["malign/caf\\xe9.png"]
+    assert info["duplicates"]["groups"] == 1 and info["duplicates"]["conflicting_labels"] == 1
+    errors = {e["relpath"]: e["reason"] for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    assert errors == {"benign/patient00_0.png": "duplicate_conflict", "benign/patient\\xe9_0.png": "duplicate_conflict",
+                      "malign/caf\\xe9.png": "duplicate_conflict"}

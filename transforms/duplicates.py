@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import apache_beam as beam
 
+from transforms.layout import display_path
+
 WITHIN_SPLIT = "within_split"
 ACROSS_SPLITS = "across_splits"
 CONFLICTING_LABELS = "conflicting_labels"
@@ -170,7 +172,7 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
     if len(labels) > 1:
         for ref in refs:
             counters.inc(f"rejected_{DUPLICATE_CONFLICT}")
-            others = [r.relpath for r in refs if r is not ref]
+            others = [display_path(r.relpath) for r in refs if r is not ref]
             yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
                 ref.relpath, "rejected", DUPLICATE_CONFLICT,
                 f"the same bytes as {', '.join(repr(o) for o in others[:3])}{' ...' if len(others) > 3 else ''} "
@@ -183,7 +185,8 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
         counters.inc(f"rejected_{DUPLICATE}")
         yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
             ref.relpath, "rejected", DUPLICATE,
-            f"the same bytes as {keeper.relpath!r}, which is written (--duplicates=drop; SHA-256 {sha256})"))
+            f"the same bytes as {display_path(keeper.relpath)!r}, which is written "
+            f"(--duplicates=drop; SHA-256 {sha256})"))
 
 
 class _Hash(beam.DoFn):
@@ -198,7 +201,7 @@ class _Hash(beam.DoFn):
         if not digest:
             yield beam.pvalue.TaggedOutput(UNHASHED, ref)
             return
-        yield beam.pvalue.TaggedOutput(HASHES, (digest, (ref.split, ref.label, ref.relpath)))
+        yield beam.pvalue.TaggedOutput(HASHES, (digest, (ref.split, ref.label, display_path(ref.relpath))))
         yield digest, ref
 
 

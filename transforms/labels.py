@@ -7,7 +7,7 @@ import re
 import apache_beam as beam
 
 from transforms import counters
-from transforms.layout import UNKNOWN_CLASS, Placement, place, shuffle_key
+from transforms.layout import UNKNOWN_CLASS, Placement, display_path, place, shuffle_key
 from transforms.records import FileRef, ImageRef, Rejection
 
 UNLABELED = "unlabeled"
@@ -43,7 +43,9 @@ class _AssignLabel(beam.DoFn):
             return
         counters.inc("images_to_convert")
         if self._group_by:
-            yield beam.pvalue.TaggedOutput(GROUPS, (placed.group, placed.split, ref.relpath))
+            # As text for the report: a name that is not UTF-8 shows its bytes as \xNN (and can be encoded).
+            yield beam.pvalue.TaggedOutput(GROUPS, (display_path(placed.group), placed.split,
+                                                    display_path(ref.relpath)))
         yield ImageRef(ref.path, ref.relpath, ref.size, placed.split, placed.class_name, label,
                        shuffle_key(ref.relpath, self._seed))
 

@@ -24,6 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.convert import convert_in_order
 from transforms.imaging import ImageSettings
+from transforms.layout import display_path
 from transforms.outputs import index_name, shards_dir
 from transforms.pool import ConversionPool, time_limit
 from transforms.sharding import ShardKey, rank_order
@@ -110,7 +111,7 @@ class _ConvertAndWrite(beam.DoFn):
                 sizes.append(len(record))
                 written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
                 yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, outcome.ref.label,
-                                                                         outcome.ref.relpath)))
+                                                                         display_path(outcome.ref.relpath))))
         size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
         if codec == CompressionTypes.UNCOMPRESSED and size != sum(sizes):
             raise OSError(f"{path} holds {size} bytes after writing {sum(sizes)}: the file system lost data; "
