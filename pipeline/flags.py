@@ -18,6 +18,7 @@ COMPRESSIONS = ("none", "gzip")
 FILE_FORMATS = ("tfrecord", "array_record")  # transforms.shardfiles writes them
 SHARD_NAMES = ("standard", "kaggle")
 IF_EXISTS = ("refuse", "overwrite", "skip")
+DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
 
@@ -64,6 +65,20 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "split folders. Default: 0.2.")
     add("--test_split", type=float, default=0.0,
         help="Share of images assigned to test, like --validation_split. Default: 0.0.")
+    add("--group_by", default=None,
+        help="Regular expression searched in each image's path below --input_dir (e.g. '^[^/]+/(patient\\d+)_'): "
+             "its first capture group (the whole match without one) is the image's group, and every image of a "
+             "group lands in the same split, by a hash of the group and --seed. An image whose path it does not "
+             "match is its own group (the split it has without --group_by) and is counted in the summary. With "
+             "split folders, images keep their folder's split and groups found in two splits are reported. "
+             "Default: none, each image's split comes from its own path.")
+    add("--duplicates", default="keep", choices=DUPLICATES,
+        help="What to do with byte-identical source files (found by the SHA-256 every record stores): keep "
+             "writes every copy and reports the groups in the summary and dataset_info.json (same label in one "
+             "split, across splits, different labels); drop writes the copy with the first path of each group and "
+             "reports the others in errors.jsonl as duplicate, or every copy as duplicate_conflict when they carry "
+             "different labels. drop reads every file twice (a hashing pass before the shards are assigned). "
+             "Default: keep.")
     add("--seed", type=int, default=42,
         help="Seed of the split hash and of the shuffle order. Default: 42.")
     add("--image_size", default="512",
@@ -111,7 +126,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "outside Python's lock, so two keep a core busy while the other waits, and let busy workers use "
              "the cores of idle ones. Default: 2.")
     add("--schema", default="default", choices=tuple(SCHEMAS),
-        help="Example keys: default (image, label, class_name, height, width, source_path) or tf_slim "
+        help="Example keys: default (image, label, class_name, height, width, source_path, sha256) or tf_slim "
              "(image/encoded, image/class/label, ...). Default: default.")
     add("--num_shards", default="0",
         help="Shards of each split: per split as train=64,validation=8 (a split not named is sized by "

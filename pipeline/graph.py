@@ -8,10 +8,12 @@ from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms.describe import DescribeDataset
-from transforms.labels import UNLABELED, AssignLabels
+from transforms.duplicates import DROPPED, DropDuplicates
+from transforms.duplicates import HASHES as DUP_HASHES
+from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.sharding import AssignShards
-from transforms.write import REJECTED, WRITTEN, WriteShards
+from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -28,21 +30,33 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         seed=settings.seed,
         validation_split=settings.validation_split,
         test_split=settings.test_split,
+        group_by=settings.group_by,
     )
+    images, dropped, source_hashes = labeled.images, [], None
+    if settings.duplicates == "drop":
+        # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
+        deduped = images | "DropDuplicates" >> DropDuplicates(settings.image.max_file_bytes)
+        images, dropped, source_hashes = deduped["kept"], [deduped[DROPPED]], deduped[DUP_HASHES]
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
-    placed = labeled.images | "AssignShards" >> AssignShards(plan.sizing)
+    placed = images | "AssignShards" >> AssignShards(plan.sizing)
     # (ShardKey, ImageRef) -> ShardInfo: each shard converted and written where its images are grouped
     written = placed | "WriteShards" >> WriteShards(
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
         settings.compression, settings.index_files, settings.file_format, settings.shard_names,
     )
-    rejections = (listed[SKIPPED], labeled[UNLABELED], written[REJECTED]) | "AllRejections" >> beam.Flatten()
-    info = {
+    rejections = (listed[SKIPPED], labeled[UNLABELED], *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
+    inputs = {
         "written": written[WRITTEN],
         "rejections": rejections,
         "shards": written.shards,
         "found": listed[FOUND],
-    } | "DescribeDataset" >> DescribeDataset(
+        # every written image's source hash; with drop, every hashed source's (the report covers the input)
+        "hashes": written[HASHES] if source_hashes is None else source_hashes,
+    }
+    if settings.group_by:
+        inputs["groups"] = labeled[GROUPS]
+    split_by = "split_folders" if plan.split_folders else "group_hash" if settings.group_by else "path_hash"
+    info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,
         plan.class_names,
@@ -51,5 +65,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         plan.image_info(settings),
         start_time,
         __version__,
+        split_by,
     )
     return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

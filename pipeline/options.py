@@ -69,6 +69,8 @@ class Settings:
     index_files: bool = False
     file_format: str = "tfrecord"
     shard_names: str = "standard"
+    group_by: str | None = None
+    duplicates: str = "keep"
 
     @property
     def overwrite(self) -> bool:
@@ -102,6 +104,8 @@ class Settings:
             "index_files": self.index_files,
             "file_format": self.file_format,
             "shard_names": self.shard_names,
+            "group_by": self.group_by,
+            "duplicates": self.duplicates,
         }
 
 
@@ -189,6 +193,18 @@ def expand_placeholders(path: str, flag: str, now: float | None = None, run_date
     return re.sub(r"\{([^{}]*)\}", substitute, path)
 
 
+def parse_group_by(text: str | None) -> str | None:
+    """--group_by as a regular expression that compiles, or None when not given."""
+    if text is None or text == "":
+        return None
+    try:
+        re.compile(text)  # compiled again on the workers
+    except re.error as e:
+        raise UserError(f"--group_by='{text}' is not a regular expression ({e}): give a Python regular expression "
+                        r"whose first group is the group, such as '^[^/]+/(patient\d+)_'") from None
+    return text
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -253,6 +269,7 @@ def validate(options: PipelineOptions) -> Settings:
             raise UserError(f"--overwrite and --if_exists={if_exists} contradict each other: give one of them")
         if_exists = "overwrite"
     run_date = parse_run_date(o.run_date)
+    group_by = parse_group_by(o.group_by)
     image = ImageSettings(
         width=width,
         height=height,
@@ -288,6 +305,8 @@ def validate(options: PipelineOptions) -> Settings:
         index_files=o.index_files,
         file_format=o.file_format,
         shard_names=o.shard_names,
+        group_by=group_by,
+        duplicates=o.duplicates,
     )
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
-from transforms.examples import SCHEMAS
+from transforms.examples import OPTIONAL_FIELDS, SCHEMAS
 from transforms.outputs import LEGACY_INFO_FILE
 
 if TYPE_CHECKING:
@@ -206,12 +206,15 @@ def feature_spec(schema: str = "default") -> dict:
     """The `tf.io.parse_single_example` spec of a schema ('default' or 'tf_slim'), keyed by stored key."""
     import tensorflow as tf
 
-    return {key: tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string)
-            for key, dtype in SCHEMAS[schema].values()}
+    # A key that older datasets lack (sha256) reads as '' there instead of failing the parse.
+    return {key: tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string,
+                                       default_value="" if field in OPTIONAL_FIELDS else None)
+            for field, (key, dtype) in SCHEMAS[schema].items()}
 
 
 def parse_example(serialized, schema: str = "default", decode: bool = True, image_size=None) -> dict:
-    """Parse one serialized Example into canonical names: image, label, class_name, height, width, source_path.
+    """Parse one serialized Example into canonical names: image, label, class_name, height, width, source_path,
+    sha256 ('' in datasets written before it was recorded).
 
     With `decode`, `image` is a uint8 [H, W, 3] tensor (JPEG or PNG); `image_size`
     (height, width) sets its static shape, as a TPU needs.

@@ -64,6 +64,59 @@ def shard_size_line(info: dict) -> str:
             f"(median {human_bytes(sizes['median'])}), {human_bytes(total)} in all.")
 
 
+def _percent(share: float) -> str:
+    return f"{100 * share:.1f} %"
+
+
+def split_shares_line(info: dict) -> str:
+    """For splits made by a hash: the share of written images each split got, next to the share asked for."""
+    options = info.get("options") or {}
+    if info.get("split_by") not in ("path_hash", "group_hash") or "validation_split" not in options:
+        return ""
+    total = sum(s["records"] for s in info["splits"].values())
+    if not total:
+        return ""
+    asked = {"validation": options["validation_split"], "test": options.get("test_split", 0.0)}
+    asked["train"] = 1.0 - asked["validation"] - asked["test"]
+    parts = [f"{split} {_percent(info['splits'].get(split, {}).get('records', 0) / total)} "
+             f"(asked {100 * asked[split]:.3g} %)" for split in ("train", "validation", "test")
+             if asked[split] or split in info["splits"]]
+    return "Split shares of the images written: " + ", ".join(parts) + "."
+
+
+def group_lines(info: dict) -> list[str]:
+    """What --group_by found: groups, images without a group, groups in two split folders."""
+    groups = info.get("groups")
+    if not groups:
+        return []
+    pattern = (info.get("options") or {}).get("group_by")
+    lines = [f"Groups (--group_by={pattern}): {groups['groups']} groups of {groups['grouped_images']} images."]
+    if groups["ungrouped_images"]:
+        shown = ", ".join(repr(p) for p in groups["ungrouped_examples"][:3])
+        lines.append(f"  {groups['ungrouped_images']} images matched no group and are each their own group "
+                     f"(e.g. {shown}); check the pattern if they belong to one (\"groups\" in dataset_info.json).")
+    if groups["groups_in_several_splits"]:
+        first = groups["several_splits_examples"][0]
+        where = ", ".join(f"{split} {n}" for split, n in first["images"].items())
+        spread = groups["groups_in_several_splits"]
+        lines.append(f"  Groups with images in more than one split folder (leakage): {spread}, "
+                     f"e.g. {first['group']!r} ({where}); see \"groups\" in dataset_info.json.")
+    return lines
+
+
+def duplicates_line(info: dict) -> str:
+    """One line on the groups of byte-identical source files, or '' when there are none."""
+    found = info.get("duplicates") or {}
+    if not found.get("groups"):
+        return ""
+    kinds = [f"{found['within_split']} within a split", f"{found['across_splits']} across splits (leakage)",
+             f"{found['conflicting_labels']} with different labels (conflict)"]
+    dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
+               "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
+    return (f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): "
+            f"{', '.join(kinds)}; see \"duplicates\" in dataset_info.json.{dropped}")
+
+
 def read_info(output_dir: str) -> dict:
     with FileSystems.open(FileSystems.join(output_dir, INFO_FILE), compression_type="uncompressed") as f:
         return json.loads(f.read().decode("utf-8"))
@@ -86,6 +139,9 @@ def format_summary(info: dict) -> str:
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
             lines.append(f"{title}: {reasons} (see {info['error_report']})")
+    for line in (split_shares_line(info), *group_lines(info), duplicates_line(info)):
+        if line:
+            lines.append(line)
     if files.get("upscaled"):
         lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}")
     lines.append(

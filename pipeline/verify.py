@@ -77,8 +77,8 @@ class _ShardResult:
     class_counts: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     omitted: int = 0
-    # (record index, source path, content key or None when the image cannot be read)
-    entries: list[tuple[int, str, bytes | None]] = field(default_factory=list)
+    # (record index, source path, content key or None when the image cannot be read, class name)
+    entries: list[tuple[int, str, bytes | None, str]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
 
     def problem(self, index: int | None, text: str) -> None:
@@ -228,7 +228,7 @@ class _RecordChecker:
             result.problem(index, f"the decoded image is {shape[0]}x{shape[1]} but the record says {height}x{width}")
         # The same key for the same content: the decoded pixels' shape and fingerprint, or the bytes'.
         key = struct.pack("<3q", *shape) + row["fingerprint"].tobytes() if content else None
-        result.entries.append((index, source_path, key))
+        result.entries.append((index, source_path, key, class_name))
 
 
 @dataclass
@@ -460,10 +460,10 @@ def _nothing_written(info: dict) -> str:
 def _check_duplicates(results: list[tuple[dict, _ShardResult]], report: Report) -> set[str]:
     """Report source paths written twice and images in two splits; returns every source path read."""
     first_path: dict[str, str] = {}
-    first_image: dict[bytes, tuple[str, str, str]] = {}
+    first_image: dict[bytes, tuple[str, str, str, str]] = {}
     same_split = Counter()
     for _, result in results:
-        for index, source_path, digest in result.entries:
+        for index, source_path, digest, class_name in result.entries:
             where = f"{result.name} record {index}"
             if source_path in first_path:
                 report.problems.append(f"{where}: source path {source_path!r} is written twice (also in "
@@ -474,16 +474,22 @@ def _check_duplicates(results: list[tuple[dict, _ShardResult]], report: Report) 
                 continue
             seen = first_image.get(digest)
             if seen is None:
-                first_image[digest] = (result.split, where, source_path)
-            elif seen[0] != result.split:
+                first_image[digest] = (result.split, where, source_path, class_name)
+                continue
+            # Copies under different labels: no label is right for both, wherever they are.
+            conflict = (f"the same image under two labels, {class_name!r} and {seen[3]!r}"
+                        if class_name != seen[3] else "")
+            if seen[0] != result.split:
+                why = f"{conflict}, and leakage between splits" if conflict else "leakage between splits"
                 report.problems.append(
                     f"{where}: the same image as {seen[1]}: {source_path!r} in {result.split} and {seen[2]!r} in "
-                    f"{seen[0]} (leakage between splits)")
+                    f"{seen[0]} ({why})")
             else:
                 same_split[result.split] += 1
                 if same_split[result.split] <= 10:
                     report.warnings.append(f"{where}: the same image as {seen[1]} in split {result.split!r} "
-                                           f"({source_path!r} and {seen[2]!r})")
+                                           f"({source_path!r} and {seen[2]!r}" + (f"; {conflict})" if conflict
+                                                                                 else ")"))
     for split, count in same_split.items():
         if count > 10:
             report.warnings.append(f"split {split!r}: {count} records in all repeat an image of the same split")

@@ -164,6 +164,8 @@ BOUNDED_SIDE_INPUTS = {
     "AssignShards/LayOut": "one small layout per split (65,536 bucket starts)",
     "DescribeDataset/CountTallies": "one count per (split, class) and per rejection reason",
     "DescribeDataset/ShardStats": "one line per shard",
+    "DescribeDataset/FindDuplicates": "one dict: the duplicate counts and the first 20 groups",
+    "DescribeDataset/SummariseGroups": "one dict: the --group_by counts and the first 10 examples",
     # errors.jsonl: one line per rejected or skipped file, streamed by the step that writes the description.
     "AllRejections": "the rejected and skipped files, streamed once into errors.jsonl",
 }

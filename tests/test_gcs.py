@@ -133,3 +133,22 @@ def test_prepare_output_on_gcs_removes_only_this_tools_leftovers(gcs_emulator, g
     removed = prepare_output(settings, "run-1", background=True).paths  # gs://: deleted before it returns
     assert sorted(path.rsplit("/", 1)[-1] for path in removed) == sorted(leftovers)
     assert gcs_emulator.list_names(folder) == sorted(foreign)
+
+
+def test_duplicates_are_hashed_and_dropped_on_gcs(gcs_emulator, gcs_input, sample_tree):
+    """--duplicates=drop's hashing pass reads gs:// objects; the copy of a cat filed as a dog is a conflict."""
+    import hashlib
+
+    photos = sorted(p for p in (sample_tree / "circle").iterdir())[:3]
+    folder = f"{gcs_input}/copies"
+    for n, photo in enumerate(photos):
+        gcs_emulator.write(f"{folder}/circle/{n}.{photo.name}", photo.read_bytes())
+    gcs_emulator.write(f"{folder}/circle/again.{photos[0].name}", photos[0].read_bytes())
+    gcs_emulator.write(f"{folder}/square/odd.{photos[1].name}", photos[1].read_bytes())
+    output = f"{gcs_input}/copies_out"
+    assert convert(folder, output, NO_AUTH, "--duplicates=drop", "--image_size=16") == 0
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
+    assert info["files"]["written"] == 2 and info["rejected_by_reason"] == {"duplicate": 1, "duplicate_conflict": 2}
+    assert info["duplicates"]["groups"] == 2 and info["duplicates"]["conflicting_labels"] == 1
+    assert {g["sha256"] for g in info["duplicates"]["examples"]} == {
+        hashlib.sha256(p.read_bytes()).hexdigest() for p in photos[:2]}

@@ -46,7 +46,7 @@ def test_default_make_dataset_still_yields_dicts(dataset):
     out, _ = dataset
     spec = reader.make_dataset(str(out), "train", batch_size=4).element_spec
     assert isinstance(spec, dict)
-    assert set(spec) == {"image", "label", "class_name", "height", "width", "source_path"}
+    assert set(spec) == {"image", "label", "class_name", "height", "width", "source_path", "sha256"}
 
 
 def test_supervised_gives_image_label_tuples_that_match_what_was_written(dataset):

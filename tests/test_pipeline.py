@@ -87,7 +87,7 @@ def test_summary_and_error_report(sample_output):
     assert lines == [{"relpath": "README.txt", "stage": "skipped", "reason": "not_an_image_extension",
                       "detail": "extension .txt is not an image extension"}]
     features = json.loads((sample_output / "image_tfrecords.json").read_text())["features"]
-    assert set(features) == {"image", "label", "class_name", "height", "width", "source_path"}
+    assert set(features) == {"image", "label", "class_name", "height", "width", "source_path", "sha256"}
     tfds_features = json.loads((sample_output / "features.json").read_text())  # TFDS's (tests/test_tfds.py)
     assert set(tfds_features["featuresDict"]["features"]) == set(features)
 
@@ -213,7 +213,7 @@ def test_tf_slim_schema_gzip_and_explicit_shards(tmp_path):
     raw = next(iter_records(str(out / files[0])))
     feature = Example.FromString(raw).features.feature
     assert set(feature) == {"image/encoded", "image/format", "image/class/label", "image/class/text",
-                            "image/height", "image/width", "image/filename"}
+                            "image/height", "image/width", "image/filename", "image/key/sha256"}
     assert feature["image/format"].bytes_list.value[0] == b"jpeg"
     assert (feature["image/width"].int64_list.value[0], feature["image/height"].int64_list.value[0]) == (32, 20)
 

@@ -225,6 +225,7 @@ def test_the_files_tfds_writes_itself_match_ours(converted, tmp_path):
         "height": tfds.features.Scalar(dtype=np.int64),
         "width": tfds.features.Scalar(dtype=np.int64),
         "source_path": tfds.features.Text(),
+        "sha256": tfds.features.Text(),
     })
     features.save_config(str(tmp_path))
     features.save_metadata(str(tmp_path))

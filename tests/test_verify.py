@@ -474,6 +474,26 @@ def test_the_same_image_twice_in_one_split_is_only_a_warning(tmp_path):
                                "'cat/a.jpg')"]
 
 
+def test_copies_under_two_labels_are_named_as_a_conflict(tmp_path):
+    """Issue 18: identical files filed as rose and as tulip; verify said only 'leakage between splits'."""
+    root = craft_dataset(tmp_path / "ds", {
+        "train": [[rec(0, "cat/a.jpg", (1, 2, 3)), rec(1, "dog/b.jpg", (1, 2, 3)), rec(1, "dog/c.jpg", (9, 9, 200))]],
+        "validation": [[rec(0, "cat/d.jpg", (9, 9, 200)), rec(1, "dog/e.jpg", (200, 9, 9))]],
+        "test": [[rec(1, "dog/f.jpg", (200, 9, 9))]],
+    })
+    report = verify.verify_dataset(str(root))
+    assert report.warnings == ["train-00000-of-00001.tfrecord record 1: the same image as "
+                               "train-00000-of-00001.tfrecord record 0 in split 'train' ('dog/b.jpg' and "
+                               "'cat/a.jpg'; the same image under two labels, 'dog' and 'cat')"]
+    assert sorted(report.problems) == sorted([
+        "test-00000-of-00001.tfrecord record 0: the same image as validation-00000-of-00001.tfrecord record 1: "
+        "'dog/f.jpg' in test and 'dog/e.jpg' in validation (leakage between splits)",
+        "validation-00000-of-00001.tfrecord record 0: the same image as train-00000-of-00001.tfrecord record 2: "
+        "'cat/d.jpg' in validation and 'dog/c.jpg' in train (the same image under two labels, 'cat' and 'dog', "
+        "and leakage between splits)",
+    ])
+
+
 def test_a_record_length_no_example_can_have_is_caught_without_reading_it(tmp_path):
     root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg"), rec(1, "dog/b.jpg", (90, 9, 9))]]})
     shard = root / "train-00000-of-00001.tfrecord"

@@ -15,6 +15,7 @@ which fails the bundle instead of rejecting the image (see `transforms.transient
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -138,7 +139,7 @@ def _read_gcs(path: str, max_bytes: int, timeout: float) -> bytes:
 
 def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None
                      ) -> EncodedImage:
-    """Read one file (listed with `size` bytes) and convert it.
+    """Read one file (listed with `size` bytes) and convert it; the result carries the SHA-256 of the bytes read.
 
     Raises:
         ImageRejected: `read_error` when the file cannot be read (missing, not allowed, ...),
@@ -152,16 +153,18 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
         raise
     except Exception as e:  # a vanished or unreadable file is this file's problem only
         raise ImageRejected(READ_ERROR, describe(e, limit=1000)) from None
-    return imaging.convert_image(data, settings, deadline)
+    digest = hashlib.sha256(data).hexdigest()  # the bytes already read: exact duplicates are found by this
+    return imaging.convert_image(data, settings, deadline)._replace(sha256=digest)
 
 
 class Converted(NamedTuple):
-    """One image's outcome: its serialized Example and whether it was upscaled, or its Rejection."""
+    """One image's outcome: its serialized Example, whether it was upscaled, its source's SHA-256; or its Rejection."""
 
     ref: ImageRef
     example: bytes | None
     upscaled: bool
     rejection: Rejection | None
+    sha256: str = ""
 
 
 def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings, schema: str
@@ -193,9 +196,10 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
             width=image.width,
             source_path=display_path(ref.relpath),
             schema=schema,
+            sha256=image.sha256,
         )
         counters.inc("images_converted")
-        yield Converted(ref, serialized, image.upscaled, None)
+        yield Converted(ref, serialized, image.upscaled, None, image.sha256)
 
 
 def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:

@@ -21,8 +21,10 @@ from collections.abc import Iterable
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import duplicates as dup
 from transforms import tfds_metadata
 from transforms.examples import feature_description
+from transforms.groups import SummariseGroups
 from transforms.layout import SPLITS
 from transforms.outputs import (
     ERRORS_FILE,
@@ -87,8 +89,10 @@ def _published_by(info_path: str, run_id: str) -> dict | None:
 class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
-    def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version):
+    def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
+                 split_by="path_hash"):
         self._output_dir = output_dir
+        self._split_by = split_by
         self._run_id = run_id
         self._class_names = class_names
         self._schema = schema
@@ -97,7 +101,7 @@ class _WriteInfo(beam.DoFn):
         self._start_time = start_time
         self._tool_version = tool_version
 
-    def process(self, _, tallies, shard_stats, rejections):
+    def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None):
         records = Counter()
         per_class = defaultdict(Counter)
         by_reason = {"skipped": Counter(), "rejected": Counter()}
@@ -169,6 +173,7 @@ class _WriteInfo(beam.DoFn):
             "compression": compression,
             "class_names": list(self._class_names),
             "num_classes": len(self._class_names),
+            "split_by": self._split_by,
             "splits": splits,
             "files": {
                 "found": found_total,
@@ -177,6 +182,8 @@ class _WriteInfo(beam.DoFn):
                 "skipped": skipped_total,
                 "upscaled": upscaled,
             },
+            **({"groups": groups} if groups is not None else {}),
+            "duplicates": dup.describe(duplicates, self._class_names),
             "rejected_by_reason": dict(sorted(by_reason["rejected"].items())),
             "skipped_by_reason": dict(sorted(by_reason["skipped"].items())),
             "shard_bytes": _summary([s["bytes"] for s in all_shards]),
@@ -225,14 +232,18 @@ class DescribeDataset(beam.PTransform):
 
     Inputs (a dict): 'written' (((split, label, upscaled), records) from WriteShards),
     'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (numbers
-    of files listed, from ListImages).
+    of files listed, from ListImages), and optionally 'hashes' ((sha256, (split, label, relpath))
+    of every written image, from WriteShards) for the duplicate report, and 'groups' ((group, split,
+    relpath) of every labelled image, from AssignLabels with --group_by). `split_by` says how the
+    splits were made: split_folders, path_hash or group_hash.
     """
 
-    def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version):
+    def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
+                 split_by="path_hash"):
         super().__init__()
         self._output_dir = output_dir
         self._info_fn = _WriteInfo(output_dir, run_id, class_names, schema, options, image_info, start_time,
-                                   tool_version)
+                                   tool_version, split_by)
 
     def expand(self, inputs):
         rejections = inputs["rejections"]
@@ -252,6 +263,11 @@ class DescribeDataset(beam.PTransform):
         )
         # (split, file name, records, bytes, index file name or '')
         shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
+        side = {}
+        if "hashes" in inputs:  # one small dict: the counts and the first groups of identical source files
+            side["duplicates"] = beam.pvalue.AsSingleton(inputs["hashes"] | "FindDuplicates" >> dup.FindDuplicates())
+        if "groups" in inputs:  # one small dict: what --group_by found
+            side["groups"] = beam.pvalue.AsSingleton(inputs["groups"] | "SummariseGroups" >> SummariseGroups())
         return (
             rejections.pipeline
             | "Once" >> beam.Create([None])
@@ -260,5 +276,6 @@ class DescribeDataset(beam.PTransform):
                 tallies=beam.pvalue.AsList(tallies),
                 shard_stats=beam.pvalue.AsList(shard_stats),
                 rejections=beam.pvalue.AsIter(rejections),
+                **side,
             )
         )

@@ -13,7 +13,8 @@ from __future__ import annotations
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 # Key schemas. Each maps a logical field to (key, dtype) with dtype one of
-# 'bytes', 'int64', 'string' (a UTF-8 bytes feature).
+# 'bytes', 'int64', 'string' (a UTF-8 bytes feature). `sha256` is the hex SHA-256 of the source file's
+# bytes (as read, before decoding); datasets written before it was added lack the key (OPTIONAL_FIELDS).
 SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
     # The seed cheat sheet's keys, plus what a user needs to trace a record back.
     "default": {
@@ -23,6 +24,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
         "height": ("height", "int64"),
         "width": ("width", "int64"),
         "source_path": ("source_path", "string"),
+        "sha256": ("sha256", "string"),
     },
     # The keys TensorFlow's reference image models (TF-Slim, the TPU ResNet) read.
     "tf_slim": {
@@ -33,8 +35,13 @@ SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
         "height": ("image/height", "int64"),
         "width": ("image/width", "int64"),
         "source_path": ("image/filename", "string"),
+        "sha256": ("image/key/sha256", "string"),
     },
 }
+
+
+# Fields that older datasets lack: a reader gives them a default ('') instead of failing.
+OPTIONAL_FIELDS = frozenset({"sha256"})
 
 
 def _example_classes():
@@ -104,6 +111,7 @@ def build_example(
     width: int,
     source_path: str,
     schema: str = "default",
+    sha256: str = "",
 ) -> bytes:
     """A serialized tf.train.Example holding one image and its label under `schema`'s keys."""
     values = {
@@ -114,6 +122,7 @@ def build_example(
         "height": height,
         "width": width,
         "source_path": source_path,
+        "sha256": sha256,
     }
     example = Example()
     features = example.features.feature

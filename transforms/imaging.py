@@ -173,6 +173,7 @@ class EncodedImage(NamedTuple):
     height: int
     format: str  # 'jpeg' or 'png'
     upscaled: bool
+    sha256: str = ""  # hex SHA-256 of the source file's bytes, set by transforms.convert.read_and_convert
 
 
 # ---------------------------------------------------------------------------

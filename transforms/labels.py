@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 import apache_beam as beam
 
 from transforms import counters
-from transforms.layout import UNKNOWN_CLASS, Placement, place, shuffle_key
+from transforms.layout import UNKNOWN_CLASS, Placement, display_path, place, shuffle_key
 from transforms.records import FileRef, ImageRef, Rejection
 
 UNLABELED = "unlabeled"
+GROUPS = "groups"  # with --group_by: (group or '', split, relpath) of every labelled image
 
 
 class _AssignLabel(beam.DoFn):
     def __init__(self, class_ids: dict[str, int], split_folders: bool, seed: int,
-                 validation_split: float, test_split: float):
+                 validation_split: float, test_split: float, group_by: str | None = None):
         self._class_ids = class_ids
         self._placement = dict(split_folders=split_folders, seed=seed,
                                validation_split=validation_split, test_split=test_split)
         self._seed = seed
+        self._group_by = group_by
+
+    def setup(self):
+        self._placement["group_by"] = re.compile(self._group_by) if self._group_by else None
 
     def process(self, ref: FileRef):
         placed = place(ref.relpath, **self._placement)
@@ -35,18 +42,23 @@ class _AssignLabel(beam.DoFn):
             )
             return
         counters.inc("images_to_convert")
+        if self._group_by:
+            # As text for the report: a name that is not UTF-8 shows its bytes as \xNN (and can be encoded).
+            yield beam.pvalue.TaggedOutput(GROUPS, (display_path(placed.group), placed.split,
+                                                    display_path(ref.relpath)))
         yield ImageRef(ref.path, ref.relpath, ref.size, placed.split, placed.class_name, label,
                        shuffle_key(ref.relpath, self._seed))
 
 
 class AssignLabels(beam.PTransform):
-    """FileRef -> ImageRef (label, split, shuffle key), plus an UNLABELED output of Rejection."""
+    """FileRef -> ImageRef (label, split, shuffle key), plus an UNLABELED output of Rejection and, with
+    `group_by` (a regex), a GROUPS output of (group or '', split, relpath) per labelled image."""
 
     def __init__(self, class_names: list[str], *, split_folders: bool, seed: int,
-                 validation_split: float, test_split: float):
+                 validation_split: float, test_split: float, group_by: str | None = None):
         super().__init__()
         self._fn = _AssignLabel({name: i for i, name in enumerate(class_names)}, split_folders, seed,
-                                validation_split, test_split)
+                                validation_split, test_split, group_by)
 
     def expand(self, refs):
-        return refs | "AssignLabel" >> beam.ParDo(self._fn).with_outputs(UNLABELED, main="images")
+        return refs | "AssignLabel" >> beam.ParDo(self._fn).with_outputs(UNLABELED, GROUPS, main="images")

@@ -44,10 +44,11 @@ OUTSIDE_SPLIT_FOLDERS = "outside_split_folders"
 
 
 class Placement(NamedTuple):
-    """Where a file goes: its split and class name."""
+    """Where a file goes: its split and class name, and its --group_by group ('' for none)."""
 
     split: str
     class_name: str
+    group: str = ""
 
 
 def relative_path(path: str, input_dir: str) -> str:
@@ -180,6 +181,17 @@ def hash_split(relpath: str, seed: int, validation_split: float, test_split: flo
     return "train"
 
 
+def group_of(relpath: str, group_by: re.Pattern | None) -> str:
+    """The --group_by group of `relpath`: the regex's first capture group where it is found in the path (the
+    whole match when it has no group), or '' when it is not found or captures nothing."""
+    if group_by is None:
+        return ""
+    match = group_by.search(relpath)
+    if match is None:
+        return ""
+    return (match.group(1) if group_by.groups else match.group(0)) or ""
+
+
 def place(
     relpath: str,
     *,
@@ -187,8 +199,14 @@ def place(
     seed: int,
     validation_split: float,
     test_split: float,
+    group_by: re.Pattern | None = None,
 ) -> Placement | tuple[str, str]:
-    """The split and class of an image from its relative path, or a (reason, detail) skip."""
+    """The split and class of an image from its relative path, or a (reason, detail) skip.
+
+    With `group_by`, the split hash takes the image's group instead of its path, so every image of a group
+    lands in the same split; a path without a group is its own group (its split is the one it has without
+    `group_by`). Split folders keep their images: the group is only recorded (to check for leakage).
+    """
     parts = relpath.split("/")
     if split_folders:
         split = SPLIT_FOLDER_NAMES.get(parts[0].lower())
@@ -199,6 +217,7 @@ def place(
         where = "the split folder" if split_folders else "the input folder"
         return NO_CLASS_FOLDER, f"image directly in {where}, not in a class folder"
     class_name = parts[0]
+    group = group_of(relpath, group_by)
     if not split_folders:
-        split = hash_split(relpath, seed, validation_split, test_split)
-    return Placement(split, class_name)
+        split = hash_split(group or relpath, seed, validation_split, test_split)
+    return Placement(split, class_name, group)

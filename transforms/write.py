@@ -27,16 +27,18 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.convert import convert_in_order
 from transforms.imaging import ImageSettings
+from transforms.layout import display_path
 from transforms.outputs import index_name, shards_dir
 from transforms.pool import ConversionPool, time_limit
 from transforms.shardfiles import ARRAY_RECORD, KAGGLE, STANDARD, TFRECORD, kaggle_name, open_writer, shard_name
 from transforms.sharding import ShardKey, rank_order
 from transforms.tfrecord import record_offsets
 
-__all__ = ["REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "kaggle_name",
+__all__ = ["HASHES", "REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "kaggle_name",
            "record_offsets", "shard_name", "write_index"]
 REJECTED = "rejected"
 WRITTEN = "written"
+HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report
 
 
 class ShardInfo(NamedTuple):
@@ -68,7 +70,8 @@ def write_index(folder: str, name: str, sizes: list[int]) -> None:
 
 
 class _ConvertAndWrite(beam.DoFn):
-    """(ShardKey, [ImageRef]) -> ShardInfo; Rejection on REJECTED; ((split, label, upscaled), records) on WRITTEN."""
+    """(ShardKey, [ImageRef]) -> ShardInfo; Rejection on REJECTED; ((split, label, upscaled), records) on WRITTEN;
+    (sha256, (split, label, relpath)) of each written image on HASHES."""
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
                  index_files: bool, file_format: str = TFRECORD, shard_names: str = STANDARD):
@@ -104,6 +107,8 @@ class _ConvertAndWrite(beam.DoFn):
                 continue
             sizes.append(out.write(outcome.example))
             written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
+            yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, outcome.ref.label,
+                                                                     display_path(outcome.ref.relpath))))
         size = out.close()
         final = name
         if self._shard_names == KAGGLE:  # the record count is known now; the file is renamed when published
@@ -119,7 +124,8 @@ class _ConvertAndWrite(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection) and WRITTEN (tallies) on the side.
+    """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection), WRITTEN (tallies) and HASHES
+    ((sha256, (split, label, relpath)) per written image) on the side.
 
     Shards are written to the run's own temporary folder under their standard
     names; the dataset description publishes them into `output_dir`, under
@@ -144,5 +150,5 @@ class WriteShards(beam.PTransform):
             placed
             # (ShardKey, [ImageRef]): references only, a shard's worth each
             | "GroupByShard" >> beam.GroupByKey()
-            | "ConvertAndWrite" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, main="shards")
+            | "ConvertAndWrite" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, main="shards")
         )

@@ -1,0 +1,233 @@
+"""FindDuplicates: exact-duplicate source files (same SHA-256 of their bytes) among the written images.
+
+Every written image comes with (sha256, (split, label, relpath)) from WriteShards.
+Grouping by the hash spreads the hashes over the workers (no worker holds them
+all); only the groups of two or more copies go on, and one combine reduces them
+to the counts and the first groups (by their first path) that dataset_info.json
+reports. A group is one of three kinds:
+
+- `within_split`: every copy has the same label and the same split (harmless, but weights the image twice);
+- `across_splits`: the same label in two splits (leakage: the model is evaluated on what it trained on);
+- `conflicting_labels`: the copies carry different labels (a conflict: no label is right for both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import typing
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import apache_beam as beam
+
+from transforms.layout import display_path
+
+WITHIN_SPLIT = "within_split"
+ACROSS_SPLITS = "across_splits"
+CONFLICTING_LABELS = "conflicting_labels"
+KINDS = (WITHIN_SPLIT, ACROSS_SPLITS, CONFLICTING_LABELS)
+MAX_EXAMPLES = 20  # groups listed in dataset_info.json; the counts cover every group
+
+
+class DuplicateGroup(NamedTuple):
+    """Byte-identical source files: their hash and each copy's (split, label, relpath), sorted by path."""
+
+    sha256: str
+    copies: tuple[tuple[str, int, str], ...]
+
+
+def kind(group: DuplicateGroup) -> str:
+    """The group's kind: conflicting_labels before across_splits before within_split."""
+    if len({label for _, label, _ in group.copies}) > 1:
+        return CONFLICTING_LABELS
+    if len({split for split, _, _ in group.copies}) > 1:
+        return ACROSS_SPLITS
+    return WITHIN_SPLIT
+
+
+def duplicate_groups(sha256: str, copies: Iterable[tuple[str, int, str]]) -> list[DuplicateGroup]:
+    """[the group] when `copies` holds two or more files, else []."""
+    copies = sorted(((str(s), int(label), str(path)) for s, label, path in copies), key=lambda c: (c[2], c))
+    if not sha256 or len(copies) < 2:
+        return []
+    return [DuplicateGroup(sha256, tuple(copies))]
+
+
+def empty_summary() -> dict:
+    return {"groups": 0, "copies": 0, **{k: 0 for k in KINDS}, "examples": []}
+
+
+class _Summarise(beam.CombineFn):
+    """DuplicateGroup -> the counts per kind and the first MAX_EXAMPLES groups by their first path."""
+
+    def create_accumulator(self):
+        return empty_summary()
+
+    def add_input(self, acc, group):
+        group = DuplicateGroup(group[0], tuple(tuple(c) for c in group[1]))
+        acc["groups"] += 1
+        acc["copies"] += len(group.copies)
+        acc[kind(group)] += 1
+        acc["examples"] = heapq.nsmallest(MAX_EXAMPLES, [*acc["examples"], (group.copies[0][2], group)])
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = self.create_accumulator()
+        for acc in accs:
+            for key in ("groups", "copies", *KINDS):
+                out[key] += acc[key]
+            out["examples"] = heapq.nsmallest(MAX_EXAMPLES, [*out["examples"], *acc["examples"]])
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def describe(summary: dict | None, class_names: list[str]) -> dict:
+    """The `duplicates` section of dataset_info.json from the combined summary (None: no duplicates)."""
+    summary = summary or empty_summary()
+    examples = []
+    for _, (sha256, copies) in sorted(summary["examples"]):
+        group = DuplicateGroup(sha256, tuple(tuple(c) for c in copies))
+        examples.append({
+            "sha256": sha256,
+            "kind": kind(group),
+            "copies": [{"relpath": path, "split": split,
+                        "class_name": class_names[label] if 0 <= label < len(class_names) else str(label)}
+                       for split, label, path in group.copies],
+        })
+    return {"groups": summary["groups"], "copies": summary["copies"],
+            **{k: summary[k] for k in KINDS}, "examples": examples}
+
+
+class FindDuplicates(beam.PTransform):
+    """(sha256, (split, label, relpath)) of every written image -> one summary dict (see `describe`)."""
+
+    def expand(self, hashes):
+        return (
+            hashes
+            # (sha256, [(split, label, relpath)]): spread over the workers by hash
+            | "GroupByHash" >> beam.GroupByKey()
+            | "KeepCopies" >> beam.FlatMapTuple(duplicate_groups)
+            | "Summarise" >> beam.CombineGlobally(_Summarise())
+        )
+
+
+# --- --duplicates=drop: a hashing pass before the shards are assigned ---------------------------------------------
+
+DUPLICATE = "duplicate"
+DUPLICATE_CONFLICT = "duplicate_conflict"
+DROPPED = "dropped"
+UNHASHED = "unhashed"
+HASH_CHUNK = 1 << 20
+
+
+def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
+    """The hex SHA-256 of the file at `path` (local or gs://), read in 1 MB pieces (memory stays small);
+    '' for a file that is not hashed here: larger than `max_bytes`, not a regular file, or unreadable (the
+    conversion then rejects it with its reason).
+
+    Raises:
+        TransientReadError: the read kept failing with transient errors (the bundle fails and is retried).
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms.convert import check_regular_file
+    from transforms.transient import TransientReadError, with_retries
+
+    def read(_timeout: float) -> str:
+        digest, total = hashlib.sha256(), 0
+        with FileSystems.open(path, compression_type="uncompressed") as f:
+            while piece := f.read(HASH_CHUNK):
+                total += len(piece)
+                if total > max_bytes:
+                    return ""
+                digest.update(piece)
+        return digest.hexdigest()
+
+    try:
+        if FileSystems.get_scheme(path) is None:
+            size = check_regular_file(path)
+        if size is not None and size > max_bytes:
+            return ""
+        return with_retries(read, path)
+    except TransientReadError:
+        raise
+    except Exception:  # not this step's to judge: the conversion reads it again and rejects it with the reason
+        return ""
+
+
+def resolve(sha256: str, refs: Iterable) -> Iterable:
+    """One group of byte-identical files -> the ImageRef to write (the first path) and a Rejection (DROPPED) of
+    each other copy; copies under different labels are all rejected (no label is picked). A lone file is kept."""
+    from transforms import counters
+    from transforms.records import Rejection
+
+    refs = sorted(refs, key=lambda r: r.relpath)
+    if len(refs) == 1:
+        yield refs[0]
+        return
+    labels = sorted({r.class_name for r in refs})
+    if len(labels) > 1:
+        for ref in refs:
+            counters.inc(f"rejected_{DUPLICATE_CONFLICT}")
+            others = [display_path(r.relpath) for r in refs if r is not ref]
+            yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+                ref.relpath, "rejected", DUPLICATE_CONFLICT,
+                f"the same bytes as {', '.join(repr(o) for o in others[:3])}{' ...' if len(others) > 3 else ''} "
+                f"under the classes {', '.join(repr(n) for n in labels)}: no copy is written "
+                f"(--duplicates=drop; SHA-256 {sha256})"))
+        return
+    keeper, *copies = refs
+    yield keeper
+    for ref in copies:
+        counters.inc(f"rejected_{DUPLICATE}")
+        yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+            ref.relpath, "rejected", DUPLICATE,
+            f"the same bytes as {display_path(keeper.relpath)!r}, which is written "
+            f"(--duplicates=drop; SHA-256 {sha256})"))
+
+
+class _Hash(beam.DoFn):
+    """ImageRef -> (sha256, ImageRef); one that is not hashed here on UNHASHED; (sha256, (split, label, relpath))
+    on HASHES for the duplicate report."""
+
+    def __init__(self, max_bytes: int):
+        self._max_bytes = max_bytes
+
+    def process(self, ref):
+        digest = hash_file(ref.path, self._max_bytes, ref.size)
+        if not digest:
+            yield beam.pvalue.TaggedOutput(UNHASHED, ref)
+            return
+        yield beam.pvalue.TaggedOutput(HASHES, (digest, (ref.split, ref.label, display_path(ref.relpath))))
+        yield digest, ref
+
+
+HASHES = "hashes"
+
+
+class DropDuplicates(beam.PTransform):
+    """ImageRef -> the ImageRefs to write ('kept'); DROPPED: Rejection of each copy not written; HASHES:
+    (sha256, (split, label, relpath)) of every hashed image, for the duplicate report.
+
+    Every file is read once here, before the shards are assigned (the shards are counted from the kept
+    images), and again when it is converted: that second read is the price of --duplicates=drop.
+    """
+
+    def __init__(self, max_file_bytes: int):
+        super().__init__()
+        self._max_bytes = max_file_bytes
+
+    def expand(self, refs):
+        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes)).with_output_types(
+            tuple[str, typing.Any]).with_outputs(UNHASHED, HASHES, main="hashed")
+        resolved = (
+            hashed.hashed
+            # (sha256, [ImageRef]): spread over the workers by hash
+            | "GroupByHash" >> beam.GroupByKey()
+            | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve).with_outputs(DROPPED, main="kept")
+        )
+        kept = (resolved.kept, hashed[UNHASHED]) | "KeptAndUnhashed" >> beam.Flatten()
+        return {"kept": kept, DROPPED: resolved[DROPPED], HASHES: hashed[HASHES]}
