@@ -124,8 +124,8 @@ def test_a_read_that_keeps_failing_fails_the_run_in_one_line(gcs_emulator, gcs_p
         "(it removes this run's files first)")
     assert "Traceback" not in result.stderr
     assert proxy.injected[(f"photos/{names[5]}", 503)] == proxy.requests[f"photos/{names[5]}"]
-    # each try of the bundle (or of the launcher's sample): 5 reads. Not every GET: the launcher's header sample
-    # also asks for the object's metadata, which google-api-core retries a number of times that depends on timing.
+    # each try of the bundle, or of the launcher's sample (its header read and its conversions): 5 reads. Not
+    # every GET: google-cloud-storage retries metadata requests a number of times that depends on timing.
     reads = proxy.media_requests[f"photos/{names[5]}"]
     assert reads > 0 and reads % transient.READ_ATTEMPTS == 0, reads
     left = gcs_emulator.list_names(output)

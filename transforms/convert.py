@@ -98,12 +98,17 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: flo
 def read_head(path: str, count: int) -> bytes:
     """The first `count` bytes of the file at `path` (local or gs://): on GCS one ranged GET of just those.
 
-    Beam's GCS reader would fetch its whole 16 MiB buffer for them.
+    Beam's GCS reader would fetch its whole 16 MiB buffer for them. A transient
+    error is retried as an image read is (`transforms.transient`), a fixed number of times.
     """
     if FileSystems.get_scheme(path) == "gs":
         bucket, name = gcsio.parse_gcs_path(path)
-        return gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
-            start=0, end=count - 1, raw_download=True, checksum=None)
+
+        def head(timeout: float) -> bytes:
+            return gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
+                start=0, end=count - 1, raw_download=True, checksum=None, retry=None, timeout=timeout)
+
+        return with_retries(head, path)
     with FileSystems.open(path, compression_type="uncompressed") as f:
         return f.read(count)
 
