@@ -240,7 +240,7 @@ def _run(argv: list[str], options: PipelineOptions, settings: Settings, start_ti
     if on_dataflow:  # runs on the service: it shows progress in the console
         p = beam.Pipeline(options=options)
         build_pipeline(p, settings, plan, start_time, run_id)
-        return cloud.run_on_dataflow(p, options, settings, run_id)
+        return cloud.run_on_dataflow(p, options, settings, run_id, lambda: give_back_lock(settings, run_id))
     try:
         return _run_locally(argv, options, settings, plan, start_time, run_id, workers, old)
     finally:
