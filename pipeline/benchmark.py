@@ -36,10 +36,9 @@ from pipeline.bench_report import (
     write_json,
     write_plot,
 )
-from pipeline.cli import main_of
+from pipeline.cli import import_tensorflow, main_of
 from pipeline.errors import UserError
 from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
-from pipeline.quiet import import_tensorflow
 from transforms.examples import SCHEMAS
 
 DTYPE_NAMES = ("float32", "bfloat16", "uint8")

@@ -10,9 +10,8 @@ import os
 import shutil
 import sys
 
-from pipeline.cli import main_of
+from pipeline.cli import import_tensorflow, main_of
 from pipeline.launcher import run as convert
-from pipeline.quiet import import_tensorflow
 from pipeline.sample_data import DEFAULT_CLASSES, generate_dataset
 
 

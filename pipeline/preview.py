@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from pipeline.cli import main_of
+from pipeline.cli import import_tensorflow, main_of
 from pipeline.errors import DatasetError, UserError
-from pipeline.quiet import import_tensorflow
 from transforms.describe import INFO_FILE
 from transforms.examples import SCHEMAS
 

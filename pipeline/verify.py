@@ -42,8 +42,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import reader
-from pipeline.cli import main_of
-from pipeline.quiet import import_tensorflow
+from pipeline.cli import import_tensorflow, main_of
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, SHARD_NAME, index_name

@@ -151,7 +151,6 @@ def test_read_side_tools_never_import_the_converter(graph):
     assert not upward, upward
 
 
-@pytest.mark.xfail(strict=True, reason="the subpackage is being made")
 def test_only_the_launcher_imports_the_local_runner(graph):
     assert any(in_package(m, LOCAL) for m in graph), "pipeline/local/ is missing"
     outside = sorted(f"{m} -> {t}" for m, targets in graph.items()

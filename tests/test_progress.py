@@ -18,7 +18,7 @@ import pytest
 from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.progress import BundleCounts, format_duration, observe_bundles, processed_images, progress_line
+from pipeline.local.progress import BundleCounts, format_duration, observe_bundles, processed_images, progress_line
 from tests.conftest import REPO
 from transforms import counters
 
@@ -57,7 +57,7 @@ def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two
     """A run that finishes before the display looks again still gets its 'Converted N/N' line."""
     import logging
 
-    from pipeline.progress import ProgressDisplay
+    from pipeline.local.progress import ProgressDisplay
 
     counts = BundleCounts()
     caplog.set_level(logging.INFO, logger="pipeline")
