@@ -126,7 +126,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     """
     import tensorflow as tf
 
-    from pipeline import reader
+    from pipeline.readers import reader
     from transforms.tfrecord import CorruptRecord, scan_records
 
     problems = [] if problems is None else problems
@@ -216,7 +216,7 @@ def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: in
     Raises:
         DatasetError: when `dataset_dir` holds no complete dataset or has no such split.
     """
-    from pipeline import reader
+    from pipeline.readers import reader
 
     info = reader.load_info(dataset_dir)
     split = split or ("train" if "train" in info["splits"] else next(iter(info["splits"]), "train"))
@@ -355,7 +355,7 @@ def run(argv: list[str]) -> int:
         _check_image_path(path)
     _configure_logging(args.verbose)
     import_tensorflow(args.verbose)  # before the reader imports it, so that it loads quietly
-    from pipeline import reader
+    from pipeline.readers import reader
 
     info = reader.load_info(args.dataset_dir)
     problems: list[str] = []

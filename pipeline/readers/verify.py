@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import reader
 from pipeline.cli import import_tensorflow, main_of
+from pipeline.readers import reader
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, SHARD_NAME, index_name

@@ -27,7 +27,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.bench_report import (
+from pipeline.cli import import_tensorflow, main_of
+from pipeline.errors import UserError
+from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
+from pipeline.readers.bench_report import (
     FILE_STAGES,
     STAGES,
     TFRECORD_STAGES,
@@ -36,9 +39,6 @@ from pipeline.bench_report import (
     write_json,
     write_plot,
 )
-from pipeline.cli import import_tensorflow, main_of
-from pipeline.errors import UserError
-from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
 from transforms.examples import SCHEMAS
 
 DTYPE_NAMES = ("float32", "bfloat16", "uint8")
@@ -172,7 +172,7 @@ def run_stages(settings: Settings, source, files, choice) -> list[StageResult]:
     """Run every stage in order; each is timed on its own pass over the files."""
     import tensorflow as tf
 
-    from pipeline import bench_input as bi
+    from pipeline.readers import bench_input as bi
 
     batch, dtype, epochs = settings.batch_size, settings.dtype, settings.epochs
     strategy = choice.strategy
@@ -240,8 +240,8 @@ def run(argv: list[str]) -> int:
 def _run(argv: list[str]) -> int:
     settings = validate(build_parser().parse_args(argv))
     tf = import_tensorflow(settings.verbose)
-    from pipeline import bench_input as bi
-    from pipeline.strategy import select_strategy
+    from pipeline.readers import bench_input as bi
+    from pipeline.readers.strategy import select_strategy
 
     if settings.dataset_dir:
         source = bi.dataset_source(settings.dataset_dir, settings.split, settings.image_size)
