@@ -31,20 +31,27 @@ def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name
 
 
-def _read_with_tensorflow(path: str) -> str | None:
-    import tensorflow as tf
+def read_file_text(path: str) -> str | None:
+    """The text of the file at `path` (local or gs://) through Beam's file systems, or None if there is none.
 
-    if not tf.io.gfile.exists(path):
+    Beam's GCS client, unlike TensorFlow's, is the one every other step of this
+    tool uses (credentials, STORAGE_EMULATOR_HOST).
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(path):
         return None
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read().decode("utf-8")
 
 
 def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = None) -> dict:
     """The parsed and checked dataset_info.json of `dataset_dir` (local or gs://).
 
-    `read_text(path)` returns a file's text, or None when it does not exist;
-    by default TensorFlow's file systems read it (pipeline.verify passes Beam's).
+    The one loader of dataset_info.json, for every read-side tool and the
+    converter's summary. `read_text(path)` returns a file's text, or None when
+    it does not exist; by default Beam's file systems read it (`read_file_text`).
     Every field the read-side tools use is checked for its JSON type, so a
     damaged or foreign file is one clear error rather than a crash later.
 
@@ -53,7 +60,7 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
     """
     path = _join(dataset_dir, INFO_FILE)
     try:
-        text = (read_text or _read_with_tensorflow)(path)
+        text = (read_text or read_file_text)(path)
     except ValueError as e:  # not UTF-8
         raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
     except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says

@@ -38,7 +38,6 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import import_tensorflow, main_of
@@ -268,23 +267,10 @@ class Report:
         return "\n".join(lines)
 
 
-def load_info(dataset_dir: str) -> dict:
-    """dataset_info.json read through Beam's file systems, checked by reader.load_info.
-
-    Beam's GCS client, unlike TensorFlow's, is the one every other step of this
-    tool uses (credentials, STORAGE_EMULATOR_HOST).
-
-    Raises:
-        DatasetError: when there is no complete dataset there, or its dataset_info.json is malformed.
-    """
-    return reader.load_info(dataset_dir, read_text=_read_text)
+load_info = reader.load_info  # the one loader of dataset_info.json, through Beam's file systems
 
 
-def _read_text(path: str) -> str | None:
-    if not FileSystems.exists(path):
-        return None
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read().decode("utf-8")
+_read_text = reader.read_file_text
 
 
 def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
