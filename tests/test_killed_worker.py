@@ -11,6 +11,7 @@ from tests.conftest import cli
 from tests.image_cases import jpeg, quadrants
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_killed_worker_gives_one_line_and_the_same_command_again_completes(tmp_path):
     good = hostile.good_tree(tmp_path / "in")
