@@ -66,19 +66,21 @@ def run(argv: list[str] | None = None) -> int:
             print(done)
             return 0
         plan = plan_dataset(settings)  # pipeline/plan.py: the classes, the shard sizes
+        for note in plan.notes:
+            _LOG.warning(note)
         run_id = new_run_id()
         old = _prepare_output(options, settings, plan, run_id)  # the folder's lock; leftovers leave
         try:
-            pipeline = beam.Pipeline(runner=local.runner(), options=options)
-            build_pipeline(pipeline, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py
+            job = beam.Pipeline(runner=local.runner(), options=options)
+            build_pipeline(job, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py
         except BaseException:
             _give_back_lock(options, settings, run_id)
             raise
         if cloud.is_dataflow(options):  # runs on the service: it shows progress in the console
-            return cloud.run_on_dataflow(pipeline, options, settings, run_id,
+            return cloud.run_on_dataflow(job, options, settings, run_id,
                                          lambda: give_back_lock(settings, run_id))
         try:
-            local.run(pipeline)
+            local.run(job)
             old.wait()  # only after a successful run: if this one fails, the next one finishes the deletion
             return report(settings.output_dir)
         finally:
@@ -90,8 +92,6 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
 
     A dry run takes no lock and changes nothing. If this fails, the lock goes back.
     """
-    for note in plan.notes:
-        _LOG.warning(note)
     dry_run = cloud.is_dry_run(options)
     if not dry_run:
         if cloud.is_dataflow(options):
