@@ -392,7 +392,7 @@ def test_preview_samples_array_record_shards_like_tfrecord_ones(arrays, standard
 
 
 def test_benchmark_says_it_reads_tfrecord_only(arrays):
-    from pipeline.bench_input import dataset_source
+    from pipeline.readers.bench_input import dataset_source
     from pipeline.errors import DatasetError
 
     out, _ = arrays
