@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -309,19 +310,19 @@ def dataflow_lock_stale(holder: dict, options: PipelineOptions, grace_s: float) 
     return f"no active Dataflow job carries its run id {holder.get('run_id')}"
 
 
-def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str) -> int:
+def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
+                    give_back_lock: Callable[[], None]) -> int:
     """Submit the built pipeline; wait for it and print the summary unless told not to.
 
     The output folder's lock is this run's when called. The job releases it
-    when it finishes; here it is released when nothing was submitted or the
-    job failed while we waited.
+    when it finishes; here it is released, by calling `give_back_lock`, when
+    nothing was submitted or the job failed while we waited.
     Returns the exit code: 0 when submitted (no wait), written as a template,
     or done with records; 1 when the job failed or was cancelled.
     """
     from apache_beam.runners.runner import PipelineState
 
     from pipeline.options import ConvertOptions
-    from pipeline.output import give_back_lock
     from pipeline.report import format_summary, read_info
     from transforms.outputs import update_lock
 
@@ -329,7 +330,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str) -
     try:
         result = pipeline.run()
     except _submission_errors() as e:
-        give_back_lock(settings, run_id)
+        give_back_lock()
         first_line = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(
             f"the Dataflow job could not be staged or submitted ({type(e).__name__}: {first_line}): check "
@@ -337,7 +338,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str) -
             "your credentials may write to the bucket and create jobs (gcloud auth application-default login)"
         ) from None
     except BaseException:
-        give_back_lock(settings, run_id)
+        give_back_lock()
         raise
     if is_dry_run(options):
         staging, staged = stage_dry_run(result.job, options)
@@ -371,7 +372,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str) -
     except Exception:  # DataflowRuntimeException: the job failed or was cancelled
         state = getattr(result, "state", None)
     if state != PipelineState.DONE:
-        give_back_lock(settings, run_id)
+        give_back_lock()
         print(f"error: Dataflow job {job_id} ended in state {str(state).rsplit('.', 1)[-1]}, not DONE: no dataset "
               f"was written to {settings.output_dir} (an earlier complete one there is untouched); see the job's "
               f"errors with: gcloud dataflow jobs show {job_id} --region={cloud.region} --project={cloud.project}, "

@@ -6,12 +6,9 @@ Everything printed here is also in image_tfrecords.json (`splits.*.class_counts`
 
 from __future__ import annotations
 
-import json
 import statistics
 
-from apache_beam.io.filesystems import FileSystems
-
-from transforms.outputs import INFO_FILE
+from pipeline.readers.reader import load_info
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -118,8 +115,8 @@ def duplicates_line(info: dict) -> str:
 
 
 def read_info(output_dir: str) -> dict:
-    with FileSystems.open(FileSystems.join(output_dir, INFO_FILE), compression_type="uncompressed") as f:
-        return json.loads(f.read().decode("utf-8"))
+    """The dataset_info.json just written to `output_dir`, read by the read-side tools' one loader."""
+    return load_info(output_dir)
 
 
 def format_summary(info: dict) -> str:

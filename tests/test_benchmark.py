@@ -13,15 +13,15 @@ import textwrap
 
 import pytest
 
-from pipeline.bench_report import FIGURE_FIELDS, StageResult
 from pipeline.cli import main_of
 from pipeline.errors import UserError
+from pipeline.readers.bench_report import FIGURE_FIELDS, StageResult
 from tests.conftest import REPO, cli
 from transforms.tfrecord import iter_records
 
 tf = pytest.importorskip("tensorflow")
 
-from pipeline import bench_input, benchmark, reader, strategy  # noqa: E402 - these import TensorFlow
+from pipeline.readers import bench_input, benchmark, reader, strategy  # noqa: E402 - these import TensorFlow
 
 
 def _closed_port() -> int:
@@ -135,6 +135,7 @@ def test_two_input_pipelines_read_disjoint_records_with_the_per_replica_batch(ti
     assert seen[1] == set(range(10, 20))  # file 1
 
 
+@pytest.mark.slow
 def test_device_stage_on_two_replicas_counts_every_record(tiny_records):
     # MirroredStrategy over two logical CPUs: the same distribute_datasets_from_function and
     # strategy.run path a TPU takes, with two replicas. Logical devices need a fresh process.
@@ -144,7 +145,7 @@ def test_device_stage_on_two_replicas_counts_every_record(tiny_records):
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from pipeline import bench_input as bi
+        from pipeline.readers import bench_input as bi
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         source = bi.pattern_source({str(tiny_records / "*.tfrecord")!r}, "image/encoded", "image/class/label")
         make = lambda ctx: bi.tfrecord_dataset(source, "device", ctx.get_per_replica_batch_size(6), epochs=2,
@@ -185,6 +186,7 @@ def cli_run(sample_output, sample_tree, tmp_path_factory):
     return proc, json.loads((out / "bench.json").read_text()), out / "bench.png"
 
 
+@pytest.mark.slow
 def test_every_stage_is_in_the_table_and_the_json(cli_run):
     proc, doc, _ = cli_run
     stages = ["read", "parse", "decode", "device", "files_decode", "files_device"]
@@ -202,6 +204,7 @@ def test_every_stage_is_in_the_table_and_the_json(cli_run):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_records_counted_are_the_dataset_times_the_epochs(cli_run, sample_output, sample_tree):
     _, doc, _ = cli_run
     info = reader.load_info(str(sample_output))
@@ -224,6 +227,7 @@ def test_records_counted_are_the_dataset_times_the_epochs(cli_run, sample_output
         assert stage["ms_per_batch_p50"] <= stage["ms_per_batch_p95"]
 
 
+@pytest.mark.slow
 def test_plot_is_a_png_bar_chart(cli_run):
     from PIL import Image
 
@@ -233,6 +237,7 @@ def test_plot_is_a_png_bar_chart(cli_run):
         assert image.format == "PNG" and image.width >= 400 and image.height >= 200
 
 
+@pytest.mark.slow
 def test_the_report_ends_with_a_verdict(cli_run):
     """After the table: the slowest stage, what the host feeds, and the accelerator's need (64 x 1000/s)."""
     proc, doc, _ = cli_run
@@ -253,7 +258,7 @@ def _stage(name, images_per_s):
 
 
 def test_verdict_names_the_stage_that_costs_most_and_compares_with_the_need():
-    from pipeline.bench_report import noise_note, verdict
+    from pipeline.readers.bench_report import noise_note, verdict
 
     results = [_stage("read", 20000), _stage("parse", 10000), _stage("decode", 400), _stage("device", 380)]
     setup = {"required_images_per_s": 256 * 1.0, "global_batch": 256, "target_steps_per_s": 1.0}
@@ -274,7 +279,7 @@ def test_verdict_names_the_stage_that_costs_most_and_compares_with_the_need():
 
 
 def test_plot_shows_the_need_as_a_line_on_a_linear_axis():
-    from pipeline.bench_report import NEEDED_COLOUR, plot_figure
+    from pipeline.readers.bench_report import NEEDED_COLOUR, plot_figure
 
     results = [_stage("read", 20000), _stage("decode", 166), _stage("device", 127)]
     setup = {"source": "x", "batch_size": 128, "strategy": "CPU", "required_images_per_s": 1280.0,

@@ -186,7 +186,7 @@ def test_beams_log_records_wait_for_the_outcome_and_show_in_order_unless_discard
     import io
     import logging
 
-    from pipeline import quiet
+    from pipeline.local import quiet
 
     monkeypatch.setattr(quiet._Held, "LIMIT", 2)
     stream = io.StringIO()
@@ -216,7 +216,7 @@ def test_beams_log_records_wait_for_the_outcome_and_show_in_order_unless_discard
 
 
 def test_a_full_disk_is_recognised_in_a_worker_process_traceback_and_nothing_else_is():
-    from pipeline.launcher import out_of_space
+    from pipeline.local.runner import out_of_space
 
     worker = RuntimeError('Traceback (most recent call last):\n  File "x.py", line 1\n'
                           "OSError: [Errno 28] No space left on device [while running 'WriteShards/CopyShards']")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import cli
 from tests.test_pipeline import read_records, write_tiny_tree
 
 
+@pytest.mark.slow
 def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
     result = cli("benchmarks.convert_bench", "--images=12", "--skip_notebook", "--repeat=3",
                  f"--workdir={tmp_path}", f"--json={tmp_path / 'result.json'}", "--pipeline_args=--image_size=16")
@@ -34,6 +37,7 @@ def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
     assert "(d) graph only" in result.stdout
 
 
+@pytest.mark.slow
 def test_graph_only_runs_the_whole_pipeline_with_one_converted_image_for_all(tmp_path):
     """benchmarks.graph_only: every record written and labelled as usual, all with the first image's bytes.
 

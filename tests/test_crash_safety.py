@@ -23,12 +23,12 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.options import validate
 from pipeline.output import existing_dataset, prepare_output
 from pipeline.plan import SHARD_NAME, own_outputs
+from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
 from transforms.describe import INFO_FILE
@@ -285,6 +285,7 @@ def assert_complete(out, images: int, shards: int, user_files: bool = True) -> N
 # --- SIGKILL, end to end --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_completes_it(tmp_path):
     source = tmp_path / "in"
     generate_dataset(str(source), images_per_class=50, seed=11, min_side=24, max_side=64)
@@ -316,12 +317,12 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     # The killed run's lock stays, naming a process that no longer exists: the next run takes it over.
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == process.pid
 
-    from pipeline import reader
     from pipeline.errors import DatasetError
+    from pipeline.readers import reader
 
     with pytest.raises(DatasetError, match="not a complete dataset"):
         reader.load_info(str(out))
-    from pipeline import benchmark
+    from pipeline.readers import benchmark
 
     assert main_of(benchmark.run, [f"--dataset_dir={out}"]) == 2
     refused = cli("pipeline.verify", str(out))  # as a user would check the folder

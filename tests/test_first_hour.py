@@ -168,7 +168,7 @@ def test_a_mistyped_flag_prints_only_this_tools_line(tmp_path):
 
 
 def test_progress_line_under_one_second():
-    from pipeline.progress import progress_line
+    from pipeline.local.progress import progress_line
 
     line = progress_line(99, 100, 50.0)
     assert "about under" not in line and line.endswith(", under 1 s left")

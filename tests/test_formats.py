@@ -392,8 +392,8 @@ def test_preview_samples_array_record_shards_like_tfrecord_ones(arrays, standard
 
 
 def test_benchmark_says_it_reads_tfrecord_only(arrays):
-    from pipeline.bench_input import dataset_source
     from pipeline.errors import DatasetError
+    from pipeline.readers.bench_input import dataset_source
 
     out, _ = arrays
     with pytest.raises(DatasetError, match="holds array_record shards: the benchmark reads TFRecord shards"):

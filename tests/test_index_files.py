@@ -15,9 +15,9 @@ import types
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import DatasetError
+from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
 from transforms.outputs import TEMP_DIR, index_name
@@ -275,7 +275,7 @@ def test_verify_checks_a_users_own_index_of_a_shard(tree, tmp_path, capsys):
 
 
 def test_a_malformed_index_entry_in_dataset_info_is_a_dataset_error(indexed):
-    from pipeline import reader
+    from pipeline.readers import reader
 
     info = json.loads((indexed / "image_tfrecords.json").read_text())
     info["splits"]["train"]["shards"][0]["index"] = "../elsewhere.idx"

@@ -11,6 +11,7 @@ from tests.conftest import cli
 from tests.image_cases import jpeg, quadrants
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_killed_worker_gives_one_line_and_the_same_command_again_completes(tmp_path):
     good = hostile.good_tree(tmp_path / "in")
@@ -37,7 +38,7 @@ def test_a_killed_worker_gives_one_line_and_the_same_command_again_completes(tmp
 
 
 def test_a_dead_worker_is_recognised_by_beams_error_and_nothing_else_is():
-    from pipeline.launcher import worker_died
+    from pipeline.local.runner import worker_died
 
     lost = RuntimeError("Channel closed prematurely.")
     assert worker_died(lost, [(1234, -9)]) == "worker process 1234 was killed (SIGKILL)"

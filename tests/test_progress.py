@@ -18,7 +18,7 @@ import pytest
 from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.progress import BundleCounts, format_duration, observe_bundles, processed_images, progress_line
+from pipeline.local.progress import BundleCounts, format_duration, observe_bundles, processed_images, progress_line
 from tests.conftest import REPO
 from transforms import counters
 
@@ -57,7 +57,7 @@ def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two
     """A run that finishes before the display looks again still gets its 'Converted N/N' line."""
     import logging
 
-    from pipeline.progress import ProgressDisplay
+    from pipeline.local.progress import ProgressDisplay
 
     counts = BundleCounts()
     caplog.set_level(logging.INFO, logger="pipeline")
@@ -136,6 +136,7 @@ def _run_on_terminal(argv, columns=100, rows=30, timeout=300):
     return proc.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_terminal_shows_a_live_bar_with_count_rate_and_eta(small_tree, tmp_path):
     # One worker and large, carefully resampled outputs make the conversion last several seconds even
     # on a fast idle machine, so that the bar is redrawn with a rate while images are converted.
@@ -153,6 +154,7 @@ def test_terminal_shows_a_live_bar_with_count_rate_and_eta(small_tree, tmp_path)
     assert f"Found {IMAGES} files:" in text.split(f"{IMAGES}/{IMAGES}")[-1]  # the summary follows the bar
 
 
+@pytest.mark.slow
 def test_pipes_get_plain_progress_lines_and_quiet_gets_none(small_tree, tmp_path):
     argv = [sys.executable, "-m", "pipeline.main", f"--input_dir={small_tree}"]
     piped = subprocess.run([*argv, f"--output_dir={tmp_path / 'a'}"], cwd=REPO, capture_output=True, text=True,
@@ -171,6 +173,7 @@ def test_pipes_get_plain_progress_lines_and_quiet_gets_none(small_tree, tmp_path
     assert f"Found {IMAGES} files:" in text
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_with_one_line_not_every_workers_traceback(small_tree, tmp_path):
     """Ctrl-C reaches the launcher and its worker processes at once; only the launcher's message shows."""
     master, slave = pty.openpty()

@@ -66,7 +66,7 @@ def test_make_runner_defaults_to_all_cores():
     from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
     from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 
-    from pipeline.launcher import make_runner
+    from pipeline.local.runner import make_runner
 
     options = PipelineOptions([])
     assert isinstance(make_runner(options, []), FnApiRunner)

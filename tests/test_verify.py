@@ -17,9 +17,9 @@ import struct
 import pytest
 from PIL import Image
 
-from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import DatasetError
+from pipeline.readers import verify
 from tests.conftest import convert
 from transforms.describe import FORMAT_VERSION, DatasetIncomplete, _WriteInfo
 from transforms.examples import build_example, feature_description
@@ -136,7 +136,7 @@ def test_a_folder_without_dataset_info_is_refused(mixed, tmp_path, capsys):
     assert main_of(verify.run, [str(tmp_path / "partial")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "has no image_tfrecords.json" in err[0]
-    from pipeline import reader
+    from pipeline.readers import reader
 
     with pytest.raises(DatasetError, match="not a complete dataset"):
         reader.load_info(str(tmp_path / "partial"))

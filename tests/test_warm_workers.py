@@ -1,4 +1,4 @@
-"""pipeline.warm_workers: local runs get worker processes started early, and never leave one behind."""
+"""pipeline.local.warm_workers: local runs get worker processes started early, and never leave one behind."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from pipeline import warm_workers
+from pipeline.local import warm_workers
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO
 

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -38,7 +39,8 @@ from transforms.outputs import (
 )
 
 __all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "READABLE_VERSIONS",
-           "DescribeDataset", "write_lines", "write_text"]
+           "Accounting", "DescribeDataset", "check_accounting", "dataset_info", "summarise", "write_lines",
+           "write_text"]
 # 2: the description moved from dataset_info.json to image_tfrecords.json; dataset_info.json and
 # features.json are TFDS's now. Its fields are version 1's, plus "tfds".
 FORMAT_VERSION = 2
@@ -86,6 +88,130 @@ def _published_by(info_path: str, run_id: str) -> dict | None:
     return info if isinstance(info, dict) and info.get("run_id") == run_id else None
 
 
+class Accounting(NamedTuple):
+    """What a run did, from the tallies and shard statistics of DescribeDataset's inputs."""
+
+    splits: dict  # split -> {"records", "class_counts", "shards", "bytes"}, in SPLITS order
+    files: dict  # "found", "written", "rejected", "skipped", "upscaled"
+    rejected_by_reason: dict  # reason -> count, sorted by reason
+    skipped_by_reason: dict
+    renamed: dict  # final name -> its name in the run's folder, when they differ (--shard_names=kaggle)
+
+
+def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple], class_names) -> Accounting:
+    """Add up the run's tallies and list its shards per split.
+
+    `tallies`: (key, count) with key ("found",), ("written", split, label, upscaled) or (stage, reason);
+    `shard_stats`: (split, file name, records, bytes[, index file name or ''[, name in the run's folder]]).
+    """
+    records = Counter()
+    per_class = defaultdict(Counter)
+    by_reason = {"skipped": Counter(), "rejected": Counter()}
+    found_total = upscaled = 0
+    for key, count in tallies:
+        if key[0] == FOUND:
+            found_total += count
+        elif key[0] == WRITTEN:
+            _, split, label, was_upscaled = key
+            records[split] += count
+            per_class[split][class_names[label]] += count
+            upscaled += count if was_upscaled else 0
+        else:  # (stage, reason)
+            by_reason[key[0]][key[1]] += count
+
+    shards = defaultdict(list)
+    renamed = {}  # final name -> its name in the run's folder, when they differ (--shard_names=kaggle)
+    # In shard order: by the name in the run's folder (train-00000-of-00004...), which every shard has.
+    for split, name, count, size, *rest in sorted(shard_stats, key=_shard_order):
+        entry = {"file": name, "records": count, "bytes": size}
+        index, temp = (list(rest) + ["", ""])[:2]  # older ShardInfos have neither
+        if index:
+            entry["index"] = index
+        if temp:
+            renamed[name] = temp
+        shards[split].append(entry)
+
+    splits = {}
+    for split in SPLITS:
+        if split not in shards and not records[split]:
+            continue
+        splits[split] = {
+            "records": records[split],
+            "class_counts": {name: per_class[split][name] for name in class_names if per_class[split][name]},
+            "shards": shards[split],
+            "bytes": sum(s["bytes"] for s in shards[split]),
+        }
+    files = {
+        "found": found_total,
+        "written": sum(records.values()),
+        "rejected": sum(by_reason["rejected"].values()),
+        "skipped": sum(by_reason["skipped"].values()),
+        "upscaled": upscaled,
+    }
+    return Accounting(splits, files, dict(sorted(by_reason["rejected"].items())),
+                      dict(sorted(by_reason["skipped"].items())), renamed)
+
+
+def check_accounting(counts: Accounting) -> None:
+    """Nothing lost: each split's shards hold its converted images, and found = written + rejected + skipped.
+
+    Raises:
+        DatasetIncomplete: naming the first difference.
+    """
+    for split, split_info in counts.splits.items():
+        written = sum(s["records"] for s in split_info["shards"])
+        if written != split_info["records"]:
+            raise DatasetIncomplete(
+                f"split {split!r}: the shards hold {written} records but {split_info['records']} images were "
+                f"converted; the dataset is incomplete, so {INFO_FILE} was not written. Run again."
+            )
+    files = counts.files
+    if files["found"] != files["written"] + files["rejected"] + files["skipped"]:
+        raise DatasetIncomplete(
+            f"accounting mismatch: {files['found']} files found but {files['written']} written + "
+            f"{files['rejected']} rejected + {files['skipped']} skipped; {INFO_FILE} was not written"
+        )
+
+
+def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
+                 tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
+                 duplicates: dict | None = None) -> dict:
+    """The dataset description, INFO_FILE's content, of a run whose accounting is `counts`.
+
+    `tfds`: TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
+    `split_by`: how the splits were made; `groups`: what --group_by found (None without it);
+    `duplicates`: the groups of identical source files (`transforms.duplicates.describe`).
+    """
+    all_shards = [s for info in counts.splits.values() for s in info["shards"]]
+    elapsed = max(time.time() - start_time, 1e-9)
+    return {
+        "format_version": FORMAT_VERSION,
+        "tool": {"name": "image-tfrecords", "version": tool_version},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "run_id": run_id,
+        "options": options,
+        "schema": schema,
+        "features": feature_description(schema),
+        "image": image_info,
+        "compression": options["compression"],
+        "class_names": list(class_names),
+        "num_classes": len(class_names),
+        "split_by": split_by,
+        "splits": counts.splits,
+        "files": counts.files,
+        **({"groups": groups} if groups is not None else {}),
+        **({"duplicates": duplicates} if duplicates is not None else {}),
+        "rejected_by_reason": counts.rejected_by_reason,
+        "skipped_by_reason": counts.skipped_by_reason,
+        "shard_bytes": _summary([s["bytes"] for s in all_shards]),
+        "total_bytes": sum(s["bytes"] for s in all_shards),
+        "error_report": ERRORS_FILE,
+        "elapsed_seconds": round(elapsed, 3),
+        "images_per_second": round(counts.files["written"] / elapsed, 2),
+        "tfds": tfds,
+    }
+
+
 class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
@@ -102,98 +228,17 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None):
-        records = Counter()
-        per_class = defaultdict(Counter)
-        by_reason = {"skipped": Counter(), "rejected": Counter()}
-        found_total = upscaled = 0
-        for key, count in tallies:
-            if key[0] == FOUND:
-                found_total += count
-            elif key[0] == WRITTEN:
-                _, split, label, was_upscaled = key
-                records[split] += count
-                per_class[split][self._class_names[label]] += count
-                upscaled += count if was_upscaled else 0
-            else:  # (stage, reason)
-                by_reason[key[0]][key[1]] += count
-
-        shards = defaultdict(list)
-        renamed = {}  # final name -> its name in the run's folder, when they differ (--shard_names=kaggle)
-        # In shard order: by the name in the run's folder (train-00000-of-00004...), which every shard has.
-        for split, name, count, size, *rest in sorted(shard_stats, key=_shard_order):
-            entry = {"file": name, "records": count, "bytes": size}
-            index, temp = (list(rest) + ["", ""])[:2]  # older ShardInfos have neither
-            if index:
-                entry["index"] = index
-            if temp:
-                renamed[name] = temp
-            shards[split].append(entry)
-
-        splits = {}
-        for split in SPLITS:
-            if split not in shards and not records[split]:
-                continue
-            written = sum(s["records"] for s in shards[split])
-            if written != records[split]:
-                raise DatasetIncomplete(
-                    f"split {split!r}: the shards hold {written} records but {records[split]} images were "
-                    f"converted; the dataset is incomplete, so {INFO_FILE} was not written. Run again."
-                )
-            splits[split] = {
-                "records": records[split],
-                "class_counts": {name: per_class[split][name] for name in self._class_names
-                                 if per_class[split][name]},
-                "shards": shards[split],
-                "bytes": sum(s["bytes"] for s in shards[split]),
-            }
-
-        written_total = sum(records.values())
-        rejected_total = sum(by_reason["rejected"].values())
-        skipped_total = sum(by_reason["skipped"].values())
-        if found_total != written_total + rejected_total + skipped_total:
-            raise DatasetIncomplete(
-                f"accounting mismatch: {found_total} files found but {written_total} written + "
-                f"{rejected_total} rejected + {skipped_total} skipped; {INFO_FILE} was not written"
-            )
-        all_shards = [s for info in splits.values() for s in info["shards"]]
-        compression = self._options["compression"]
+        counts = summarise(tallies, shard_stats, self._class_names)
+        check_accounting(counts)
         tfds_files, tfds_note = tfds_metadata.tfds_files(
-            splits, self._schema, self._image_info, list(self._class_names), compression,
+            counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
             description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).")
-        elapsed = max(time.time() - self._start_time, 1e-9)
-        info = {
-            "format_version": FORMAT_VERSION,
-            "tool": {"name": "image-tfrecords", "version": self._tool_version},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "run_id": self._run_id,
-            "options": self._options,
-            "schema": self._schema,
-            "features": feature_description(self._schema),
-            "image": self._image_info,
-            "compression": compression,
-            "class_names": list(self._class_names),
-            "num_classes": len(self._class_names),
-            "split_by": self._split_by,
-            "splits": splits,
-            "files": {
-                "found": found_total,
-                "written": written_total,
-                "rejected": rejected_total,
-                "skipped": skipped_total,
-                "upscaled": upscaled,
-            },
-            **({"groups": groups} if groups is not None else {}),
-            "duplicates": dup.describe(duplicates, self._class_names),
-            "rejected_by_reason": dict(sorted(by_reason["rejected"].items())),
-            "skipped_by_reason": dict(sorted(by_reason["skipped"].items())),
-            "shard_bytes": _summary([s["bytes"] for s in all_shards]),
-            "total_bytes": sum(s["bytes"] for s in all_shards),
-            "error_report": ERRORS_FILE,
-            "elapsed_seconds": round(elapsed, 3),
-            "images_per_second": round(written_total / elapsed, 2),
-            # TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
-            "tfds": {"files": list(tfds_files), "note": tfds_note},
-        }
+        info = dataset_info(counts, self._run_id, self._class_names, self._schema, self._options,
+                            self._image_info, self._start_time, self._tool_version,
+                            tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
+                            groups=groups, duplicates=dup.describe(duplicates, self._class_names))
+        all_shards = [s for split in info["splits"].values() for s in split["shards"]]
+        renamed = counts.renamed
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
         published = _published_by(join(INFO_FILE), self._run_id)
         if published is not None:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from pipeline import reader
-from pipeline.bench_report import StageResult
 from pipeline.errors import DatasetError, UserError
+from pipeline.readers import reader
+from pipeline.readers.bench_report import StageResult
 from transforms.describe import INFO_FILE
 
 AUTOTUNE = tf.data.AUTOTUNE

@@ -1,0 +1,325 @@
+"""Read a converted dataset in tf.data without retyping keys.
+
+    from pipeline import reader
+    ds = reader.make_dataset("tfrecords/", "train", batch_size=128)   # {'image': uint8[B,H,W,3], 'label': ...}
+    model.fit(reader.make_dataset("tfrecords/", "train", batch_size=128, supervised=True, one_hot=True, scale=True))
+
+`image_tfrecords.json` names the shards, the keys and the image size, so the
+reader never guesses. Files are read in parallel with no fixed order
+(`num_parallel_reads=AUTOTUNE`, `deterministic=False`) and batches have a
+static shape (`drop_remainder=True`), as a TPU needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pipeline.errors import DatasetError
+from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
+from transforms.examples import OPTIONAL_FIELDS, SCHEMAS
+from transforms.outputs import LEGACY_INFO_FILE
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# TensorFlow is imported where it is used, so that load_info can refuse a folder before its slow import.
+
+
+def _join(directory: str, name: str) -> str:
+    return directory.rstrip("/") + "/" + name
+
+
+def read_file_text(path: str) -> str | None:
+    """The text of the file at `path` (local or gs://) through Beam's file systems, or None if there is none.
+
+    Beam's GCS client, unlike TensorFlow's, is the one every other step of this
+    tool uses (credentials, STORAGE_EMULATOR_HOST).
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read().decode("utf-8")
+
+
+def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = None) -> dict:
+    """The parsed and checked image_tfrecords.json of `dataset_dir` (local or gs://).
+
+    A folder written by format version 1 has its description in dataset_info.json
+    instead (a name TFDS owns now): that one is read when there is no image_tfrecords.json.
+
+    The one loader of dataset_info.json, for every read-side tool and the
+    converter's summary. `read_text(path)` returns a file's text, or None when
+    it does not exist; by default Beam's file systems read it (`read_file_text`).
+    Every field the read-side tools use is checked for its JSON type, so a
+    damaged or foreign file is one clear error rather than a crash later.
+
+    Raises:
+        DatasetError: when there is no complete dataset there, naming what is wrong.
+    """
+    path = _join(dataset_dir, INFO_FILE)
+    text = _read_info_text(path, read_text)
+    if text is None:
+        legacy = _read_info_text(_join(dataset_dir, LEGACY_INFO_FILE), read_text)
+        if legacy is not None and _version(legacy) == 1:  # version 1's description, not TFDS's dataset_info.json
+            path, text = _join(dataset_dir, LEGACY_INFO_FILE), legacy
+    if text is None:
+        raise DatasetError(
+            f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
+            "none); convert again with python -m pipeline.main"
+        )
+    try:
+        info = json.loads(text)
+    except ValueError as e:
+        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
+    check_info(info, path)
+    return info
+
+
+def _version(text: str):
+    try:
+        info = json.loads(text)
+    except ValueError:
+        return None
+    return info.get("format_version") if isinstance(info, dict) else None
+
+
+def _read_info_text(path: str, read_text: Callable[[str], str | None] | None) -> str | None:
+    try:
+        return (read_text or read_file_text)(path)
+    except ValueError as e:  # not UTF-8
+        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
+    except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says
+        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e}); check the path and your "
+                           "access to it") from None
+
+
+_JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), (int, "a number"), (float, "a number"),
+               (str, "a string"), (list, "a list"), (dict, "an object"))
+_KINDS = {
+    "an object": lambda v: isinstance(v, dict),
+    "a list": lambda v: isinstance(v, list),
+    "a string": lambda v: isinstance(v, str),
+    "a count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "a size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+}
+_MISSING = object()
+
+
+def _shown(value) -> str:
+    """A JSON value as a message names it: a number by its value, anything else by its type."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    return next(name for kind, name in _JSON_TYPES if isinstance(value, kind))
+
+
+def check_info(info, path: str = INFO_FILE) -> dict:
+    """`info` if it has every field the read-side tools use, each of its JSON type; else a DatasetError naming it."""
+    tail = "it was not written by this tool; convert again"
+    if not isinstance(info, dict):
+        raise DatasetError(f"{path} is not a JSON object but {_shown(info)}: {tail}")
+    if "format_version" in info and info["format_version"] not in READABLE_VERSIONS:
+        raise DatasetError(f"{path} has format version {info['format_version']!r}, but this reader reads versions "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}: convert again")
+    required = ("format_version", "splits", "image", "schema", "class_names", "compression")
+    missing = [key for key in required if key not in info]
+    if missing:
+        raise DatasetError(f"{path} lacks {', '.join(missing)}: {tail}")
+
+    def need(parent: dict, key, where: str, kind: str, default=_MISSING):
+        """parent[key], which must be of `kind`; `default` when it is absent and may be."""
+        value = parent.get(key, default) if isinstance(parent, dict) else parent[key]
+        if value is _MISSING:
+            raise DatasetError(f"{path} lacks {where}: {tail}")
+        if not _KINDS[kind](value):
+            raise DatasetError(f"{path} is malformed ({where} is {_shown(value)}, not {kind}): {tail}")
+        return value
+
+    if need(info, "schema", "schema", "a string") not in SCHEMAS:
+        raise DatasetError(f"{path} is malformed (schema {info['schema']!r} is not one of "
+                           f"{', '.join(SCHEMAS)}): {tail}")
+    need(info, "compression", "compression", "a string")
+    names = need(info, "class_names", "class_names", "a list")
+    for i in range(len(names)):
+        need(names, i, f"class_names[{i}]", "a string")
+    image = need(info, "image", "image", "an object")
+    if image.get("fixed_size"):
+        for key in ("height", "width"):
+            need(image, key, f"image.{key}", "a size")
+    for key in ("rejected_by_reason", "skipped_by_reason"):
+        for name in need(info, key, key, "an object", {}):
+            need(info[key], name, f"{key}.{name}", "a count")
+    files = need(info, "files", "files", "an object", {})
+    for name in ("found", "written", "rejected", "skipped"):
+        if files.get(name) is not None:  # verify reports a missing count as a problem of its own
+            need(files, name, f"files.{name}", "a count")
+    for split in need(info, "splits", "splits", "an object"):
+        where = f"splits.{split}"
+        split_info = need(info["splits"], split, where, "an object")
+        need(split_info, "records", f"{where}.records", "a count")
+        counts = need(split_info, "class_counts", f"{where}.class_counts", "an object", {})
+        for name in counts:
+            need(counts, name, f"{where}.class_counts.{name}", "a count")
+        shards = need(split_info, "shards", f"{where}.shards", "a list")
+        for number in range(len(shards)):
+            shard = need(shards, number, f"{where}.shards[{number}]", "an object")
+            name = need(shard, "file", f"{where}.shards[{number}].file", "a string")
+            if not name or "/" in name or name in (".", ".."):
+                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].file {name!r} is not a file "
+                                   f"name in the folder): {tail}")
+            need(shard, "records", f"{where}.shards[{number}].records", "a count")
+            need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
+            index = need(shard, "index", f"{where}.shards[{number}].index", "a string") if "index" in shard else None
+            if index is not None and (not index or "/" in index or index in (".", "..")):
+                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].index {index!r} is not a file "
+                                   f"name in the folder): {tail}")
+    return info
+
+
+def error_text(error: Exception) -> str:
+    """A TensorFlow error reading a record as one short line: no node names, no op suffix, no quoted record.
+
+    TensorFlow quotes a record that does not parse in its message, so one that is
+    not UTF-8 surfaces as a UnicodeDecodeError instead of its InvalidArgumentError.
+    """
+    message = getattr(error, "message", None) or ""
+    if isinstance(error, UnicodeDecodeError) or "Could not parse example input" in message:
+        return "it does not parse as a tf.train.Example protocol buffer"
+    text = re.sub(r"\{\{[^}]*\}\}", "", message)
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text.strip().splitlines()[0] if text.strip() else "")
+    return re.sub(r"\s+", " ", text).strip().rstrip(".")[:300] or type(error).__name__
+
+
+def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[str]:
+    """Full paths of a split's shards, in order."""
+    info = info or load_info(dataset_dir)
+    if not info["splits"]:
+        raise DatasetError(
+            f"{dataset_dir} holds no records: every image was rejected or skipped (see its {ERRORS_FILE} for each "
+            "file's reason); fix the input and convert again")
+    if split not in info["splits"]:
+        raise DatasetError(
+            f"{dataset_dir} has no {split!r} split; it has: {', '.join(info['splits']) or 'none'}"
+        )
+    return [_join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
+
+
+def feature_spec(schema: str = "default") -> dict:
+    """The `tf.io.parse_single_example` spec of a schema ('default' or 'tf_slim'), keyed by stored key."""
+    import tensorflow as tf
+
+    # A key that older datasets lack (sha256) reads as '' there instead of failing the parse.
+    return {key: tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string,
+                                       default_value="" if field in OPTIONAL_FIELDS else None)
+            for field, (key, dtype) in SCHEMAS[schema].items()}
+
+
+def parse_example(serialized, schema: str = "default", decode: bool = True, image_size=None) -> dict:
+    """Parse one serialized Example into canonical names: image, label, class_name, height, width, source_path,
+    sha256 ('' in datasets written before it was recorded).
+
+    With `decode`, `image` is a uint8 [H, W, 3] tensor (JPEG or PNG); `image_size`
+    (height, width) sets its static shape, as a TPU needs.
+    """
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, feature_spec(schema))
+    out = {field: parsed[key] for field, (key, _) in SCHEMAS[schema].items()}
+    if decode:
+        image = tf.io.decode_image(out["image"], channels=3, expand_animations=False)
+        if image_size is not None:
+            image = tf.ensure_shape(image, [image_size[0], image_size[1], 3])
+        out["image"] = image
+    return out
+
+
+def image_label_keys(schema: str = "default") -> tuple[str, str]:
+    """The stored keys of the image bytes and the label id under `schema`."""
+    return SCHEMAS[schema]["image"][0], SCHEMAS[schema]["label"][0]
+
+
+def parse_image_label(serialized, image_key: str = "image", label_key: str | None = "label") -> dict:
+    """Parse only what a training step reads: {'image': encoded bytes, 'label': int64}.
+
+    Other keys may be absent, so this also reads TFRecords written by other
+    tools. With `label_key` None the result has no 'label'.
+    """
+    import tensorflow as tf
+
+    spec = {image_key: tf.io.FixedLenFeature([], tf.string)}
+    if label_key:
+        spec[label_key] = tf.io.FixedLenFeature([], tf.int64)
+    parsed = tf.io.parse_single_example(serialized, spec)
+    out = {"image": parsed[image_key]}
+    if label_key:
+        out["label"] = parsed[label_key]
+    return out
+
+
+def make_dataset(
+    dataset_dir: str,
+    split: str = "train",
+    batch_size: int | None = None,
+    decode: bool = True,
+    shuffle_buffer: int = 0,
+    repeat: bool = False,
+    drop_remainder: bool = True,
+    supervised: bool = False,
+    one_hot: bool = False,
+    scale: bool = False,
+) -> tf.data.Dataset:
+    """A tf.data pipeline over one split: parallel reads, parse, decode, batch, prefetch.
+
+    By default each element is a dict of every field (see `parse_example`).
+    With `supervised`, it is an `(image, label)` tuple instead, which Keras'
+    `model.fit` takes as (inputs, targets). `one_hot` makes the label a float32
+    vector of `num_classes` (from image_tfrecords.json), for
+    `categorical_crossentropy`; without it the label is the int64 class id, for
+    `sparse_categorical_crossentropy`. `scale` makes the image float32 in
+    [0, 1] (pixel / 255) instead of uint8 0-255.
+
+    Raises:
+        DatasetError: when `dataset_dir` holds no complete dataset or no such split.
+        ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale).
+    """
+    import tensorflow as tf
+
+    if scale and not decode:
+        raise ValueError("scale=True needs decode=True: only decoded pixels can be scaled to [0, 1]")
+    info = load_info(dataset_dir)
+    files = shard_paths(dataset_dir, split, info)
+    if (info.get("options") or {}).get("file_format", "tfrecord") != "tfrecord":
+        raise DatasetError(f"{dataset_dir} holds {info['options']['file_format']} shards, which tf.data does not "
+                           "read: open them with Grain (README: Random access with Grain), or convert again "
+                           "without --file_format")
+    compression = "GZIP" if info["compression"] == "gzip" else ""
+    image = info["image"]
+    image_size = (image["height"], image["width"]) if image.get("fixed_size") else None
+    num_classes = info.get("num_classes", len(info["class_names"]))
+    ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = False
+    ds = ds.with_options(options)
+    if shuffle_buffer:
+        ds = ds.shuffle(shuffle_buffer)
+    if repeat:
+        ds = ds.repeat()
+
+    def parse(serialized):
+        fields = parse_example(serialized, info["schema"], decode, image_size)
+        if scale:
+            fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
+        if one_hot:
+            fields["label"] = tf.one_hot(fields["label"], num_classes, dtype=tf.float32)
+        return (fields["image"], fields["label"]) if supervised else fields
+
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    if batch_size:
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,
+                      deterministic=False)
+    return ds.prefetch(tf.data.AUTOTUNE)

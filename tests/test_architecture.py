@@ -1,0 +1,184 @@
+"""The layer rule of docs/ARCHITECTURE.md, read from the code's own imports (stdlib `ast`, nothing is imported).
+
+Every import counts, at module level and inside functions: a lazy import closes a loop as surely as
+a top-level one, it only hides it. The rule:
+- no import loops among the project's modules;
+- `transforms/` (Beam transforms and their plain functions) never imports `pipeline/`;
+- the read-side tools (`pipeline/readers/`) never import the converter's launcher, graph, planning,
+  output preparation or local runner;
+- the local-runner machinery (`pipeline/local/`) is imported by the launcher only;
+- no module is named like a standard-library or popular package, so that no module of this project can
+  shadow one (e.g. no `pipeline/inspect.py` or `transforms/io.py`).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGES = ("pipeline", "transforms")
+READERS = "pipeline.readers"
+LOCAL = "pipeline.local"
+# What the read-side tools may not import: the converter's run (launcher, graph, plan, output, cloud submission).
+CONVERTER = ("pipeline.launcher", "pipeline.main", "pipeline.graph", "pipeline.plan", "pipeline.output",
+             "pipeline.cloud", "pipeline.demo", LOCAL)
+# Popular third-party top-level names a module of ours must not take (the standard library's come from sys).
+POPULAR = {
+    "absl", "apache_beam", "attr", "attrs", "beam", "boto3", "click", "cv2", "dask", "google", "grain", "grpc",
+    "h5py", "jax", "keras", "matplotlib", "numpy", "pandas", "PIL", "psutil", "pyarrow", "pytest", "requests",
+    "scipy", "setuptools", "six", "sklearn", "tensorflow", "tf", "torch", "torchvision", "tqdm", "typing_extensions",
+    "yaml", "array_record", "tensorflow_datasets", "tfds",
+}
+
+
+def module_files() -> dict[str, str]:
+    """{dotted module name: file path} of every module of the project's packages."""
+    found = {}
+    for package in PACKAGES:
+        for folder, dirs, files in os.walk(os.path.join(REPO, package)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                parts = os.path.relpath(os.path.join(folder, name), REPO)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                found[".".join(parts)] = os.path.join(folder, name)
+    return found
+
+
+def imports_of(module: str, path: str, modules: set[str]) -> set[str]:
+    """The project modules `module` imports anywhere in its file (functions included)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    is_package = path.endswith("__init__.py")
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here[: len(here) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pipeline import cloud` imports the module pipeline.cloud; `from pipeline.x import f` the module.
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:  # `import transforms.convert.x` -> the longest known module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+    return targets
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {module: imports_of(module, path, set(files)) for module, path in files.items()}
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_reader_of_imports_sees_function_level_imports(graph):
+    # pipeline/main.py imports the launcher inside main(): a reader that missed it would miss lazy loops too.
+    assert "pipeline.launcher" in graph["pipeline.main"]
+    assert "transforms.imaging" in graph["transforms.pool"]
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops: groups of modules that all reach each other (Tarjan's algorithm)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_strongly_connected_finds_a_loop():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_loops(graph):
+    loops = strongly_connected(graph)
+    assert not loops, "import loops (break each with a lower module both can use): " + "; ".join(
+        " <-> ".join(loop) for loop in loops)
+
+
+def test_transforms_never_import_pipeline(graph):
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if in_package(m, "transforms")
+                    for t in targets if in_package(t, "pipeline"))
+    assert not upward, upward
+
+
+def test_read_side_tools_never_import_the_converter(graph):
+    assert any(in_package(m, READERS) for m in graph), "pipeline/readers/ is missing"
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if in_package(m, READERS)
+                    for t in targets if any(in_package(t, c) for c in CONVERTER))
+    assert not upward, upward
+
+
+def test_only_the_launcher_imports_the_local_runner(graph):
+    assert any(in_package(m, LOCAL) for m in graph), "pipeline/local/ is missing"
+    outside = sorted(f"{m} -> {t}" for m, targets in graph.items()
+                     if not in_package(m, LOCAL) and m != "pipeline.launcher"
+                     for t in targets if in_package(t, LOCAL))
+    assert not outside, outside
+
+
+def test_no_module_named_like_a_popular_package(graph):
+    taken = set(sys.stdlib_module_names) | POPULAR
+    shadowing = sorted(m for m in graph if m.rpartition(".")[2] in taken)
+    assert not shadowing, f"modules named like a standard-library or popular package: {shadowing}"
+
+
+@pytest.mark.parametrize("tool", ["verify", "preview", "benchmark"])
+def test_the_read_side_tools_old_names_still_run_them(tool):
+    # README and docs/ give `python -m pipeline.<tool>`; the tools live in pipeline/readers/.
+    moved = subprocess.run([sys.executable, "-m", f"pipeline.{tool}", "--help"], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.startswith(f"usage: python -m pipeline.{tool}")
+
+
+def test_the_read_side_tools_old_import_names_are_the_moved_modules():
+    from pipeline import benchmark, preview, reader, verify
+    from pipeline.readers import benchmark as benchmark_
+    from pipeline.readers import preview as preview_
+    from pipeline.readers import reader as reader_
+    from pipeline.readers import verify as verify_
+
+    assert (reader, verify, preview, benchmark) == (reader_, verify_, preview_, benchmark_)
