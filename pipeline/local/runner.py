@@ -41,7 +41,7 @@ def start_workers(options: PipelineOptions, argv: list[str], settings: Settings)
     """For a local run with worker processes (the default), start them now; None for other runs.
 
     They import Beam while the launcher plans the run and builds the graph
-    (see `pipeline.warm_workers`).
+    (see `pipeline.local.warm_workers`).
     """
     if not is_local_run(options) or cloud.is_dataflow(options):
         return None
@@ -87,7 +87,7 @@ def make_runner(options: PipelineOptions, argv: list[str], workers: WarmWorkerPo
     return fn_runner.FnApiRunner(
         default_environment=environment,
         provision_info=provision_info,
-        progress_request_frequency=REQUEST_SECONDS,  # live counts for pipeline.progress
+        progress_request_frequency=REQUEST_SECONDS,  # live counts for pipeline.local.progress
     )
 
 

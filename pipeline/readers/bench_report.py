@@ -1,6 +1,6 @@
 """The read benchmark's figures per stage, and their outputs: a table, a JSON file, a bar chart.
 
-No TensorFlow here: the figures are plain numbers measured by pipeline.bench_input.
+No TensorFlow here: the figures are plain numbers measured by pipeline.readers.bench_input.
 """
 
 from __future__ import annotations
