@@ -17,8 +17,6 @@ setuptools.setup(
     ),
     python_requires=">=3.10,<3.13",
     packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "transforms", "transforms.*"]),
-    include_package_data=True,
-    package_data={"pipeline": ["templates/*.json"]},
     # Tested ranges. Beam is pinned to the minor release the tests ran on,
     # because Dataflow workers must run the same SDK as the launcher.
     install_requires=[

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # TensorFlow is imported where it is used, so that load_info can refuse a folder before its slow import.
 
 
-def _join(directory: str, name: str) -> str:
+def join(directory: str, name: str) -> str:
+    """`name` in the folder `directory` (local or gs://)."""
     return directory.rstrip("/") + "/" + name
 
 
@@ -62,12 +63,12 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
     Raises:
         DatasetError: when there is no complete dataset there, naming what is wrong.
     """
-    path = _join(dataset_dir, INFO_FILE)
+    path = join(dataset_dir, INFO_FILE)
     text = _read_info_text(path, read_text)
     if text is None:
-        legacy = _read_info_text(_join(dataset_dir, LEGACY_INFO_FILE), read_text)
+        legacy = _read_info_text(join(dataset_dir, LEGACY_INFO_FILE), read_text)
         if legacy is not None and _version(legacy) == 1:  # version 1's description, not TFDS's dataset_info.json
-            path, text = _join(dataset_dir, LEGACY_INFO_FILE), legacy
+            path, text = join(dataset_dir, LEGACY_INFO_FILE), legacy
     if text is None:
         raise DatasetError(
             f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
@@ -206,7 +207,7 @@ def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[
         raise DatasetError(
             f"{dataset_dir} has no {split!r} split; it has: {', '.join(info['splits']) or 'none'}"
         )
-    return [_join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
+    return [join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
 
 
 def feature_spec(schema: str = "default") -> dict:

@@ -59,10 +59,6 @@ _CHUNK = 256  # records per tf.data pass
 _MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
 
 
-def _join(directory: str, name: str) -> str:
-    return directory.rstrip("/") + "/" + name
-
-
 @dataclass
 class _ShardResult:
     """What one shard holds, as read back."""
@@ -282,7 +278,7 @@ _read_text = reader.read_file_text
 def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
     """labels.txt's lines, which must be image_tfrecords.json's class names; falls back to those names."""
     class_names = list(info.get("class_names", []))
-    text = _read_text(_join(dataset_dir, LABELS_FILE))
+    text = _read_text(reader.join(dataset_dir, LABELS_FILE))
     if text is None:
         report.problems.append(f"{LABELS_FILE}: missing; the label ids cannot be checked against it")
         return class_names
@@ -302,7 +298,7 @@ def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
 def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tuple[str, str, dict]]:
     """The listed shards that exist, as (split, path, listed entry); missing, misnamed and stale ones are problems."""
     present = {}  # every file directly in the folder
-    for metadata in FileSystems.match([_join(dataset_dir, "*")])[0].metadata_list:
+    for metadata in FileSystems.match([reader.join(dataset_dir, "*")])[0].metadata_list:
         name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
         if "/" not in name:
             present[name] = metadata.size_in_bytes
@@ -327,7 +323,7 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
                 continue
             if present[name] != shard.get("bytes"):
                 report.problems.append(f"{name}: {present[name]} bytes, but {INFO_FILE} says {shard.get('bytes')}")
-            to_read.append((split, _join(dataset_dir, name), shard))
+            to_read.append((split, reader.join(dataset_dir, name), shard))
     # A reader that globs the shards (README: glob("train-*.tfrecord")) reads every match, listed or not.
     # Kaggle's notebooks glob train*.tfrec; Grain's users *.array_record.
     globs = [glob for split in sorted(set(SPLITS) | set(info["splits"]))
@@ -379,7 +375,7 @@ def _check_index_files(dataset_dir: str, info: dict, report: Report) -> None:
                                    f"shard is named {index_name(name)}: convert again")
         listed[index] = name
     by_stem = {index_name(name): name for name in shards}
-    for metadata in FileSystems.match([_join(dataset_dir, "*.idx")])[0].metadata_list:
+    for metadata in FileSystems.match([reader.join(dataset_dir, "*.idx")])[0].metadata_list:
         name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
         if "/" in name or name in listed or not INDEX_NAME.fullmatch(name):
             continue
@@ -389,7 +385,7 @@ def _check_index_files(dataset_dir: str, info: dict, report: Report) -> None:
             report.problems.append(f"{name}: an index file, but its shard is not in {INFO_FILE} (a stale index from "
                                    "another run?): remove it")
     for index, shard in sorted(listed.items()):
-        problem = _index_problem(_join(dataset_dir, index), _join(dataset_dir, shard))
+        problem = _index_problem(reader.join(dataset_dir, index), reader.join(dataset_dir, shard))
         if problem:
             report.problems.append(problem)
     report.index_files = len(listed)
@@ -502,7 +498,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
         if sum(listed_reasons[stage].values()) != total:
             report.problems.append(f"{INFO_FILE}: {total} files {stage} but {stage}_by_reason adds up to "
                                    f"{sum(listed_reasons[stage].values())}")
-    text = _read_text(_join(dataset_dir, ERRORS_FILE))
+    text = _read_text(reader.join(dataset_dir, ERRORS_FILE))
     if text is None:
         report.problems.append(f"{ERRORS_FILE}: missing; {rejected + skipped} rejected and skipped files are not "
                                "reported")
@@ -553,7 +549,7 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
     for name, text in expected.items():
-        found = _read_text(_join(dataset_dir, name))
+        found = _read_text(reader.join(dataset_dir, name))
         if found is None:
             report.problems.append(f"{name}: missing, but {INFO_FILE} lists it among TFDS's files; {redo}")
             continue
