@@ -409,3 +409,20 @@ def test_array_record_without_the_package_is_a_one_line_error(tree, tmp_path, mo
     with pytest.raises(UserError, match="--file_format=array_record needs the array-record package, which is not "
                                         "installed: pip install array-record"):
         convert(tree, tmp_path / "out", "--file_format=array_record")
+
+
+def test_tfds_opens_the_array_record_output_as_a_random_access_data_source(arrays):
+    """Issue 19: `tfds.data_source`-style access to the converter's own ArrayRecord folder, no extra step."""
+    import tensorflow_datasets as tfds
+
+    out, info = arrays
+    builder = tfds.builder_from_directory(str(out))
+    for split, split_info in info["splits"].items():
+        source = builder.as_data_source(split=split)
+        assert len(source) == split_info["records"]
+        labels = sorted(int(source[i]["label"]) for i in range(len(source)))
+        expected = sorted(info["class_names"].index(name) for name, n in split_info["class_counts"].items()
+                          for _ in range(n))
+        assert labels == expected
+        last = source[len(source) - 1]  # random access to the last record
+        assert last["image"].shape[-1] == 3
