@@ -1,9 +1,11 @@
-"""Launcher-side planning: check the folders, read file metadata, fix class ids and shard counts.
+"""Launcher-side planning: check the folders, find the class folders, fix class ids and how shards are sized.
 
-Besides file names and sizes, only a small sample of the images is read here
-(`pipeline.estimate`): up to 200 headers for the input's image sizes, and a
-dozen images converted to measure the bytes of one record. The graph does the
-real work, and on Dataflow it runs on the workers.
+The launcher never lists every file: it lists the input's top folders (two
+levels with split folders) and looks into each class folder only until its
+first images. Of those, a small sample is read (`pipeline.estimate`): up to 200
+headers for the input's image sizes, and a dozen images converted to measure
+the bytes of one record. The job lists and counts the files itself and sizes
+each split's shards from its own totals; on Dataflow it runs on the workers.
 """
 
 from __future__ import annotations
