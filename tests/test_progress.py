@@ -67,6 +67,25 @@ def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two
         "Converted 5/5 images (100%); writing shards and image_tfrecords.json"]
 
 
+def test_the_total_is_the_jobs_own_count_from_finished_listing_bundles(caplog):
+    """The launcher no longer counts the files: the total comes from AssignLabels' `images_to_convert`."""
+    import logging
+
+    from pipeline.local.progress import ProgressDisplay
+
+    counts = BundleCounts()
+    counts.running("listing", [_counter("images_to_convert", 3)])
+    assert counts.planned == 0  # a running bundle's count could still grow: only finished ones count
+    counts.finished("listing", [_counter("images_to_convert", 4)])
+    counts.finished("listing_2", [_counter("images_to_convert", 2), _counter("files_listed", 9)])
+    assert counts.planned == 6 and counts.processed == 0
+    caplog.set_level(logging.INFO, logger="pipeline")
+    with ProgressDisplay(counts, interactive=False):
+        counts.finished("shard_1", [_counter("images_converted", 5), _counter("rejected_truncated", 1)])
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Converted")] == [
+        "Converted 6/6 images (100%); writing shards and image_tfrecords.json"]
+
+
 def test_progress_line_states_count_share_rate_and_time_left():
     assert progress_line(120, 400, 40.0) == "Converted 120/400 images (30%), 40.0 images/s, about 7 s left"
     assert progress_line(0, 400, 0.0) == "Converted 0/400 images (0%)"
