@@ -48,7 +48,12 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
     add("--input_dir", default=None, **required,
         help="Folder of images, local or gs://: <input_dir>/<class>/<image>, or "
              "<input_dir>/<split>/<class>/<image> with split folders train/, validation/ (or val/), test/. "
-             "Required.")
+             "Required, unless --manifest is given (then it is the folder that relative manifest paths are below).")
+    add("--manifest", default=None,
+        help="CSV (with a header) or JSON Lines file, local or gs://, listing the images instead of class "
+             "folders: columns path (relative to the manifest's folder or --input_dir, absolute, or gs://), "
+             "label (a class name) and optionally split (train, validation or val, test). "
+             "Default: none, class folders.")
     add("--output_dir", default=None, **required,
         help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "

@@ -1,4 +1,4 @@
-"""The Beam graph: ListImages -> AssignLabels -> AssignShards -> WriteShards -> DescribeDataset."""
+"""The Beam graph: ListImages -> AssignLabels (or ReadManifest) -> AssignShards -> WriteShards -> DescribeDataset."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from transforms.duplicates import DROPPED, DropDuplicates
 from transforms.duplicates import HASHES as DUP_HASHES
 from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
+from transforms.manifest import ReadManifest
 from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
 
@@ -21,18 +22,33 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
 
     `run_id` names the run's own temporary folder in the output folder (see transforms.outputs).
     """
-    # FileRef of every candidate image, listed class folder by class folder on the workers
-    listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
-    # FileRef -> ImageRef (label, split, shuffle key)
-    labeled = listed.images | "AssignLabels" >> AssignLabels(
-        plan.class_names,
-        split_folders=plan.split_folders,
-        seed=settings.seed,
-        validation_split=settings.validation_split,
-        test_split=settings.test_split,
-        group_by=settings.group_by,
-    )
-    images, dropped, source_hashes = labeled.images, [], None
+    if settings.manifest:
+        # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job
+        listed = labeled = p | "ReadManifest" >> ReadManifest(
+            settings.manifest,
+            plan.manifest_format,
+            settings.input_dir,
+            plan.class_names,
+            seed=settings.seed,
+            validation_split=settings.validation_split,
+            test_split=settings.test_split,
+            size=plan.manifest_file_size,
+        )
+        unlabeled = beam.pvalue.PBegin(p) | "NoUnlabeled" >> beam.Create([])
+    else:
+        # FileRef of every candidate image, listed class folder by class folder on the workers
+        listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
+        # FileRef -> ImageRef (label, split, shuffle key)
+        labeled = listed.images | "AssignLabels" >> AssignLabels(
+            plan.class_names,
+            split_folders=plan.split_folders,
+            seed=settings.seed,
+            validation_split=settings.validation_split,
+            test_split=settings.test_split,
+            group_by=settings.group_by,
+        )
+        unlabeled = labeled[UNLABELED]
+    images, dropped, source_hashes = labeled["images"], [], None
     if settings.duplicates == "drop":
         # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
         deduped = images | "DropDuplicates" >> DropDuplicates(settings.image.max_file_bytes)
@@ -44,7 +60,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
         settings.compression, settings.index_files, settings.file_format, settings.shard_names,
     )
-    rejections = (listed[SKIPPED], labeled[UNLABELED], *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
+    rejections = (listed[SKIPPED], unlabeled, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
     inputs = {
         "written": written[WRITTEN],
         "rejections": rejections,

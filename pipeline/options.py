@@ -71,6 +71,7 @@ class Settings:
     shard_names: str = "standard"
     group_by: str | None = None
     duplicates: str = "keep"
+    manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
 
     @property
     def overwrite(self) -> bool:
@@ -81,6 +82,7 @@ class Settings:
         image = self.image
         return {
             "input_dir": self.input_dir,
+            "manifest": self.manifest,
             "labels_file": self.labels_file,
             "validation_split": self.validation_split,
             "test_split": self.test_split,
@@ -212,8 +214,14 @@ def validate(options: PipelineOptions) -> Settings:
         UserError: for the first invalid value, with what to do about it.
     """
     o = options.view_as(ConvertOptions)
-    if not o.input_dir:
-        raise UserError("--input_dir is required: the folder of class folders to convert")
+    manifest = o.manifest or None
+    if not o.input_dir and not manifest:
+        raise UserError("--input_dir is required: the folder of class folders to convert (or give --manifest)")
+    if manifest and o.group_by:
+        raise UserError("--group_by is for class folders, not --manifest yet: give the manifest a split column "
+                        "instead, or drop --group_by")
+    # With --manifest, --input_dir is the base of the manifest's relative paths (default: the manifest's folder).
+    input_dir = o.input_dir or (manifest.rsplit("/", 1)[0] if "/" in manifest else ".")
     if not o.output_dir:
         raise UserError("--output_dir is required: the folder to write the TFRecord dataset to")
     for name in ("validation_split", "test_split"):
@@ -286,7 +294,8 @@ def validate(options: PipelineOptions) -> Settings:
         timeout_s=o.image_timeout_s,
     )
     return Settings(
-        input_dir=o.input_dir.rstrip("/") or "/",
+        input_dir=input_dir.rstrip("/") or "/",
+        manifest=manifest,
         output_dir=expand_placeholders(o.output_dir, "--output_dir", run_date=run_date).rstrip("/") or "/",
         labels_file=o.labels_file,
         validation_split=o.validation_split,

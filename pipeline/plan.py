@@ -11,6 +11,8 @@ each split's shards from its own totals; on Dataflow it runs on the workers.
 from __future__ import annotations
 
 import concurrent.futures
+import io
+import json
 import logging
 import os
 import tempfile
@@ -30,6 +32,7 @@ from transforms.layout import (
     relative_path,
     split_folder_layout,
 )
+from transforms import manifest
 from transforms.listing import Folder, classify, is_local, list_folder, list_top
 from transforms.outputs import SHARD_NAME, own_outputs
 from transforms.records import FileRef
@@ -52,6 +55,8 @@ class Plan:
     sizing: ShardSizing
     unknown_classes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    manifest_format: str = ""  # with --manifest: 'csv' or 'jsonl'
+    manifest_file_size: int = 0  # with --manifest: the sampled files' mean size, standing in for each file's
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -101,7 +106,7 @@ def check_folders(settings: Settings) -> None:
         what = "is a file, not a folder" if os.path.exists(settings.input_dir) else "does not exist"
         raise UserError(f"--input_dir {settings.input_dir} {what}: give the folder that holds the class folders")
     source, target = _normalise(settings.input_dir), _normalise(settings.output_dir)
-    if target == source or target.startswith(source.rstrip("/") + "/"):
+    if not settings.manifest and (target == source or target.startswith(source.rstrip("/") + "/")):
         raise UserError(
             f"--output_dir {settings.output_dir} is inside --input_dir {settings.input_dir}: the shards would be "
             "listed as input on the next run; choose an output folder outside the input folder"
@@ -281,6 +286,8 @@ def plan_dataset(settings: Settings) -> Plan:
         UserError: for an empty input, no images, no class folders, or a bad layout.
     """
     check_folders(settings)
+    if settings.manifest:
+        return plan_manifest(settings)
     input_dir = settings.input_dir
     try:
         entries, loose, top_folders = _top(settings)
@@ -351,6 +358,89 @@ def plan_dataset(settings: Settings) -> Plan:
         sizing=shard_sizing(settings, sample, [size for _, _, size in sample_files]),
         unknown_classes=unknown,
         notes=notes,
+    )
+
+
+# A manifest up to this size has its class names read by the launcher (a stream, holding only the names);
+# a bigger one needs --labels_file, so that the launcher never reads millions of rows.
+MANIFEST_SCAN_BYTES = 256 * 1024 * 1024
+MANIFEST_SAMPLE_ROWS = 12
+
+
+def plan_manifest(settings: Settings) -> Plan:
+    """Plan a --manifest run: check its header, take class names from --labels_file (or, for a manifest up to
+    MANIFEST_SCAN_BYTES, from its label column) and size shards from its first rows' files."""
+    path = settings.manifest
+    try:
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except Exception:
+        raise UserError(f"--manifest {path} does not exist or cannot be read: give the CSV or JSON Lines "
+                        "file that lists the images") from None
+    with FileSystems.open(path, compression_type="auto") as raw:
+        stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+        first = stream.readline()
+        if not first.strip():
+            raise UserError(f"--manifest {path} is empty: write a header line (path,label[,split]) and one row "
+                            "per image, or one JSON object per line")
+        fmt = manifest.manifest_format(path, first)
+        if fmt == "csv":
+            columns = manifest.csv_header(first)
+        else:
+            try:
+                columns = [str(k).lower() for k in json.loads(first)]
+            except (ValueError, TypeError):
+                raise UserError(f"--manifest {path}: its first line is not a JSON object: write one "
+                                '{"path": ..., "label": ...} object per line, or give a .csv') from None
+        for needed in ("path", "label"):
+            if needed not in columns:
+                raise UserError(f"--manifest {path} has no {needed!r} column (columns: {', '.join(columns)}): "
+                                "name the image column path and the class column label")
+        stream.seek(0)
+        sample_rows = []
+        scan = not settings.labels_file
+        if scan and size > MANIFEST_SCAN_BYTES:
+            raise UserError(f"--manifest {path} is {size / 1e6:.0f} MB: over {MANIFEST_SCAN_BYTES // 2**20} MiB, "
+                            "give --labels_file (one class name per line), so that the launcher does not read "
+                            "every row to find the class names")
+        labels = set()
+        for _, row in manifest.read_rows(stream, fmt, settings.input_dir):
+            if isinstance(row, manifest.ManifestRow):
+                if len(sample_rows) < MANIFEST_SAMPLE_ROWS:
+                    sample_rows.append(row)
+                labels.add(row.class_name)
+            if not scan and len(sample_rows) >= MANIFEST_SAMPLE_ROWS:
+                break
+    notes = []
+    extra = [c for c in columns if c not in manifest.KNOWN_COLUMNS]
+    if extra:
+        notes.append(f"{len(extra)} extra manifest column(s) ignored: {', '.join(extra[:10])}")
+    if settings.labels_file:
+        class_names = read_labels_file(settings.labels_file)
+    else:
+        class_names = sorted(labels)
+        if not class_names:
+            raise UserError(f"--manifest {path} has no usable rows (each needs a path and a label): "
+                            "see the rows it holds")
+        for name in class_names:
+            problem = class_name_problem(name)
+            if problem:
+                raise UserError(f"the label {quoted_name(name)} in --manifest {path} has {problem}: rename it")
+    sample_files = []
+    for row in sample_rows:
+        try:
+            sample_files.append((row.path, row.relpath, FileSystems.match([row.path])[0].metadata_list[0]
+                                 .size_in_bytes))
+        except Exception:
+            continue  # a missing file is the job's to report (read_error)
+    sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
+    sizes = [s for _, _, s in sample_files]
+    return Plan(
+        class_names=class_names,
+        split_folders=False,
+        sizing=shard_sizing(settings, sample, sizes),
+        notes=notes,
+        manifest_format=fmt,
+        manifest_file_size=int(sum(sizes) / len(sizes)) if sizes else 100_000,
     )
 
 

@@ -1,0 +1,177 @@
+"""--manifest: a CSV or JSON Lines list of path,label[,split] instead of class folders, read inside the job."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from pipeline.errors import UserError
+from pipeline.launcher import run
+from tests.conftest import FAST, cli
+
+
+def _images(folder, n, colour=(200, 30, 30)):
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i in range(n):
+        Image.new("RGB", (16 + i % 5, 16), colour).save(folder / f"img{i:04d}.png")
+        names.append(f"img{i:04d}.png")
+    return names
+
+
+def _run(manifest, out, *args):
+    return run([f"--manifest={manifest}", f"--output_dir={out}", "--quiet", *args, *FAST])
+
+
+def _records(out):
+    got = []
+    for shard in sorted(out.glob("*-of-*")):
+        for raw in tf.data.TFRecordDataset(str(shard)):
+            ex = tf.train.Example.FromString(raw.numpy())
+            f = ex.features.feature
+            source = f["image/source_path"] if "image/source_path" in f else f.get("source_path")
+            got.append((shard.name.split("-")[0], f["label"].int64_list.value[0] if "label" in f
+                        else f["image/class/label"].int64_list.value[0], source))
+    return got
+
+
+def _errors(out):
+    path = out / "errors.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(300)
+def test_csv_manifest_with_splits_relative_and_absolute_paths(tmp_path):
+    data = tmp_path / "data"
+    cats = _images(data / "a", 6)
+    dogs = _images(data / "b", 6, (30, 30, 200))
+    rows = [("path", "label", "split", "photographer")]
+    rows += [(f"a/{n}", "cat", "train" if i < 4 else "validation", "x") for i, n in enumerate(cats)]
+    rows += [(str(data / "b" / n), "dog", "test" if i < 2 else "val", "y") for i, n in enumerate(dogs)]
+    with open(data / "list.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    out = tmp_path / "out"
+    assert _run(data / "list.csv", out) == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["cat", "dog"]
+    files = info["files"]
+    assert files["found"] == 12 and files["written"] == 12
+    assert {s: info["splits"][s]["records"] for s in info["splits"]} == {"train": 4, "validation": 6, "test": 2}
+    assert info["splits"]["test"]["class_counts"] == {"dog": 2}
+    assert info["splits"]["train"]["class_counts"] == {"cat": 4}
+    assert (out / "labels.txt").read_text() == "cat\ndog\n"
+
+
+@pytest.mark.timeout(300)
+def test_jsonl_manifest_hash_split_and_input_dir_base(tmp_path):
+    data = tmp_path / "photos"
+    names = _images(data, 20)
+    manifest = tmp_path / "lists" / "m.jsonl"
+    manifest.parent.mkdir()
+    manifest.write_text("".join(json.dumps({"path": n, "label": "ab"[i % 2], "score": i}) + "\n"
+                                for i, n in enumerate(names)))
+    out = tmp_path / "out"
+    assert _run(manifest, out, f"--input_dir={data}", "--validation_split=0.5") == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["a", "b"]
+    counts = {s: info["splits"][s]["records"] for s in info["splits"]}
+    assert sum(counts.values()) == 20 and counts.get("train") and counts.get("validation")
+    assert not _errors(out)
+
+
+@pytest.mark.timeout(300)
+def test_bad_rows_are_each_reported_with_their_row_number_and_counted(tmp_path):
+    data = tmp_path / "data"
+    names = _images(data, 4)
+    text = ("path,label,split\n"
+            f"{names[0]},cat,train\n"          # row 1: fine
+            f"{names[1]},,train\n"             # row 2: no label
+            f"{names[2]},cat,holdout\n"        # row 3: unknown split
+            f"{names[3]},cat\n"                # row 4: wrong field count
+            f"{names[0]},cat,train\n"          # row 5: duplicate of row 1
+            ",cat,train\n"                     # row 6: no path
+            "missing.png,cat,train\n")         # row 7: file missing: read_error at conversion
+    (data / "m.csv").write_text(text)
+    out = tmp_path / "out"
+    assert _run(data / "m.csv", out) == 0
+    errors = {e["reason"]: e for e in _errors(out)}
+    assert errors["manifest_missing_label"]["detail"].startswith("row 2:")
+    assert errors["manifest_unknown_split"]["detail"].startswith("row 3:")
+    assert errors["manifest_bad_row"]["detail"].startswith("row 4:")
+    assert errors["manifest_duplicate_path"]["detail"].startswith("row 5:")
+    assert errors["manifest_missing_path"]["detail"].startswith("row 6:")
+    assert errors["read_error"]["relpath"] == "missing.png"
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    files = info["files"]
+    assert files["found"] == 7
+    assert files["written"] == 1
+    assert files["written"] + files["rejected"] + files["skipped"] == 7
+
+
+@pytest.mark.timeout(300)
+def test_labels_file_fixes_ids_and_skips_unknown_labels(tmp_path):
+    data = tmp_path / "data"
+    names = _images(data, 3)
+    (data / "m.csv").write_text("path,label\n" + "".join(f"{n},{lab}\n" for n, lab in zip(names, "xyz")))
+    (tmp_path / "labels.txt").write_text("z\ny\n")
+    out = tmp_path / "out"
+    assert _run(data / "m.csv", out, f"--labels_file={tmp_path / 'labels.txt'}") == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["z", "y"]
+    assert [e["reason"] for e in _errors(out)] == ["unknown_class"]
+    files = info["files"]
+    assert (files["found"], files["written"], files["skipped"]) == (3, 2, 1)
+
+
+@pytest.mark.timeout(600)
+def test_two_thousand_rows_are_read_in_the_job(tmp_path):
+    data = tmp_path / "data"
+    names = _images(data, 2000)
+    with open(data / "m.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label"])
+        w.writerows((n, f"c{i % 7}") for i, n in enumerate(names))
+    out = tmp_path / "out"
+    assert _run(data / "m.csv", out, "--image_size=8") == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    files = info["files"]
+    assert files["found"] == files["written"] == 2000
+    assert len(info["class_names"]) == 7
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "is empty"),
+    ("file,label\na.png,cat\n", "has no 'path' column"),
+])
+def test_empty_manifest_or_no_path_column_is_a_one_line_error(tmp_path, text, message):
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(UserError, match=message):
+        _run(tmp_path / "m.csv", tmp_path / "out")
+    proc = cli("pipeline.main", f"--manifest={tmp_path / 'm.csv'}", f"--output_dir={tmp_path / 'out'}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error:") and message in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_gcs_manifest_with_relative_and_gs_paths(gcs_emulator, tmp_path):
+    from tests.gcs_fixtures import NO_AUTH
+
+    local = tmp_path / "src"
+    names = _images(local, 6)
+    bucket = gcs_emulator.create_bucket("manifest-e2e")
+    assert gcs_emulator.upload_tree(local, f"{bucket}/photos") == 6
+    rows = [f"photos/{n},{'ab'[i % 2]},train" for i, n in enumerate(names[:4])]  # relative to the manifest
+    rows += [f"{bucket}/photos/{n},b,test" for n in names[4:]]  # absolute gs://
+    manifest = gcs_emulator.write(f"{bucket}/m.csv",
+                                  "path,label,split\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    assert _run(manifest, out, NO_AUTH) == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["a", "b"]
+    assert info["files"]["written"] == 6 and info["files"]["found"] == 6
+    assert info["splits"]["train"]["class_counts"] == {"a": 2, "b": 2}
+    assert info["splits"]["test"]["class_counts"] == {"b": 2}

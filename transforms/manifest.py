@@ -1,0 +1,205 @@
+"""ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
+
+A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
+gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test). The file is read
+as a stream by one worker (so every row keeps its row number for errors.jsonl; memory stays bounded
+whatever its length), then the rows are spread over the workers. A row that cannot be used becomes a
+Rejection with its row number; a path listed twice keeps its first row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from transforms import counters
+from transforms.layout import SPLIT_FOLDER_NAMES, UNKNOWN_CLASS, hash_split, shuffle_key
+from transforms.records import ImageRef, Rejection
+
+SKIPPED = "skipped"
+FOUND = "found"
+
+BAD_ROW = "manifest_bad_row"
+MISSING_PATH = "manifest_missing_path"
+MISSING_LABEL = "manifest_missing_label"
+UNKNOWN_SPLIT = "manifest_unknown_split"
+DUPLICATE_PATH = "manifest_duplicate_path"
+
+KNOWN_COLUMNS = ("path", "label", "split")
+SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
+assert set(SPLIT_NAMES.values()) <= set(SPLIT_FOLDER_NAMES.values())
+
+
+class ManifestRow(NamedTuple):
+    """A usable manifest row: where its file is, its class name and its split ('' for the hash split)."""
+
+    row: int  # 1 = the first row after a CSV's header, or the first line of a JSON Lines file
+    path: str  # full path or URL
+    relpath: str  # the path as the manifest gives it (names the image in errors.jsonl and the shuffle order)
+    class_name: str
+    split: str
+
+
+class RowProblem(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def manifest_format(path: str, first_line: str) -> str:
+    """'csv' or 'jsonl': by the extension (.csv, .jsonl, .json), else by the first line ('{' means JSON)."""
+    ext = posixpath.splitext(path.lower().removesuffix(".gz"))[1]
+    if ext == ".csv":
+        return "csv"
+    if ext in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    return "jsonl" if first_line.lstrip("\ufeff \t").startswith("{") else "csv"
+
+
+def csv_header(first_line: str) -> list[str]:
+    """The column names of a CSV header line (stripped, lower case)."""
+    return [name.strip().lower() for name in next(csv.reader([first_line.lstrip("\ufeff")]), [])]
+
+
+def resolve(path: str, base: str) -> str:
+    """A manifest path as a full path or URL: gs:// and absolute paths as given, others below `base`."""
+    if "://" in path or path.startswith("/"):
+        return path
+    while path.startswith("./"):
+        path = path[2:]
+    return base.rstrip("/") + "/" + path
+
+
+def row_values(fields: dict, row: int, base: str) -> ManifestRow:
+    """A ManifestRow from a row's {column: value}; raises RowProblem for a row that cannot be used."""
+    def text(name):
+        value = fields.get(name)
+        return "" if value is None else str(value).strip()
+
+    path, label, split = text("path"), text("label"), text("split").lower()
+    if not path:
+        raise RowProblem(MISSING_PATH, f"row {row}: no path")
+    if not label:
+        raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
+    if split and split not in SPLIT_NAMES:
+        raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""))
+
+
+def read_rows(stream: io.TextIOBase, fmt: str, base: str):
+    """(row number, ManifestRow or Rejection) for every data row of a manifest, streamed."""
+    if fmt == "csv":
+        reader = csv.reader(stream)
+        header = [name.strip().lower().lstrip("\ufeff") for name in next(reader, [])]
+        for row, values in enumerate(reader, start=1):
+            if not any(v.strip() for v in values):
+                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: an empty row")
+                continue
+            if len(values) != len(header):
+                yield row, Rejection(f"row {row}", "rejected", BAD_ROW,
+                                     f"row {row}: {len(values)} fields, the header has {len(header)}")
+                continue
+            yield row, _row(dict(zip(header, values)), row, base)
+    else:
+        for row, line in enumerate(stream, start=1):
+            if not line.strip():
+                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: an empty line")
+                continue
+            try:
+                fields = json.loads(line)
+            except ValueError as e:
+                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: not JSON ({e})")
+                continue
+            if not isinstance(fields, dict):
+                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: not a JSON object")
+                continue
+            yield row, _row({str(k).lower(): v for k, v in fields.items()}, row, base)
+
+
+def _row(fields: dict, row: int, base: str):
+    try:
+        return row_values(fields, row, base)
+    except RowProblem as p:
+        return Rejection(str(fields.get("path") or f"row {row}"), "rejected", p.reason, p.detail)
+
+
+class _ReadRows(beam.DoFn):
+    def __init__(self, base: str, fmt: str):
+        self._base, self._fmt = base, fmt
+
+    def process(self, manifest: str):
+        rows = 0
+        with FileSystems.open(manifest, compression_type="auto") as raw:
+            stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+            for rows, result in read_rows(stream, self._fmt, self._base):
+                if isinstance(result, Rejection):
+                    counters.inc("manifest_rows_rejected")
+                    yield beam.pvalue.TaggedOutput(SKIPPED, result)
+                else:
+                    yield result
+        counters.inc("manifest_rows", rows)
+        yield beam.pvalue.TaggedOutput(FOUND, rows)
+
+
+def _first_of_path(item):
+    """(path, rows) -> the first row; the others as duplicate Rejections."""
+    _, rows = item
+    rows = sorted(rows)
+    yield rows[0]
+    for extra in rows[1:]:
+        yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
+            extra.relpath, "rejected", DUPLICATE_PATH,
+            f"row {extra.row}: the path is listed again, first in row {rows[0].row}; the first row is kept"))
+
+
+class _Label(beam.DoFn):
+    def __init__(self, class_ids: dict[str, int], seed: int, validation_split: float, test_split: float,
+                 size: int):
+        self._class_ids, self._seed, self._size = class_ids, seed, size
+        self._splits = (validation_split, test_split)
+
+    def process(self, row: ManifestRow):
+        label = self._class_ids.get(row.class_name)
+        if label is None:
+            counters.inc("files_unlabeled")
+            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
+                row.relpath, "skipped", UNKNOWN_CLASS, f"row {row.row}: label {row.class_name!r} is not in the labels file"))
+            return
+        counters.inc("images_to_convert")
+        split = row.split or hash_split(row.relpath, self._seed, *self._splits)
+        yield ImageRef(row.path, row.relpath, self._size, split, row.class_name, label,
+                       shuffle_key(row.relpath, self._seed))
+
+
+class ReadManifest(beam.PTransform):
+    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection) and FOUND (the row count).
+
+    `size` stands in for each file's size (the launcher's sample mean): the file is read to its end (up to
+    --max_file_mb) whatever it is, and shard sizing uses it as the source bytes.
+    """
+
+    def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str], *, seed: int,
+                 validation_split: float, test_split: float, size: int):
+        super().__init__()
+        self._manifest, self._fmt, self._base = manifest, fmt, base
+        self._label = _Label({name: i for i, name in enumerate(class_names)}, seed, validation_split,
+                             test_split, size)
+
+    def expand(self, pbegin):
+        read = (pbegin
+                | "Manifest" >> beam.Create([self._manifest])
+                | "ReadRows" >> beam.ParDo(_ReadRows(self._base, self._fmt)).with_outputs(SKIPPED, FOUND,
+                                                                                          main="rows"))
+        firsts = (read.rows
+                  | "ByPath" >> beam.Map(lambda r: (r.path, r))
+                  | "GroupByPath" >> beam.GroupByKey()
+                  | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
+        labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, main="images")
+        skipped = ((read[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
+        return {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND]}
