@@ -25,6 +25,7 @@ from pipeline import cloud, estimate
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
+from transforms import manifest
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     class_name_problem,
@@ -32,7 +33,6 @@ from transforms.layout import (
     relative_path,
     split_folder_layout,
 )
-from transforms import manifest
 from transforms.listing import Folder, classify, is_local, list_folder, list_top
 from transforms.outputs import SHARD_NAME, own_outputs
 from transforms.records import FileRef

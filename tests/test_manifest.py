@@ -116,7 +116,7 @@ def test_bad_rows_are_each_reported_with_their_row_number_and_counted(tmp_path):
 def test_labels_file_fixes_ids_and_skips_unknown_labels(tmp_path):
     data = tmp_path / "data"
     names = _images(data, 3)
-    (data / "m.csv").write_text("path,label\n" + "".join(f"{n},{lab}\n" for n, lab in zip(names, "xyz")))
+    (data / "m.csv").write_text("path,label\n" + "".join(f"{n},{lab}\n" for n, lab in zip(names, "xyz", strict=True)))
     (tmp_path / "labels.txt").write_text("z\ny\n")
     out = tmp_path / "out"
     assert _run(data / "m.csv", out, f"--labels_file={tmp_path / 'labels.txt'}") == 0

@@ -105,7 +105,7 @@ def read_rows(stream: io.TextIOBase, fmt: str, base: str):
                 yield row, Rejection(f"row {row}", "rejected", BAD_ROW,
                                      f"row {row}: {len(values)} fields, the header has {len(header)}")
                 continue
-            yield row, _row(dict(zip(header, values)), row, base)
+            yield row, _row(dict(zip(header, values, strict=True)), row, base)
     else:
         for row, line in enumerate(stream, start=1):
             if not line.strip():
@@ -137,7 +137,8 @@ class _ReadRows(beam.DoFn):
         rows = 0
         with FileSystems.open(manifest, compression_type="auto") as raw:
             stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
-            for rows, result in read_rows(stream, self._fmt, self._base):
+            for number, result in read_rows(stream, self._fmt, self._base):
+                rows = number
                 if isinstance(result, Rejection):
                     counters.inc("manifest_rows_rejected")
                     yield beam.pvalue.TaggedOutput(SKIPPED, result)
@@ -168,8 +169,8 @@ class _Label(beam.DoFn):
         label = self._class_ids.get(row.class_name)
         if label is None:
             counters.inc("files_unlabeled")
-            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
-                row.relpath, "skipped", UNKNOWN_CLASS, f"row {row.row}: label {row.class_name!r} is not in the labels file"))
+            detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
+            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail))
             return
         counters.inc("images_to_convert")
         split = row.split or hash_split(row.relpath, self._seed, *self._splits)
