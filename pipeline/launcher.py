@@ -110,7 +110,7 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
         _LOG.info(
             "Converting the images of %d classes in %s to %s (the job lists and counts them, then sizes the shards)",
             len(plan.class_names),
-            settings.input_dir,
+            f"the manifest {settings.manifest}" if settings.manifest else settings.input_dir,
             settings.output_dir,
         )
     except BaseException:

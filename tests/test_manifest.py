@@ -45,7 +45,7 @@ def _errors(out):
 
 
 @pytest.mark.timeout(300)
-def test_csv_manifest_with_splits_relative_and_absolute_paths(tmp_path):
+def test_csv_manifest_with_splits_relative_and_absolute_paths(tmp_path, capsys):
     data = tmp_path / "data"
     cats = _images(data / "a", 6)
     dogs = _images(data / "b", 6, (30, 30, 200))
@@ -64,6 +64,7 @@ def test_csv_manifest_with_splits_relative_and_absolute_paths(tmp_path):
     assert info["splits"]["test"]["class_counts"] == {"dog": 2}
     assert info["splits"]["train"]["class_counts"] == {"cat": 4}
     assert (out / "labels.txt").read_text() == "cat\ndog\n"
+    assert capsys.readouterr().err.count("1 extra manifest column(s) ignored: photographer") == 1
 
 
 @pytest.mark.timeout(300)
@@ -175,3 +176,70 @@ def test_gcs_manifest_with_relative_and_gs_paths(gcs_emulator, tmp_path):
     assert info["files"]["written"] == 6 and info["files"]["found"] == 6
     assert info["splits"]["train"]["class_counts"] == {"a": 2, "b": 2}
     assert info["splits"]["test"]["class_counts"] == {"b": 2}
+
+
+@pytest.mark.timeout(300)
+def test_jsonl_lines_that_are_not_objects_and_quoted_csv_fields(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.new("RGB", (12, 12), (1, 2, 3)).save(data / "a, b.png")
+    Image.new("RGB", (12, 12), (9, 2, 3)).save(data / "c.png")
+    (data / "m.jsonl").write_text('{"path": "a, b.png", "label": "x"}\n[1, 2]\n{"path": "c.png", "label": "y"\n'
+                                  '{"path": null, "label": "y"}\n')
+    out = tmp_path / "out"
+    assert _run(data / "m.jsonl", out) == 0
+    errors = sorted((e["reason"], e["detail"][:6]) for e in _errors(out))
+    assert errors == [("manifest_bad_row", "row 2:"), ("manifest_bad_row", "row 3:"),
+                      ("manifest_missing_path", "row 4:")]
+    # a CSV field with a comma and a line break, quoted: one row, the rows after it keep their numbers
+    (data / "m.csv").write_text('path,label,note\n"a, b.png",x,"two\nlines"\nc.png,,\n')
+    out2 = tmp_path / "out2"
+    assert _run(data / "m.csv", out2) == 0
+    assert [(e["reason"], e["detail"][:6]) for e in _errors(out2)] == [("manifest_missing_label", "row 2:")]
+    info = json.loads((out2 / "image_tfrecords.json").read_text())
+    assert (info["files"]["found"], info["files"]["written"]) == (2, 1)
+
+
+def test_a_big_manifest_needs_a_labels_file_and_is_then_not_read_by_the_launcher(tmp_path, monkeypatch):
+    from pipeline import plan
+
+    data = tmp_path / "data"
+    names = _images(data, 30)
+    lines = [f"{n},{'pq'[i % 2]}" for i, n in enumerate(names)]
+    # past the launcher's dozen rows, a label that only a full read would find
+    (data / "m.csv").write_text("path,label\n" + "\n".join(lines) + "\n" + f"{names[0]}-x,zzz\n")
+    monkeypatch.setattr(plan, "MANIFEST_SCAN_BYTES", 100)
+    with pytest.raises(UserError, match="give --labels_file"):
+        _run(data / "m.csv", tmp_path / "out")
+    (tmp_path / "labels.txt").write_text("p\nq\n")
+    read = []
+    real_read_rows = plan.manifest.read_rows
+
+    def counting_read_rows(*args):
+        for item in real_read_rows(*args):
+            read.append(item[0])
+            yield item
+
+    monkeypatch.setattr(plan.manifest, "read_rows", counting_read_rows)
+    labelled = plan.plan_manifest(_settings(data / "m.csv", tmp_path / "out", f"--labels_file={tmp_path}/labels.txt"))
+    assert labelled.class_names == ["p", "q"]
+    assert read == list(range(1, plan.MANIFEST_SAMPLE_ROWS + 1))  # the launcher's sample, not the 31 rows
+    monkeypatch.setattr(plan, "MANIFEST_SCAN_BYTES", 1 << 30)
+    assert plan.plan_manifest(_settings(data / "m.csv", tmp_path / "out")).class_names == ["p", "q", "zzz"]
+
+
+def _settings(manifest, out, *args):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.options import validate
+
+    return validate(PipelineOptions([f"--manifest={manifest}", f"--output_dir={out}", *args]))
+
+
+def test_a_manifest_without_a_label_column_or_with_a_non_json_first_line(tmp_path):
+    (tmp_path / "m.csv").write_text("path,class\na.png,cat\n")
+    with pytest.raises(UserError, match="has no 'label' column"):
+        _run(tmp_path / "m.csv", tmp_path / "out")
+    (tmp_path / "m.jsonl").write_text("path,label\n")
+    with pytest.raises(UserError, match="is not a JSON object"):
+        _run(tmp_path / "m.jsonl", tmp_path / "out")
