@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pipeline import cloud
+from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
 from pipeline.options import Settings, check_flags, help_text, validate
@@ -58,6 +59,9 @@ def run(argv: list[str] | None = None) -> int:
     options = PipelineOptions(argv)
     settings = validate(options)
     configure_logging(settings)
+    if settings.manifest and cloud.is_dataflow(options) and not cloud.is_gcs(settings.manifest):
+        raise UserError(f"--manifest {settings.manifest} is not a gs:// path, and Dataflow workers read the manifest: "
+                        "copy it to a bucket (gcloud storage cp) and give its gs:// path")
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
     start_time = time.time()
     with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan

@@ -243,3 +243,12 @@ def test_a_manifest_without_a_label_column_or_with_a_non_json_first_line(tmp_pat
     (tmp_path / "m.jsonl").write_text("path,label\n")
     with pytest.raises(UserError, match="is not a JSON object"):
         _run(tmp_path / "m.jsonl", tmp_path / "out")
+
+
+def test_a_local_manifest_on_dataflow_is_a_one_line_error(tmp_path):
+    (tmp_path / "m.csv").write_text("path,label\na.png,cat\n")
+    proc = cli("pipeline.main", f"--manifest={tmp_path / 'm.csv'}", "--output_dir=gs://b/out",
+               "--runner=DataflowRunner")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: --manifest ") and "is not a gs:// path" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
