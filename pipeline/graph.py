@@ -24,7 +24,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     """
     if settings.manifest:
         # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job
-        listed = labeled = p | "ReadManifest" >> ReadManifest(
+        read = p | "ReadManifest" >> ReadManifest(
             settings.manifest,
             plan.manifest_format,
             settings.input_dir,
@@ -34,7 +34,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             test_split=settings.test_split,
             size=plan.manifest_file_size,
         )
-        unlabeled = beam.pvalue.PBegin(p) | "NoUnlabeled" >> beam.Create([])
+        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], None
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
         listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
@@ -47,8 +47,9 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             test_split=settings.test_split,
             group_by=settings.group_by,
         )
-        unlabeled = labeled[UNLABELED]
-    images, dropped, source_hashes = labeled["images"], [], None
+        images, not_listed, found = labeled.images, [listed[SKIPPED], labeled[UNLABELED]], listed[FOUND]
+        groups = labeled[GROUPS]
+    dropped, source_hashes = [], None
     if settings.duplicates == "drop":
         # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
         deduped = images | "DropDuplicates" >> DropDuplicates(settings.image.max_file_bytes)
@@ -60,17 +61,17 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
         settings.compression, settings.index_files, settings.file_format, settings.shard_names,
     )
-    rejections = (listed[SKIPPED], unlabeled, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
+    rejections = (*not_listed, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
     inputs = {
         "written": written[WRITTEN],
         "rejections": rejections,
         "shards": written.shards,
-        "found": listed[FOUND],
+        "found": found,
         # every written image's source hash; with drop, every hashed source's (the report covers the input)
         "hashes": written[HASHES] if source_hashes is None else source_hashes,
     }
     if settings.group_by:
-        inputs["groups"] = labeled[GROUPS]
+        inputs["groups"] = groups
     split_by = "split_folders" if plan.split_folders else "group_hash" if settings.group_by else "path_hash"
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
