@@ -161,7 +161,11 @@ class Folder(NamedTuple):
 
 def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None) -> Iterator[Entry | Folder]:
     """Entries below the (folder, ancestors, depth) items of `stack`, depth first; the folders at `stop_depth`
-    are yielded as a `Folder` instead of being entered."""
+    are yielded as a `Folder` instead of being entered.
+
+    A loop, however it is made (symlinks, bind mounts), is found by the (st_dev, st_ino) of the folders on
+    the current path. The walk keeps its own stack, so any depth of nesting works.
+    """
     while stack:
         folder, ancestors, depth = stack.pop()
         subfolders: list = []
@@ -176,20 +180,6 @@ def _local_start(input_dir: str) -> tuple[str, list]:
     os.scandir(input_dir).close()  # the input folder itself: an error here is the caller's to report
     info = os.stat(input_dir)
     return os.path.realpath(input_dir), [(input_dir, frozenset({(info.st_dev, info.st_ino)}), 0)]
-
-
-def walk_local(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
-    """Every entry below the local folder `input_dir`, streamed, depth first.
-
-    A loop, however it is made (symlinks, bind mounts), is found by the
-    (st_dev, st_ino) of the folders on the current path. The walk keeps its own
-    stack, so any depth of nesting works.
-
-    Raises:
-        OSError: when `input_dir` itself cannot be listed.
-    """
-    root, stack = _local_start(input_dir)
-    yield from _walk(stack, root, follow_symlinks, None)
 
 
 def _gcs_prefix(folder: str) -> tuple[str, str]:
@@ -248,14 +238,6 @@ def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, p
         yield from _walk([(folder.path, folder.ancestors, 0)], os.path.realpath(input_dir), follow_symlinks, None)
     else:
         yield from gcs_list(folder.path, page_size=page_size)
-
-
-def list_entries(input_dir: str, follow_symlinks: bool = False) -> Iterator[Entry]:
-    """Every entry below `input_dir` (local or gs://); never reads file contents."""
-    if is_local(input_dir):
-        yield from walk_local(input_dir, follow_symlinks)
-        return
-    yield from gcs_list(input_dir)
 
 
 def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
