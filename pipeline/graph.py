@@ -12,7 +12,7 @@ from transforms.duplicates import DROPPED, DropDuplicates
 from transforms.duplicates import HASHES as DUP_HASHES
 from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
-from transforms.manifest import ReadManifest
+from transforms.manifest import CLASS_NAMES, ReadManifest
 from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
 
@@ -28,13 +28,14 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             settings.manifest,
             plan.manifest_format,
             settings.input_dir,
-            plan.class_names,
+            plan.class_names if settings.labels_file else None,  # None: the rows' labels, found in the job
             seed=settings.seed,
             validation_split=settings.validation_split,
             test_split=settings.test_split,
             size=plan.manifest_file_size,
         )
         images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], None
+        class_names = read.get(CLASS_NAMES, plan.class_names)  # found in the job: a PCollection of one list
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
         listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
@@ -49,6 +50,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         )
         images, not_listed, found = labeled.images, [listed[SKIPPED], labeled[UNLABELED]], listed[FOUND]
         groups = labeled[GROUPS]
+        class_names = plan.class_names
     dropped, source_hashes = [], None
     if settings.duplicates == "drop":
         # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
@@ -76,7 +78,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,
-        plan.class_names,
+        class_names,
         settings.schema,
         settings.as_dict(),
         plan.image_info(settings),

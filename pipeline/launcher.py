@@ -112,8 +112,8 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
         if old.paths:
             _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
         _LOG.info(
-            "Converting the images of %d classes in %s to %s (the job lists and counts them, then sizes the shards)",
-            len(plan.class_names),
+            "Converting the images of %s in %s to %s (the job lists and counts them, then sizes the shards)",
+            f"{len(plan.class_names)} classes" if plan.class_names else "the classes",
             f"the manifest {settings.manifest}" if settings.manifest else settings.input_dir,
             settings.output_dir,
         )

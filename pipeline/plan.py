@@ -361,18 +361,17 @@ def plan_dataset(settings: Settings) -> Plan:
     )
 
 
-# A manifest up to this size has its class names read by the launcher (a stream, holding only the names);
-# a bigger one needs --labels_file, so that the launcher never reads millions of rows.
-MANIFEST_SCAN_BYTES = 256 * 1024 * 1024
+# The launcher reads the header and this many rows (their files size the shards), never the whole manifest.
 MANIFEST_SAMPLE_ROWS = 12
+MANIFEST_SAMPLE_LIMIT = 1000  # rows looked at for the sample at most, should the first ones be unusable
 
 
 def plan_manifest(settings: Settings) -> Plan:
-    """Plan a --manifest run: check its header, take class names from --labels_file (or, for a manifest up to
-    MANIFEST_SCAN_BYTES, from its label column) and size shards from its first rows' files."""
+    """Plan a --manifest run: check its header, take the class names from --labels_file (without it, the job
+    finds them: Plan.class_names is empty) and size shards from its first rows' files."""
     path = settings.manifest
     try:
-        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        FileSystems.match([path])[0].metadata_list[0]  # noqa: B018 - exists
     except Exception:
         raise UserError(f"--manifest {path} does not exist or cannot be read: give the CSV or JSON Lines "
                         "file that lists the images") from None
@@ -397,34 +396,17 @@ def plan_manifest(settings: Settings) -> Plan:
                                 "name the image column path and the class column label")
         stream.seek(0)
         sample_rows = []
-        scan = not settings.labels_file
-        if scan and size > MANIFEST_SCAN_BYTES:
-            raise UserError(f"--manifest {path} is {size / 1e6:.0f} MB: over {MANIFEST_SCAN_BYTES // 2**20} MiB, "
-                            "give --labels_file (one class name per line), so that the launcher does not read "
-                            "every row to find the class names")
-        labels = set()
-        for _, row in manifest.read_rows(stream, fmt, settings.input_dir):
+        for number, row in manifest.read_rows(stream, fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
-                if len(sample_rows) < MANIFEST_SAMPLE_ROWS:
-                    sample_rows.append(row)
-                labels.add(row.class_name)
-            if not scan and len(sample_rows) >= MANIFEST_SAMPLE_ROWS:
+                sample_rows.append(row)
+            if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
                 break
     notes = []
     extra = [c for c in columns if c not in manifest.KNOWN_COLUMNS]
     if extra:
         notes.append(f"{len(extra)} extra manifest column(s) ignored: {', '.join(extra[:10])}")
-    if settings.labels_file:
-        class_names = read_labels_file(settings.labels_file)
-    else:
-        class_names = sorted(labels)
-        if not class_names:
-            raise UserError(f"--manifest {path} has no usable rows (each needs a path and a label): "
-                            "see the rows it holds")
-        for name in class_names:
-            problem = class_name_problem(name)
-            if problem:
-                raise UserError(f"the label {quoted_name(name)} in --manifest {path} has {problem}: rename it")
+    # without --labels_file the job finds the class names (the rows' distinct labels)
+    class_names = read_labels_file(settings.labels_file) if settings.labels_file else []
     sample_files = []
     for row in sample_rows:
         try:

@@ -200,17 +200,17 @@ def test_jsonl_lines_that_are_not_objects_and_quoted_csv_fields(tmp_path):
     assert (info["files"]["found"], info["files"]["written"]) == (2, 1)
 
 
-def test_a_big_manifest_needs_a_labels_file_and_is_then_not_read_by_the_launcher(tmp_path, monkeypatch):
+@pytest.mark.timeout(300)
+def test_the_launcher_reads_only_a_sample_and_the_job_finds_the_class_names(tmp_path, monkeypatch):
+    """With or without --labels_file, the launcher reads the header and a dozen rows, whatever the manifest's
+    size; without it, the class names are found in the job (before, the launcher read every label)."""
     from pipeline import plan
 
     data = tmp_path / "data"
     names = _images(data, 30)
     lines = [f"{n},{'pq'[i % 2]}" for i, n in enumerate(names)]
-    # past the launcher's dozen rows, a label that only a full read would find
+    # past the launcher's dozen rows, a label that only a full read finds
     (data / "m.csv").write_text("path,label\n" + "\n".join(lines) + "\n" + f"{names[0]}-x,zzz\n")
-    monkeypatch.setattr(plan, "MANIFEST_SCAN_BYTES", 100)
-    with pytest.raises(UserError, match="give --labels_file"):
-        _run(data / "m.csv", tmp_path / "out")
     (tmp_path / "labels.txt").write_text("p\nq\n")
     read = []
     real_read_rows = plan.manifest.read_rows
@@ -224,8 +224,14 @@ def test_a_big_manifest_needs_a_labels_file_and_is_then_not_read_by_the_launcher
     labelled = plan.plan_manifest(_settings(data / "m.csv", tmp_path / "out", f"--labels_file={tmp_path}/labels.txt"))
     assert labelled.class_names == ["p", "q"]
     assert read == list(range(1, plan.MANIFEST_SAMPLE_ROWS + 1))  # the launcher's sample, not the 31 rows
-    monkeypatch.setattr(plan, "MANIFEST_SCAN_BYTES", 1 << 30)
-    assert plan.plan_manifest(_settings(data / "m.csv", tmp_path / "out")).class_names == ["p", "q", "zzz"]
+    read.clear()
+    assert plan.plan_manifest(_settings(data / "m.csv", tmp_path / "out")).class_names == []  # the job's to find
+    assert read == list(range(1, plan.MANIFEST_SAMPLE_ROWS + 1))
+    out = tmp_path / "out"
+    assert _run(data / "m.csv", out) == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["p", "q", "zzz"]
+    assert [(e["reason"], e["relpath"]) for e in _errors(out)] == [("read_error", f"{names[0]}-x")]
 
 
 def _settings(manifest, out, *args):

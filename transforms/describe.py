@@ -227,7 +227,9 @@ class _WriteInfo(beam.DoFn):
         self._start_time = start_time
         self._tool_version = tool_version
 
-    def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None):
+    def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, class_names=None):
+        if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
+            self._class_names = class_names
         counts = summarise(tallies, shard_stats, self._class_names)
         check_accounting(counts)
         tfds_files, tfds_note = tfds_metadata.tfds_files(
@@ -287,7 +289,10 @@ class DescribeDataset(beam.PTransform):
                  split_by="path_hash"):
         super().__init__()
         self._output_dir = output_dir
-        self._info_fn = _WriteInfo(output_dir, run_id, class_names, schema, options, image_info, start_time,
+        # a list, or a PCollection of one list (the class names found in the job): a side input
+        self._names = class_names if isinstance(class_names, beam.PCollection) else None
+        given = [] if self._names is not None else class_names
+        self._info_fn = _WriteInfo(output_dir, run_id, given, schema, options, image_info, start_time,
                                    tool_version, split_by)
 
     def expand(self, inputs):
@@ -313,6 +318,8 @@ class DescribeDataset(beam.PTransform):
             side["duplicates"] = beam.pvalue.AsSingleton(inputs["hashes"] | "FindDuplicates" >> dup.FindDuplicates())
         if "groups" in inputs:  # one small dict: what --group_by found
             side["groups"] = beam.pvalue.AsSingleton(inputs["groups"] | "SummariseGroups" >> SummariseGroups())
+        if self._names is not None:  # one list: the class names
+            side["class_names"] = beam.pvalue.AsSingleton(self._names)
         return (
             rejections.pipeline
             | "Once" >> beam.Create([None])

@@ -1,25 +1,37 @@
 """ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
 
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test). The file is read
-as a stream by one worker (so every row keeps its row number for errors.jsonl; memory stays bounded
-whatever its length), then the rows are spread over the workers. A row that cannot be used becomes a
-Rejection with its row number; a path listed twice keeps its first row.
+gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test). The file is cut
+into byte ranges that any worker reads (a compressed one is read as one stream); every row keeps its row
+number for errors.jsonl, as a sequential read gives it (the records of each range are counted first). A row
+that cannot be used becomes a Rejection with its row number; a path listed twice keeps its first row.
+Without --labels_file, the class names are the rows' distinct labels, found in the job.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
+import itertools
 import json
 import posixpath
+import re
 from typing import NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
-from transforms.layout import SPLIT_FOLDER_NAMES, UNKNOWN_CLASS, hash_split, shuffle_key
+from transforms.layout import (
+    SPLIT_FOLDER_NAMES,
+    UNKNOWN_CLASS,
+    class_name_problem,
+    hash_split,
+    quoted_name,
+    shuffle_key,
+)
 from transforms.records import ImageRef, Rejection
 
 SKIPPED = "skipped"
@@ -30,6 +42,8 @@ MISSING_PATH = "manifest_missing_path"
 MISSING_LABEL = "manifest_missing_label"
 UNKNOWN_SPLIT = "manifest_unknown_split"
 DUPLICATE_PATH = "manifest_duplicate_path"
+BAD_LABEL = "manifest_bad_label"
+CLASS_NAMES = "class_names"
 
 KNOWN_COLUMNS = ("path", "label", "split")
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
@@ -92,36 +106,6 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
     return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""))
 
 
-def read_rows(stream: io.TextIOBase, fmt: str, base: str):
-    """(row number, ManifestRow or Rejection) for every data row of a manifest, streamed."""
-    if fmt == "csv":
-        reader = csv.reader(stream)
-        header = [name.strip().lower().lstrip("\ufeff") for name in next(reader, [])]
-        for row, values in enumerate(reader, start=1):
-            if not any(v.strip() for v in values):
-                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: an empty row")
-                continue
-            if len(values) != len(header):
-                yield row, Rejection(f"row {row}", "rejected", BAD_ROW,
-                                     f"row {row}: {len(values)} fields, the header has {len(header)}")
-                continue
-            yield row, _row(dict(zip(header, values, strict=True)), row, base)
-    else:
-        for row, line in enumerate(stream, start=1):
-            if not line.strip():
-                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: an empty line")
-                continue
-            try:
-                fields = json.loads(line)
-            except ValueError as e:
-                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: not JSON ({e})")
-                continue
-            if not isinstance(fields, dict):
-                yield row, Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: not a JSON object")
-                continue
-            yield row, _row({str(k).lower(): v for k, v in fields.items()}, row, base)
-
-
 def _row(fields: dict, row: int, base: str):
     try:
         return row_values(fields, row, base)
@@ -129,21 +113,315 @@ def _row(fields: dict, row: int, base: str):
         return Rejection(str(fields.get("path") or f"row {row}"), "rejected", p.reason, p.detail)
 
 
-class _ReadRows(beam.DoFn):
-    def __init__(self, base: str, fmt: str):
-        self._base, self._fmt = base, fmt
+# ---- How the file becomes rows: byte ranges read in parallel, each row keeping its row number ----
 
-    def process(self, manifest: str):
+# The manifest is cut into ranges of this many bytes, each parsed by any worker. A range holds the rows
+# (records) whose first line starts in it, the standard split-at-newline rule of Beam's text source.
+RANGE_BYTES = 64 * 1024 * 1024
+# A CSV record longer than this (a quote that is never closed swallows the lines after it) is rejected; its
+# text is not held.
+MAX_RECORD_CHARS = 1 << 20
+
+START, QUOTED = 0, 1  # a physical line starts a CSV record, or continues a quoted field of the record before
+_START_FIELD, _IN_FIELD, _IN_QUOTED, _QUOTE_IN_QUOTED = range(4)
+
+
+def csv_line_state(line: str, state: int) -> int:
+    """START or QUOTED at the line after `line`, for `line` read in `state`.
+
+    Python's csv reader (the excel dialect: ',' delimiter, '"' quotes, doubled quotes, not strict) ends a
+    record at the end of a line unless the line ends inside a quoted field; a quote inside an unquoted field
+    is a plain character. This is its state machine, reduced to what decides where records end.
+    """
+    if '"' not in line:
+        return state
+    s, i, n = (_IN_QUOTED if state == QUOTED else _START_FIELD), 0, len(line)
+    while i < n:
+        if s == _IN_QUOTED:
+            i = line.find('"', i) + 1
+            if not i:
+                return QUOTED
+            s = _QUOTE_IN_QUOTED
+        elif s == _IN_FIELD:
+            i = line.find(",", i) + 1
+            if not i:
+                return START
+            s = _START_FIELD
+        else:  # at a field's start, or just after a quote inside a quoted field
+            c = line[i]
+            i += 1
+            s = _IN_QUOTED if c == '"' else _START_FIELD if c == "," else _IN_FIELD
+    return QUOTED if s == _IN_QUOTED else START
+
+
+class Record(NamedTuple):
+    text: str  # the record's lines ('' if too long)
+    lines: int
+    too_long: bool = False
+
+
+def group_records(lines, fmt: str, state: int = START, more=()):
+    """Record for every record that starts in `lines` (an iterator of lines with their line ends).
+
+    JSON Lines: one record a line. CSV: a line read in state QUOTED continues a record that started before
+    `lines` and is skipped; a record whose quoted field is still open at the end of `lines` takes the lines
+    it needs from `more`.
+    """
+    if fmt != "csv":
+        for line in lines:
+            yield Record(line, 1)
+        return
+    lines = iter(lines)
+    for line in lines:
+        if state == QUOTED:
+            state = csv_line_state(line, QUOTED)
+            continue
+        parts, size, count = [line], len(line), 1
+        state = csv_line_state(line, START)
+        if state == QUOTED:
+            rest = itertools.chain(lines, more)
+            for line in rest:  # noqa: B020 - the record's continuation lines are taken from the same iterator
+                count += 1
+                size += len(line)
+                if size <= MAX_RECORD_CHARS:
+                    parts.append(line)
+                state = csv_line_state(line, QUOTED)
+                if state == START:
+                    break
+        yield Record("".join(parts), count) if size <= MAX_RECORD_CHARS else Record("", count, True)
+        state = START
+
+
+def parse_record(record: Record, row: int, fmt: str, header: list[str], base: str):
+    """A ManifestRow or Rejection for the record of data row `row`."""
+    def bad(detail):
+        return Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: {detail}")
+
+    if fmt != "csv":
+        line = record.text
+        if not line.strip():
+            return bad("an empty line")
+        try:
+            fields = json.loads(line)
+        except ValueError as e:
+            return bad(f"not JSON ({e})")
+        if not isinstance(fields, dict):
+            return bad("not a JSON object")
+        return _row({str(k).lower(): v for k, v in fields.items()}, row, base)
+    if record.too_long:
+        return bad(f"over {MAX_RECORD_CHARS // 1024} KiB in {record.lines} lines: a quoted field that is never "
+                   "closed (a stray \" ?) takes the lines after it; quote the field, or double the quote")
+    try:
+        values = next(csv.reader(io.StringIO(record.text, newline="")), [])
+    except csv.Error as e:
+        return bad(f"not CSV ({e})")
+    if not any(v.strip() for v in values):
+        return bad("an empty row")
+    if len(values) != len(header):
+        return bad(f"{len(values)} fields, the header has {len(header)}")
+    return _row(dict(zip(header, values, strict=True)), row, base)
+
+
+def header_of(record: Record | None) -> list[str]:
+    """A CSV header record's column names (stripped, lower case)."""
+    if record is None or record.too_long:
+        return []
+    try:
+        values = next(csv.reader(io.StringIO(record.text, newline="")), [])
+    except csv.Error:
+        return []
+    return [name.strip().lower().lstrip("\ufeff") for name in values]
+
+
+def read_rows(stream: io.TextIOBase, fmt: str, base: str):
+    """(row number, ManifestRow or Rejection) for every data row of a manifest, streamed (one reader)."""
+    records = group_records(stream, fmt)
+    header = header_of(next(records, None)) if fmt == "csv" else []
+    for row, record in enumerate(records, start=1):
+        yield row, parse_record(record, row, fmt, header, base)
+
+
+class Range(NamedTuple):
+    """Bytes [start, end) of the manifest: the records whose first line starts in them. end < 0: the whole
+    file, as a stream (a compressed manifest cannot be cut)."""
+
+    index: int
+    start: int
+    end: int
+    last: bool = True
+
+
+def is_compressed(path: str) -> bool:
+    return CompressionTypes.detect_compression_type(path) != CompressionTypes.UNCOMPRESSED
+
+
+def manifest_ranges(path: str, range_bytes: int = RANGE_BYTES) -> list[Range]:
+    """The manifest's ranges: one per `range_bytes` (at least one); a compressed manifest is one stream."""
+    if is_compressed(path):
+        return [Range(0, 0, -1)]
+    size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    count = max(1, -(-size // range_bytes))
+    return [Range(i, i * range_bytes, min(size, (i + 1) * range_bytes), i == count - 1) for i in range(count)]
+
+
+_LINE_ENDS = re.compile(rb"\r\n|\r|\n")
+_BLOCK = 1 << 16
+
+
+def _first_line_start(data: bytes) -> int | None:
+    """The offset in `data` (the bytes from the one before the range to its end) of the first line that starts
+    in the range, or None. A line starts after \n, after \r\n, and after a \r that no \n follows."""
+    if data[:1] == b"\n" or (data[:1] == b"\r" and data[1:2] != b"\n"):
+        return 1 if len(data) > 1 else None
+    match = _LINE_ENDS.search(data, 1)
+    # a line end that ends the range (a \r there may have its \n after it): the next line is the next range's
+    return match.end() if match is not None and match.end() < len(data) else None
+
+
+def _finish_line(raw, data: bytes, end: int) -> bytes:
+    """The bytes after `end` that complete the last line of `data` (its line end included)."""
+    if not data or data.endswith(b"\n"):
+        return b""
+    raw.seek(end)
+    if data.endswith(b"\r"):
+        return b"\n" if raw.read(1) == b"\n" else b""
+    tail = []
+    while True:
+        block = raw.read(_BLOCK)
+        if not block:
+            return b"".join(tail)
+        match = _LINE_ENDS.search(block)
+        if match is None:
+            tail.append(block)
+        elif match.group() == b"\r" and match.end() == len(block):
+            return b"".join(tail) + block + (b"\n" if raw.read(1) == b"\n" else b"")
+        else:
+            return b"".join(tail) + block[:match.end()]
+
+
+def _text_lines(data: bytes):
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline="")
+
+
+def range_lines(raw, item: Range):
+    """(the lines that start in the range, where the byte after them is): read from the binary file `raw`."""
+    if item.end < 0:
+        return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=""), None
+    if item.start == 0:
+        raw.seek(0)
+        data = raw.read(item.end)
+        offset = 0
+    else:
+        raw.seek(item.start - 1)
+        data = raw.read(item.end - item.start + 1)
+        offset = _first_line_start(data)
+        if offset is None:
+            return iter(()), None
+    tail = _finish_line(raw, data, item.end)
+    data = data[offset:] + tail
+    if item.start == 0 and data.startswith(codecs.BOM_UTF8):  # the whole first line is there: its BOM too
+        data = data[len(codecs.BOM_UTF8):]
+    return _text_lines(data), item.end + len(tail)
+
+
+def lines_from(path: str, offset: int):
+    """The lines of the manifest from byte `offset` (a line start) on, opened only when asked for."""
+    if offset is None:
+        return
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        raw.seek(offset)
+        yield from io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+
+
+def count_records(lines, fmt: str) -> dict[int, tuple[int, int]]:
+    """{state at the range's first line: (records that start in the range, state after it)}, for START and
+    QUOTED: what a range contributes to the row numbers of the ranges after it, whatever came before."""
+    if fmt != "csv":
+        n = sum(1 for _ in lines)
+        return {START: (n, START), QUOTED: (n, START)}
+    states, counts = [START, QUOTED], [0, 0]
+    lines = iter(lines)
+    for line in lines:
+        for k in (0, 1):
+            if states[k] == START:
+                counts[k] += 1
+            states[k] = csv_line_state(line, states[k])
+        if states[0] == states[1]:  # the same from here on: follow one
+            rest = 0
+            state = states[0]
+            for line in lines:  # noqa: B020
+                if state == START:
+                    rest += 1
+                state = csv_line_state(line, state)
+            return {START: (counts[0] + rest, state), QUOTED: (counts[1] + rest, state)}
+    return {START: (counts[0], states[0]), QUOTED: (counts[1], states[1])}
+
+
+def range_starts(counts) -> dict[int, tuple[int, int]]:
+    """{range index: (records before it, state at its first line)} from (index, count_records) of every range
+    but the last."""
+    starts, records, state = {0: (0, START)}, 0, START
+    for index, by_state in sorted(counts):
+        n, state = by_state[state]
+        records += n
+        starts[index + 1] = (records, state)
+    return starts
+
+
+def parse_range(path: str, item: Range, fmt: str, base: str, before: int, state: int, header: list[str]):
+    """(row number or 0 for the header, ManifestRow or Rejection) of every record that starts in the range."""
+    with FileSystems.open(path, compression_type="auto" if item.end < 0 else CompressionTypes.UNCOMPRESSED) as raw:
+        lines, after = range_lines(raw, item)
+        records = group_records(lines, fmt, state, more=lines_from(path, after))
+        for k, record in enumerate(records):
+            number = before + k  # the record's index in the file: the CSV header is 0
+            row = number if fmt == "csv" else number + 1
+            if row == 0:
+                continue
+            yield row, parse_record(record, row, fmt, header, base)
+
+
+class _CountRecords(beam.DoFn):
+    """Range -> (index, count_records): what the range adds to the row numbers after it (every range but the
+    last)."""
+
+    def __init__(self, manifest: str, fmt: str):
+        self._manifest, self._fmt = manifest, fmt
+
+    def process(self, item: Range):
+        if item.last:
+            return
+        with FileSystems.open(self._manifest, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+            lines, _ = range_lines(raw, item)
+            yield item.index, count_records(lines, self._fmt)
+
+
+class _ParseRange(beam.DoFn):
+    """Range -> ManifestRow for each usable row that starts in it, plus SKIPPED (Rejection) and FOUND (its rows)."""
+
+    def __init__(self, manifest: str, fmt: str, base: str):
+        self._manifest, self._fmt, self._base = manifest, fmt, base
+        self._header = None
+
+    def header(self) -> list[str]:
+        if self._header is None:
+            self._header = []
+            if self._fmt == "csv":
+                with FileSystems.open(self._manifest, compression_type="auto") as raw:
+                    stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+                    self._header = header_of(next(group_records(stream, "csv"), None))
+        return self._header
+
+    def process(self, item: Range, starts: dict):
+        before, state = starts[item.index]
         rows = 0
-        with FileSystems.open(manifest, compression_type="auto") as raw:
-            stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
-            for number, result in read_rows(stream, self._fmt, self._base):
-                rows = number
-                if isinstance(result, Rejection):
-                    counters.inc("manifest_rows_rejected")
-                    yield beam.pvalue.TaggedOutput(SKIPPED, result)
-                else:
-                    yield result
+        for _, result in parse_range(self._manifest, item, self._fmt, self._base, before, state, self.header()):
+            rows += 1
+            if isinstance(result, Rejection):
+                counters.inc("manifest_rows_rejected")
+                yield beam.pvalue.TaggedOutput(SKIPPED, result)
+            else:
+                yield result
         counters.inc("manifest_rows", rows)
         yield beam.pvalue.TaggedOutput(FOUND, rows)
 
@@ -159,13 +437,32 @@ def _first_of_path(item):
             f"row {extra.row}: the path is listed again, first in row {rows[0].row}; the first row is kept"))
 
 
+def _row_labels(row: ManifestRow):
+    """The class names a row gives (for the class names found in the job)."""
+    yield row.class_name
+
+
+def class_names_of(labels) -> list[str]:
+    """The sorted class names of the distinct labels, without those that labels.txt cannot hold (their rows
+    are rejected as manifest_bad_label)."""
+    return sorted(name for name in labels if not class_name_problem(name))
+
+
 class _Label(beam.DoFn):
-    def __init__(self, class_ids: dict[str, int], seed: int, validation_split: float, test_split: float,
+    def __init__(self, class_ids: dict[str, int] | None, seed: int, validation_split: float, test_split: float,
                  size: int):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
+        self._names = None
 
-    def process(self, row: ManifestRow):
+    def process(self, row: ManifestRow, class_names=None):
+        if class_names is not None and self._names is not class_names:  # found in the job: a side input
+            self._names, self._class_ids = class_names, {name: i for i, name in enumerate(class_names)}
+        problem = class_name_problem(row.class_name)
+        if problem:
+            detail = f"row {row.row}: the label {quoted_name(row.class_name)} has {problem}: rename it"
+            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_LABEL, detail))
+            return
         label = self._class_ids.get(row.class_name)
         if label is None:
             counters.inc("files_unlabeled")
@@ -179,28 +476,56 @@ class _Label(beam.DoFn):
 
 
 class ReadManifest(beam.PTransform):
-    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection) and FOUND (the row count).
+    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts) and
+    without given class names, CLASS_NAMES (one sorted list: the class names found in the job).
 
-    `size` stands in for each file's size (the launcher's sample mean): the file is read to its end (up to
-    --max_file_mb) whatever it is, and shard sizing uses it as the source bytes.
+    The manifest is cut into byte ranges (`range_bytes`, default RANGE_BYTES), each read by any worker: the
+    records of every range but the last are counted first, so that each range knows its first row number (see
+    count_records).
+    `class_names` None: they are the rows' distinct labels, found in the job. `size` stands in for each
+    file's size (the launcher's sample mean): the file is read to its end (up to --max_file_mb) whatever it
+    is, and shard sizing uses it as the source bytes.
     """
 
-    def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str], *, seed: int,
-                 validation_split: float, test_split: float, size: int):
+    def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str] | None, *, seed: int,
+                 validation_split: float, test_split: float, size: int, range_bytes: int | None = None):
         super().__init__()
-        self._manifest, self._fmt, self._base = manifest, fmt, base
-        self._label = _Label({name: i for i, name in enumerate(class_names)}, seed, validation_split,
-                             test_split, size)
+        self._manifest, self._fmt, self._base, self._range_bytes = manifest, fmt, base, range_bytes
+        self._class_names = class_names
+        ids = None if class_names is None else {name: i for i, name in enumerate(class_names)}
+        self._label = _Label(ids, seed, validation_split, test_split, size)
 
     def expand(self, pbegin):
-        read = (pbegin
-                | "Manifest" >> beam.Create([self._manifest])
-                | "ReadRows" >> beam.ParDo(_ReadRows(self._base, self._fmt)).with_outputs(SKIPPED, FOUND,
-                                                                                          main="rows"))
+        manifest, range_bytes = self._manifest, self._range_bytes or RANGE_BYTES
+        ranges = (pbegin
+                  | "Manifest" >> beam.Create([manifest])
+                  # one Range per 64 MiB: a few numbers per range
+                  | "Ranges" >> beam.FlatMap(lambda path: manifest_ranges(path, range_bytes))
+                  | "SpreadRanges" >> beam.Reshuffle())
+        counts = ranges | "CountRows" >> beam.ParDo(_CountRecords(manifest, self._fmt))
+        # {range index: (records before it, CSV state at its first line)}: one pair per range
+        starts = (counts
+                  | "AllCounts" >> beam.combiners.ToList()
+                  | "RangeStarts" >> beam.Map(range_starts))
+        read = ranges | "ReadRows" >> beam.ParDo(
+            _ParseRange(manifest, self._fmt, self._base), starts=beam.pvalue.AsSingleton(starts),
+        ).with_outputs(SKIPPED, FOUND, main="rows")
         firsts = (read.rows
                   | "ByPath" >> beam.Map(lambda r: (r.path, r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
-        labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, main="images")
+        if self._class_names is None:
+            # the sorted distinct labels: a combine per label, then one short list (the classes, not the rows)
+            names = (firsts.rows
+                     | "Labels" >> beam.FlatMap(_row_labels)
+                     | "DistinctLabels" >> beam.Distinct()
+                     | "LabelList" >> beam.combiners.ToList()
+                     | "ClassNames" >> beam.Map(class_names_of))
+            labeled = firsts.rows | "Label" >> beam.ParDo(
+                self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(SKIPPED, main="images")
+        else:
+            names = None
+            labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, main="images")
         skipped = ((read[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        return {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND]}
+        out = {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND]}
+        return out if names is None else {**out, CLASS_NAMES: names}
