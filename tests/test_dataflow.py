@@ -176,23 +176,31 @@ def test_no_stage_does_work_that_grows_with_the_images_on_one_element(gcs_emulat
     element (an Impulse) runs on one worker, so it may neither hold a per-image step nor read a per-image side
     input. (The write path before issue 16 failed this: its shard planner read every record's offset, and the
     finishing step re-read every piece.)"""
+    per_image_steps = ("ListImages/ListFolders", "ListImages/FilterByName", "AssignLabels/", "AssignShards/PlaceImages",
+                       "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
+    single = assert_single_element_stages_are_bounded(_pipeline_proto(gcs_emulator, dry_run[1]), per_image_steps,
+                                                      BOUNDED_SIDE_INPUTS)
+    assert len(single) >= 3  # the listing's top, AssignShards' layout and the description at least
+
+
+def assert_single_element_stages_are_bounded(proto, per_image_steps, bounded_side_inputs) -> list:
+    """No stage that starts from a single element (an Impulse) holds a step of `per_image_steps` or reads a side
+    input other than those of `bounded_side_inputs` (by the name of the step that makes it); returns those
+    stages."""
     from apache_beam.portability import common_urns
 
-    proto = _pipeline_proto(gcs_emulator, dry_run[1])
     stages = _optimized_stages(proto)
     producer = {pcoll: t.unique_name for t in proto.components.transforms.values() if not t.subtransforms
                 for pcoll in t.outputs.values()}
-    per_image_steps = ("ListImages/ListFolders", "ListImages/FilterByName", "AssignLabels/", "AssignShards/PlaceImages",
-                       "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
     single = [s for s in stages if any(x.spec.urn == common_urns.primitives.IMPULSE.urn for x in s.transforms)]
-    assert len(single) >= 3  # the listing's top, AssignShards' layout and the description at least
     for stage in single:
         names = [x.unique_name for x in stage.transforms]
         assert not [n for n in names if n.startswith(per_image_steps)], names
         for pcoll in stage.side_inputs():
             made_by = producer[pcoll]
-            assert any(made_by.startswith(prefix) for prefix in BOUNDED_SIDE_INPUTS), (
+            assert any(made_by.startswith(prefix) for prefix in bounded_side_inputs), (
                 f"{stage.name} reads {made_by} as a side input on one worker")
+    return single
 
 
 def test_script_reports_every_missing_prerequisite_at_once():

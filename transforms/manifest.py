@@ -517,9 +517,9 @@ class ReadManifest(beam.PTransform):
         if self._class_names is None:
             # the sorted distinct labels: a combine per label, then one short list (the classes, not the rows)
             names = (firsts.rows
-                     | "Labels" >> beam.FlatMap(_row_labels)
+                     | "RowLabels" >> beam.FlatMap(_row_labels)
                      | "DistinctLabels" >> beam.Distinct()
-                     | "LabelList" >> beam.combiners.ToList()
+                     | "ClassList" >> beam.combiners.ToList()
                      | "ClassNames" >> beam.Map(class_names_of))
             labeled = firsts.rows | "Label" >> beam.ParDo(
                 self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(SKIPPED, main="images")
