@@ -117,15 +117,24 @@ def test_jsonl_cut_anywhere_gives_the_sequential_rows(tmp_path, name):
 def test_random_csv_texts_cut_anywhere_match_pythons_csv_reader(tmp_path):
     """Quotes anywhere, line ends of every kind: the record boundaries are the csv module's."""
     rng = random.Random(7)
-    pieces = ["a", "b", ",", '"', "\n", "\r\n", "\r", "x,y", '"q"', '""']
+    pieces = ["a", "b", ",", '"', "\n", "\r\n", "\r", "x,y", '"q"', '""', "a,b,c\n", '"p,\nq",r,s\n']
     path = tmp_path / "m.csv"
+    checked = 0
     for _ in range(300):
         text = "path,label,x\n" + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
         path.write_bytes(text.encode())
         expected = sequential(path, "csv")
-        assert len(expected) == len(list(csv.reader(io.StringIO(text, newline="")))) - 1, text
+        records = list(csv.reader(io.StringIO(text, newline="")))
+        assert len(expected) == len(records) - 1, text
+        for row, result in expected:  # and the fields are the csv module's
+            if isinstance(result, m.ManifestRow):
+                assert (result.relpath, result.class_name) == (records[row][0].strip(), records[row][1].strip())
+                checked += 1
+            elif result.reason == m.BAD_ROW and "fields" in result.detail:
+                assert result.detail == f"row {row}: {len(records[row])} fields, the header has 3"
         for range_bytes in (1, 2, 3, 5, 8, 13):
             assert ranged(path, "csv", range_bytes)[0] == expected, (text, range_bytes)
+    assert checked > 100  # usable rows among them, not only rejections
 
 
 @pytest.mark.timeout(60)

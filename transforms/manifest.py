@@ -212,7 +212,7 @@ def parse_record(record: Record, row: int, fmt: str, header: list[str], base: st
         return bad(f"over {MAX_RECORD_CHARS // 1024} KiB in {record.lines} lines: a quoted field that is never "
                    "closed (a stray \" ?) takes the lines after it; quote the field, or double the quote")
     try:
-        values = next(csv.reader(io.StringIO(record.text, newline="")), [])
+        values = next(csv.reader((record.text,)), [])  # one record: its line breaks are inside quotes
     except csv.Error as e:
         return bad(f"not CSV ({e})")
     if not any(v.strip() for v in values):
@@ -299,8 +299,21 @@ def _finish_line(raw, data: bytes, end: int) -> bytes:
             return b"".join(tail) + block[:match.end()]
 
 
-def _text_lines(data: bytes):
-    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline="")
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def _text_lines(data: bytes, offset: int, tail: bytes, bom: bool):
+    """The lines of data[offset:] + tail, decoded one by one (they end at ASCII bytes, so each decodes as the
+    whole would): the range's bytes are held once, not copied."""
+    end = len(data)
+    for match in _LINE.finditer(data, offset):
+        line = match.group()
+        if tail and match.end() == end:
+            line += tail
+        if bom:
+            bom = False
+            line = line.removeprefix(codecs.BOM_UTF8)
+        yield line.decode("utf-8", "replace")
 
 
 def range_lines(raw, item: Range):
@@ -318,10 +331,8 @@ def range_lines(raw, item: Range):
         if offset is None:
             return iter(()), None
     tail = _finish_line(raw, data, item.end)
-    data = data[offset:] + tail
-    if item.start == 0 and data.startswith(codecs.BOM_UTF8):  # the whole first line is there: its BOM too
-        data = data[len(codecs.BOM_UTF8):]
-    return _text_lines(data), item.end + len(tail)
+    # the first line of the file: its BOM goes, as utf-8-sig reads it (the whole line is there, tail included)
+    return _text_lines(data, offset, tail, item.start == 0), item.end + len(tail)
 
 
 def lines_from(path: str, offset: int):
