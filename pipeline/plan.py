@@ -11,7 +11,6 @@ each split's shards from its own totals; on Dataflow it runs on the workers.
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import json
 import logging
 import os
@@ -376,7 +375,7 @@ def plan_manifest(settings: Settings) -> Plan:
         raise UserError(f"--manifest {path} does not exist or cannot be read: give the CSV or JSON Lines "
                         "file that lists the images") from None
     with FileSystems.open(path, compression_type="auto") as raw:
-        stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+        stream = manifest.text_stream(raw)
         first = stream.readline()
         if not first.strip():
             raise UserError(f"--manifest {path} is empty: write a header line (path,label[,split]) and one row "
@@ -394,9 +393,9 @@ def plan_manifest(settings: Settings) -> Plan:
             if needed not in columns:
                 raise UserError(f"--manifest {path} has no {needed!r} column (columns: {', '.join(columns)}): "
                                 "name the image column path and the class column label")
-        stream.seek(0)
-        sample_rows = []
-        for number, row in manifest.read_rows(stream, fmt, settings.input_dir):
+    sample_rows = []
+    with FileSystems.open(path, compression_type="auto") as raw:  # again from the start (a .gz cannot seek back)
+        for number, row in manifest.read_rows(manifest.text_stream(raw), fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
                 sample_rows.append(row)
             if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:

@@ -222,3 +222,29 @@ def test_a_manifest_cut_into_many_ranges_in_the_job(tmp_path, monkeypatch):
         for name, n in split["class_counts"].items():
             counts[name] = counts.get(name, 0) + n
     assert counts == {"a": 19, "b": 20, "c": 19}
+
+
+def test_a_compressed_manifest_is_one_stream_with_the_same_rows(tmp_path):
+    plain, packed = tmp_path / "m.csv", tmp_path / "m.csv.gz"
+    plain.write_bytes(CSV_CASES["quoted_newlines"] + b"f.png,q,\n")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    [whole] = m.manifest_ranges(str(packed), 8)
+    header = ["path", "label", "note"]
+    assert list(m.parse_range(str(packed), whole, "csv", "/base", 0, m.START, header)) == sequential(plain, "csv")
+
+
+@pytest.mark.timeout(300)
+def test_a_gz_manifest_end_to_end(tmp_path):
+    """A .gz manifest: the launcher reads its header and sample, the job reads it as one stream."""
+    from tests.test_manifest import _errors, _run
+
+    data = tmp_path / "data"
+    names = [f"g{i}.png" for i in range(5)]
+    _images(data, names)
+    text = "path,label,note\n" + "".join(f'{n},{"xy"[i % 2]},"a\nb"\n' for i, n in enumerate(names)) + "g0.png,x,\n"
+    (data / "m.csv.gz").write_bytes(gzip.compress(text.encode()))
+    out = tmp_path / "out"
+    assert _run(data / "m.csv.gz", out) == 0
+    assert [(e["reason"], e["detail"][:6]) for e in _errors(out)] == [("manifest_duplicate_path", "row 6:")]
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["x", "y"] and (info["files"]["found"], info["files"]["written"]) == (6, 5)

@@ -76,6 +76,29 @@ def manifest_format(path: str, first_line: str) -> str:
     return "jsonl" if first_line.lstrip("\ufeff \t").startswith("{") else "csv"
 
 
+class _RawReader(io.RawIOBase):
+    """A file of Beam's FileSystems as a raw stream: its CompressedFile (.gz) lacks what io.TextIOWrapper asks."""
+
+    def __init__(self, raw):
+        super().__init__()
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._raw.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def text_stream(raw) -> io.TextIOWrapper:
+    """The lines of a manifest opened with FileSystems.open (compressed or not) as text: UTF-8 (a BOM dropped,
+    bad bytes replaced), line ends kept."""
+    return io.TextIOWrapper(io.BufferedReader(_RawReader(raw), 1 << 16), encoding="utf-8-sig", errors="replace",
+                            newline="")
+
+
 def csv_header(first_line: str) -> list[str]:
     """The column names of a CSV header line (stripped, lower case)."""
     return [name.strip().lower() for name in next(csv.reader([first_line.lstrip("\ufeff")]), [])]
@@ -319,7 +342,7 @@ def _text_lines(data: bytes, offset: int, tail: bytes, bom: bool):
 def range_lines(raw, item: Range):
     """(the lines that start in the range, where the byte after them is): read from the binary file `raw`."""
     if item.end < 0:
-        return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=""), None
+        return text_stream(raw), None
     if item.start == 0:
         raw.seek(0)
         data = raw.read(item.end)
@@ -419,7 +442,7 @@ class _ParseRange(beam.DoFn):
             self._header = []
             if self._fmt == "csv":
                 with FileSystems.open(self._manifest, compression_type="auto") as raw:
-                    stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+                    stream = text_stream(raw)
                     self._header = header_of(next(group_records(stream, "csv"), None))
         return self._header
 
