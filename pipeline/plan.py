@@ -49,7 +49,7 @@ class Plan:
     each split's shard count from its own totals (`sizing`).
     """
 
-    class_names: list[str]
+    class_names: list[str]  # empty for a --manifest without --labels_file: the job finds them
     split_folders: bool
     sizing: ShardSizing
     unknown_classes: list[str] = field(default_factory=list)

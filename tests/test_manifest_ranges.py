@@ -248,3 +248,20 @@ def test_a_gz_manifest_end_to_end(tmp_path):
     assert [(e["reason"], e["detail"][:6]) for e in _errors(out)] == [("manifest_duplicate_path", "row 6:")]
     info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["class_names"] == ["x", "y"] and (info["files"]["found"], info["files"]["written"]) == (6, 5)
+
+
+@pytest.mark.timeout(300)
+def test_a_manifest_without_a_usable_row_converts_nothing_and_says_why(tmp_path, capsys):
+    """Before, the launcher refused it (it read every label); now the job finds no class: exit 1, each row's
+    reason in errors.jsonl."""
+    from tests.test_manifest import _errors, _run
+
+    data = tmp_path / "data"
+    _images(data, ["a.png", "b.png"])
+    (data / "m.csv").write_text("path,label\na.png,\nb.png,bad\\label\n")
+    out = tmp_path / "out"
+    assert _run(data / "m.csv", out) == 1
+    assert "error: no image could be converted; see errors.jsonl" in capsys.readouterr().err
+    assert sorted(e["reason"] for e in _errors(out)) == ["manifest_bad_label", "manifest_missing_label"]
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == [] and (info["files"]["found"], info["files"]["rejected"]) == (2, 2)
