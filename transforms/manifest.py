@@ -472,14 +472,16 @@ def _first_of_path(item):
 
 
 def _row_labels(row: ManifestRow):
-    """The class names a row gives (for the class names found in the job)."""
-    yield row.class_name
+    """The class names a row gives (for the class names found in the job): its label, or the names of a
+    multi-label row's `labels` field."""
+    labels = getattr(row, "labels", None)
+    yield from (labels if labels is not None else (row.class_name,))
 
 
 def class_names_of(labels) -> list[str]:
     """The sorted class names of the distinct labels, without those that labels.txt cannot hold (their rows
     are rejected as manifest_bad_label)."""
-    return sorted(name for name in labels if not class_name_problem(name))
+    return sorted(name for name in labels if name and not class_name_problem(name))
 
 
 class _Label(beam.DoFn):
@@ -487,11 +489,11 @@ class _Label(beam.DoFn):
                  size: int):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
-        self._names = None
+        self._found_names = None
 
     def process(self, row: ManifestRow, class_names=None):
-        if class_names is not None and self._names is not class_names:  # found in the job: a side input
-            self._names, self._class_ids = class_names, {name: i for i, name in enumerate(class_names)}
+        if class_names is not None and self._found_names is not class_names:  # found in the job: a side input
+            self._found_names, self._class_ids = class_names, {name: i for i, name in enumerate(class_names)}
         problem = class_name_problem(row.class_name)
         if problem:
             detail = f"row {row.row}: the label {quoted_name(row.class_name)} has {problem}: rename it"
