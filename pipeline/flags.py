@@ -79,7 +79,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "Default: none, each image's split comes from its own path.")
     add("--duplicates", default="keep", choices=DUPLICATES,
         help="What to do with byte-identical source files (found by the SHA-256 every record stores): keep "
-             "writes every copy and reports the groups in the summary and dataset_info.json (same label in one "
+             "writes every copy and reports the groups in the summary and image_tfrecords.json (same label in one "
              "split, across splits, different labels); drop writes the copy with the first path of each group and "
              "reports the others in errors.jsonl as duplicate, or every copy as duplicate_conflict when they carry "
              "different labels. drop reads every file twice (a hashing pass before the shards are assigned). "

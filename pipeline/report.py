@@ -91,13 +91,13 @@ def group_lines(info: dict) -> list[str]:
     if groups["ungrouped_images"]:
         shown = ", ".join(repr(p) for p in groups["ungrouped_examples"][:3])
         lines.append(f"  {groups['ungrouped_images']} images matched no group and are each their own group "
-                     f"(e.g. {shown}); check the pattern if they belong to one (\"groups\" in dataset_info.json).")
+                     f"(e.g. {shown}); check the pattern if they belong to one (\"groups\" in image_tfrecords.json).")
     if groups["groups_in_several_splits"]:
         first = groups["several_splits_examples"][0]
         where = ", ".join(f"{split} {n}" for split, n in first["images"].items())
         spread = groups["groups_in_several_splits"]
         lines.append(f"  Groups with images in more than one split folder (leakage): {spread}, "
-                     f"e.g. {first['group']!r} ({where}); see \"groups\" in dataset_info.json.")
+                     f"e.g. {first['group']!r} ({where}); see \"groups\" in image_tfrecords.json.")
     return lines
 
 
@@ -111,11 +111,11 @@ def duplicates_line(info: dict) -> str:
     dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
                "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
     return (f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): "
-            f"{', '.join(kinds)}; see \"duplicates\" in dataset_info.json.{dropped}")
+            f"{', '.join(kinds)}; see \"duplicates\" in image_tfrecords.json.{dropped}")
 
 
 def read_info(output_dir: str) -> dict:
-    """The dataset_info.json just written to `output_dir`, read by the read-side tools' one loader."""
+    """The image_tfrecords.json just written to `output_dir`, read by the read-side tools' one loader."""
     return load_info(output_dir)
 
 

@@ -3,7 +3,7 @@
 Every written image comes with (sha256, (split, label, relpath)) from WriteShards.
 Grouping by the hash spreads the hashes over the workers (no worker holds them
 all); only the groups of two or more copies go on, and one combine reduces them
-to the counts and the first groups (by their first path) that dataset_info.json
+to the counts and the first groups (by their first path) that image_tfrecords.json
 reports. A group is one of three kinds:
 
 - `within_split`: every copy has the same label and the same split (harmless, but weights the image twice);
@@ -27,7 +27,7 @@ WITHIN_SPLIT = "within_split"
 ACROSS_SPLITS = "across_splits"
 CONFLICTING_LABELS = "conflicting_labels"
 KINDS = (WITHIN_SPLIT, ACROSS_SPLITS, CONFLICTING_LABELS)
-MAX_EXAMPLES = 20  # groups listed in dataset_info.json; the counts cover every group
+MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json; the counts cover every group
 
 
 class DuplicateGroup(NamedTuple):
