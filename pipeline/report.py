@@ -153,13 +153,14 @@ def suggestion_lines(info: dict) -> list[str]:
     current = (info.get("options") or {}).get("image_size", "")
     current = current.split("x")[0] if len(set(current.split("x"))) == 1 else current
     within = found["sources_within"]
+    low, high = found["estimated_bytes"]
     sides = (f"{_percent(within['width'])} of the sources are at most {found['width']} px wide and "
              f"{_percent(within['height'])} at most {found['height']} px high")
     return [
         f"Suggestion: {_percent(found['upscaled_share'])} of the images were smaller than --image_size={current} and "
         f"were upscaled, which adds bytes but no detail; {sides}. With --image_size={found['image_size']} each "
         f"image would have {_percent(found['pixel_ratio'])} of the pixels, and the dataset would take roughly "
-        f"{human_bytes(found['estimated_bytes'])} instead of {human_bytes(found['bytes'])} (an estimate)."
+        f"{human_bytes(low)} to {human_bytes(high)} instead of {human_bytes(found['bytes'])} (an estimate)."
     ]
 
 

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from pipeline.launcher import format_summary
+from pipeline.report import human_bytes
 from tests.conftest import cli, convert
 from transforms.examples import Example
 from transforms.stats import (
@@ -179,10 +180,12 @@ def test_small_sources_get_a_smaller_image_size_suggested_in_the_printed_report(
         "sources_within": {"width": 1.0, "height": 1.0}, "pixel_ratio": 0.0625,
         "bytes": _info(tmp_path / "out")["total_bytes"], "estimated_bytes": found["estimated_bytes"],
     }
-    assert 0 < found["estimated_bytes"] < found["bytes"] / 4
+    low, high = found["estimated_bytes"]
+    assert (low, high) == (int(found["bytes"] * 0.0625 ** 0.8), int(found["bytes"] * 0.0625 ** 0.55))
     line = next(line for line in result.stdout.splitlines() if line.startswith("Suggestion:"))
     assert "100.0 % of the images were smaller than --image_size=512" in line
     assert "--image_size=128" in line and "6.2 % of the pixels" in line
+    assert f"roughly {human_bytes(low)} to {human_bytes(high)} instead of {human_bytes(found['bytes'])}" in line
     assert "Upscaled (smaller than the output size): 12 (100.0 % of the images; train " in result.stdout
     assert "Pixel mean / std per channel (R G B" in result.stdout
     assert "Source widths before resizing (px): 97-128 12" in result.stdout
@@ -265,5 +268,6 @@ def test_suggestion_needs_most_images_upscaled_and_half_the_pixels_or_fewer():
     assert suggest_image_size(split([(120, 90)] * 10, upscaled=5), 512, 512, "stretch", 1000) is None  # half
     assert suggest_image_size(split([(200, 200)] * 10, upscaled=10), 256, 256, "stretch", 1000) is None  # 224: small
     described = describe({"train": small}, 512, 512, "stretch", 1000)
-    assert described["suggested_image_size"]["estimated_bytes"] == int(1000 * 0.0625 ** 0.8)
+    assert described["suggested_image_size"]["estimated_bytes"] == [int(1000 * 0.0625 ** 0.8),
+                                                                    int(1000 * 0.0625 ** 0.55)]
     assert describe({"train": small}, None, None, "fit", 1000)["suggested_image_size"] is None

@@ -44,9 +44,10 @@ BUCKETS = len(SIZE_EDGES) + 1
 SUGGESTION_QUANTILE = 0.75
 # ... and is suggested only when it has at most this share of the current size's pixels: a small step is noise.
 SUGGESTION_MAX_PIXEL_RATIO = 0.5
-# Bytes per image grow more slowly than its pixels (an enlarged image is smooth and compresses well): 128 px
-# photos stored at 512 px took 9x the bytes of 128 px for 16x the pixels, 16 ** 0.8 = 9.2.
-BYTES_EXPONENT = 0.8
+# Bytes per image grow more slowly than its pixels (an enlarged image is smooth and compresses well), by the
+# pixel ratio to a power measured between these: 128 px flowers stored at 512 px took 9x the bytes of 128 px
+# for 16x the pixels (16 ** 0.79), 128 px photos 6x (16 ** 0.65), and at 256 px 2.2x (4 ** 0.56).
+BYTES_EXPONENT = (0.55, 0.8)
 _VALUES = np.arange(256, dtype=np.int64)
 _SQUARES = _VALUES * _VALUES
 
@@ -172,8 +173,8 @@ def suggest_image_size(total: SplitStats, width: int, height: int, resize_mode: 
     The size is, per side, the smallest common size (a SIZE_EDGES edge) that
     SUGGESTION_QUANTILE of the sources' sides are at most, never larger than the
     current one; square when the current size is; and only when it has at most
-    SUGGESTION_MAX_PIXEL_RATIO of the current pixels. The bytes are an estimate:
-    the dataset's `total_bytes` scaled by the pixel ratio to the BYTES_EXPONENT.
+    SUGGESTION_MAX_PIXEL_RATIO of the current pixels. The bytes are an estimate, a range:
+    the dataset's `total_bytes` scaled by the pixel ratio to each BYTES_EXPONENT.
     """
     if resize_mode in ("fit", "none") or not total.images or total.upscaled * 2 <= total.images:
         return None
@@ -193,7 +194,7 @@ def suggest_image_size(total: SplitStats, width: int, height: int, resize_mode: 
                            "height": _within(total.source_height, new_h)},
         "pixel_ratio": round(ratio, 4),
         "bytes": total_bytes,
-        "estimated_bytes": int(total_bytes * ratio ** BYTES_EXPONENT),
+        "estimated_bytes": sorted(int(total_bytes * ratio ** power) for power in BYTES_EXPONENT),
     }
 
 
