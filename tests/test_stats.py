@@ -94,6 +94,28 @@ def test_mean_and_std_are_those_of_the_stored_pixels_exactly_per_split(tmp_path)
         assert got["upscaled"] == 0 and got["upscaled_share"] == 0.0
 
 
+def test_jpegs_stored_as_they_are_have_the_statistics_of_their_decoded_pixels(tmp_path):
+    """--resize_mode=none keeps an upright baseline JPEG's bytes: the statistics are of its decoded pixels,
+    exactly those a reader decodes from the record (Pillow here)."""
+    rng = np.random.default_rng(11)
+    src = tmp_path / "in"
+    for i in range(5):
+        _save(src / "cls" / f"{i}.jpg", _noise(rng, int(rng.integers(20, 70)), int(rng.integers(20, 70))),
+              quality=85)
+    out = tmp_path / "out"
+    assert convert(src, out, "--resize_mode=none", "--validation_split=0") == 0
+    info = _info(out)
+    stored = _stored_pixels(out, info)["train"]
+    originals = {p.read_bytes() for p in (src / "cls").iterdir()}
+    records = [Example.FromString(raw).features.feature["image"].bytes_list.value[0]
+               for raw in iter_records(str(out / info["splits"]["train"]["shards"][0]["file"]))]
+    assert set(records) == originals  # passed through: the stored bytes are the files' own
+    got = info["statistics"]["splits"]["train"]
+    assert got["pixels"] == len(stored)
+    assert got["mean"] == pytest.approx(stored.mean(axis=0).tolist(), abs=5e-5)
+    assert got["std"] == pytest.approx(stored.std(axis=0).tolist(), abs=5e-5)
+
+
 def test_solid_colours_resized_give_exact_means_histograms_and_upscaled_shares(tmp_path):
     """Stretched to 64x64 PNG: solid colours stay solid, so each split's mean and std are known exactly; the
     histograms count the sources' upright sizes before resizing (an EXIF-rotated JPEG by its upright size)."""
