@@ -14,7 +14,7 @@ from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import ReadManifest
 from transforms.sharding import AssignShards
-from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
+from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -69,6 +69,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "found": found,
         # every written image's source hash; with drop, every hashed source's (the report covers the input)
         "hashes": written[HASHES] if source_hashes is None else source_hashes,
+        "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
     }
     if settings.group_by:
         inputs["groups"] = groups
