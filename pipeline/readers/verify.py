@@ -544,7 +544,7 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         return
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
-                                               info["compression"])
+                                               info["compression"], multi_label=bool(info.get("multi_label")))
     except (KeyError, TypeError, ValueError):
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
