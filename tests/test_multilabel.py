@@ -20,6 +20,7 @@ from pipeline.errors import UserError
 from pipeline.launcher import run
 from pipeline.report import format_summary
 from tests.conftest import FAST, REPO, cli
+from transforms.layout import hash_split
 
 SIZE = 16
 NAMES = ["bird", "cat", "dog"]
@@ -157,6 +158,20 @@ def test_tfds_reads_the_label_as_a_sequence_of_class_labels(converted):
     got = {e["source_path"].decode(): e["label"].tolist()
            for e in tfds.as_numpy(builder.as_dataset(split="validation"))}
     assert got == {path: ids for path, ids in expected.items() if path >= "12.png"}
+
+
+def test_preview_puts_an_image_in_the_row_of_each_of_its_classes(converted):
+    from pipeline.readers.preview import make_contact_sheet
+
+    out, expected = converted
+    problems = []
+    _, tiles = make_contact_sheet(str(out), "train", per_class=20, tile_size=32, problems=problems)
+    assert problems == []
+    train = {path: ids for path, ids in expected.items() if path < "12.png"}
+    assert sorted((t.row, t.source_path) for t in tiles) == sorted(
+        (k, path) for path, ids in train.items() for k in ids)
+    for tile in tiles:
+        assert tile.label == tile.row and tile.class_name == ";".join(NAMES[k] for k in train[tile.source_path])
 
 
 def test_verify_accepts_the_dataset_and_finds_a_wrong_class_count(converted, tmp_path):
@@ -321,8 +336,11 @@ def test_group_by_applies_to_the_manifest_paths_and_explicit_split_conflicts_are
     rows = _group_manifest(src, 30, seed=5)
     manifest = [("path", "labels", "split")]
     for i, (path, _) in enumerate(rows):
-        # group p000 has explicit splits that conflict; the others have none
+        # group p000 has explicit splits that conflict; p001 one explicit split, not the one of its group's hash,
+        # beside rows without one; the others have none
         split = ("train" if i == 0 else "test") if path.startswith("p000_") else ""
+        if path == "p001_0.png":
+            split = "validation" if hash_split("p001", 42, 0.4, 0.0) == "train" else "train"
         manifest.append((path, "cat;dog" if i % 3 else "dog", split))
     _csv(src / "list.csv", manifest)
     out = tmp_path / "out"
@@ -333,13 +351,14 @@ def test_group_by_applies_to_the_manifest_paths_and_explicit_split_conflicts_are
     for path, _ in rows:
         by_group[path.split("_")[0]].add(split_of[path])
     assert by_group.pop("p000") == {"train", "test"}  # the rows' own splits are kept
-    assert all(len(s) == 1 for s in by_group.values()) and len(by_group) == 29
+    assert by_group.pop("p001") == {"train", "validation"}  # the explicit one, and the group's hash for the rest
+    assert all(len(s) == 1 for s in by_group.values()) and len(by_group) == 28
     info = json.loads((out / "image_tfrecords.json").read_text())
-    assert info["groups"]["groups"] == 30 and info["groups"]["groups_in_several_splits"] == 1
-    assert info["groups"]["several_splits_examples"][0]["group"] == "p000"
+    assert info["groups"]["groups"] == 30 and info["groups"]["groups_in_several_splits"] == 2
+    assert [e["group"] for e in info["groups"]["several_splits_examples"]] == ["p000", "p001"]
     text = format_summary(info)
     assert "Groups (--group_by=^(p\\d+)_): 30 groups of" in text
-    assert "Groups with images in more than one split (the manifest's split column) (leakage): 1, e.g. 'p000'" \
+    assert "Groups with images in more than one split (the manifest's split column) (leakage): 2, e.g. 'p000'" \
         in text
 
 
