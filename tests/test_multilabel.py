@@ -194,6 +194,34 @@ def test_verify_accepts_the_dataset_and_finds_a_wrong_class_count(converted, tmp
 
 
 @pytest.mark.timeout(300)
+def test_tf_slim_keys_hold_the_lists_and_every_reader_takes_them(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from pipeline import reader
+    from pipeline.readers.verify import verify_dataset
+
+    for i in range(4):
+        _image(tmp_path / "in" / f"{i}.png", (i * 60, 0, 0))
+    manifest = _csv(tmp_path / "in" / "list.csv", [("path", "labels"), ("0.png", "b;a"), ("1.png", "a"),
+                                                   ("2.png", ""), ("3.png", "c;a;b")])
+    out = tmp_path / "out"
+    assert _run(manifest, out, "--multi_label", "--schema=tf_slim", "--validation_split=0") == 0
+    spec = {"image/class/label": tf.io.VarLenFeature(tf.int64), "image/filename": tf.io.FixedLenFeature([], tf.string)}
+    written = {}
+    for raw in tf.data.TFRecordDataset([str(p) for p in out.glob("train-*")]):
+        ex = tf.io.parse_single_example(raw, spec)
+        written[ex["image/filename"].numpy().decode()] = tf.sparse.to_dense(ex["image/class/label"]).numpy().tolist()
+    assert written == {"0.png": [0, 1], "1.png": [0], "2.png": [], "3.png": [0, 1, 2]}
+    hot = {e["source_path"].decode(): e["label"].tolist()
+           for e in reader.make_dataset(str(out), "train", one_hot=True).as_numpy_iterator()}
+    assert hot == {path: [float(k in ids) for k in range(3)] for path, ids in written.items()}
+    builder = tfds.builder_from_directory(str(out))
+    got = {e["image"]["filename"].decode(): e["image"]["class"]["label"].tolist()
+           for e in tfds.as_numpy(builder.as_dataset(split="train"))}
+    assert got == written
+    assert verify_dataset(str(out)).problems == []
+
+
+@pytest.mark.timeout(300)
 def test_jsonl_lists_labels_file_ids_and_bad_rows(tmp_path):
     src = tmp_path / "in"
     for i in range(7):
