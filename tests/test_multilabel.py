@@ -174,6 +174,22 @@ def test_preview_puts_an_image_in_the_row_of_each_of_its_classes(converted):
         assert tile.label == tile.row and tile.class_name == ";".join(NAMES[k] for k in train[tile.source_path])
 
 
+@pytest.mark.timeout(300)
+def test_benchmark_reads_the_lists_as_multi_hot(converted):
+    from pipeline.readers import bench_input
+
+    out, expected = converted
+    source = bench_input.dataset_source(str(out), "train")
+    assert source.multi_hot_classes == 3
+    batches = list(bench_input.tfrecord_dataset(source, "parse", batch_size=12).as_numpy_iterator())
+    assert len(batches) == 1 and batches[0]["label"].shape == (12, 3)
+    assert sorted(map(tuple, batches[0]["label"].tolist())) == sorted(
+        tuple(float(k in ids) for k in range(3)) for path, ids in expected.items() if path < "12.png")
+    result = cli("pipeline.benchmark", str(out), "--batch_size=2", "--steps=2", timeout=240)
+    assert result.returncode == 0, result.stderr[-500:]
+    assert re.search(r"^parse\s+\d+", result.stdout, re.MULTILINE), result.stdout
+
+
 def test_verify_accepts_the_dataset_and_finds_a_wrong_class_count(converted, tmp_path):
     import shutil
 

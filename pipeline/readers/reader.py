@@ -260,21 +260,25 @@ def image_label_keys(schema: str = "default") -> tuple[str, str]:
     return SCHEMAS[schema]["image"][0], SCHEMAS[schema]["label"][0]
 
 
-def parse_image_label(serialized, image_key: str = "image", label_key: str | None = "label") -> dict:
+def parse_image_label(serialized, image_key: str = "image", label_key: str | None = "label",
+                      multi_hot_classes: int = 0) -> dict:
     """Parse only what a training step reads: {'image': encoded bytes, 'label': int64}.
 
     Other keys may be absent, so this also reads TFRecords written by other
-    tools. With `label_key` None the result has no 'label'.
+    tools. With `label_key` None the result has no 'label'. With `multi_hot_classes` (a --multi_label
+    dataset's num_classes) the label is read as a list and given as a float32 multi-hot vector of that size.
     """
     import tensorflow as tf
 
     spec = {image_key: tf.io.FixedLenFeature([], tf.string)}
     if label_key:
-        spec[label_key] = tf.io.FixedLenFeature([], tf.int64)
+        spec[label_key] = (tf.io.VarLenFeature(tf.int64) if multi_hot_classes
+                           else tf.io.FixedLenFeature([], tf.int64))
     parsed = tf.io.parse_single_example(serialized, spec)
     out = {"image": parsed[image_key]}
     if label_key:
-        out["label"] = parsed[label_key]
+        out["label"] = (multi_hot(tf.sparse.to_dense(parsed[label_key]), multi_hot_classes) if multi_hot_classes
+                        else parsed[label_key])
     return out
 
 
