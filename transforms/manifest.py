@@ -3,10 +3,9 @@
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
 gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); with
 --multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
-one group share a split). The file is read
-as a stream by one worker (so every row keeps its row number for errors.jsonl; memory stays bounded
-whatever its length), then the rows are spread over the workers. A row that cannot be used becomes a
-Rejection with its row number; a path listed twice keeps its first row.
+one group share a split). The file is read as a stream by one worker (so every row keeps its row number
+for errors.jsonl; memory stays bounded whatever its length), then the rows are spread over the workers. A
+row that cannot be used becomes a Rejection with its row number; a path listed twice keeps its first row.
 """
 
 from __future__ import annotations
@@ -243,7 +242,6 @@ class _Label(beam.DoFn):
         names = tuple(self._names[i] for i in ids)
         return ImageRef(row.path, row.relpath, self._size, "", LABELS_SEPARATOR.join(names), -1,
                         shuffle_key(row.relpath, self._seed), ids, names)
-
 
 
 class ReadManifest(beam.PTransform):
