@@ -421,3 +421,15 @@ def test_docs_manifest_reader_example_runs(converted, monkeypatch):
     namespace: dict = {}
     exec(compile(blocks[0], "docs/manifest.md", "exec"), namespace)  # noqa: S102 - the documented example
     assert namespace["model"].output_shape == (None, 3)
+
+
+def test_label_list_reads_texts_and_json_lists_and_refuses_anything_else():
+    from transforms.manifest import BAD_ROW, RowProblem, label_list
+
+    assert label_list(" a ; ;b;a ", 1) == ("a", "b", "a")  # repeats are dropped later, by class id
+    assert label_list("", 1) == () and label_list([], 1) == () and label_list(None, 1) is None
+    assert label_list(["x", 3, " y "], 1) == ("x", "3", "y")
+    for bad in ([True], [None], [["x"]], [{"x": 1}], {"x": 1}, 1.5, False):
+        with pytest.raises(RowProblem) as caught:
+            label_list(bad, 7)
+        assert caught.value.reason == BAD_ROW and caught.value.detail.startswith("row 7: labels ")
