@@ -33,8 +33,11 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             validation_split=settings.validation_split,
             test_split=settings.test_split,
             size=plan.manifest_file_size,
+            multi_label=settings.multi_label,
+            group_by=settings.group_by,
+            groups=plan.manifest_groups,
         )
-        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], None
+        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], read[GROUPS]
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
         listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
@@ -71,9 +74,10 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "hashes": written[HASHES] if source_hashes is None else source_hashes,
         "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
     }
-    if settings.group_by:
+    grouped = bool(settings.group_by) or plan.manifest_groups
+    if grouped:
         inputs["groups"] = groups
-    split_by = "split_folders" if plan.split_folders else "group_hash" if settings.group_by else "path_hash"
+    split_by = "split_folders" if plan.split_folders else "group_hash" if grouped else "path_hash"
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,

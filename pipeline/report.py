@@ -87,16 +87,20 @@ def group_lines(info: dict) -> list[str]:
     if not groups:
         return []
     pattern = (info.get("options") or {}).get("group_by")
-    lines = [f"Groups (--group_by={pattern}): {groups['groups']} groups of {groups['grouped_images']} images."]
+    source = f"--group_by={pattern}" if pattern else "the manifest's group column"
+    lines = [f"Groups ({source}): {groups['groups']} groups of {groups['grouped_images']} images."]
     if groups["ungrouped_images"]:
         shown = ", ".join(repr(p) for p in groups["ungrouped_examples"][:3])
-        lines.append(f"  {groups['ungrouped_images']} images matched no group and are each their own group "
+        lines.append(f"  {groups['ungrouped_images']} images {'matched' if pattern else 'have'} no group and are "
+                     "each their own group "
                      f"(e.g. {shown}); check the pattern if they belong to one (\"groups\" in image_tfrecords.json).")
     if groups["groups_in_several_splits"]:
         first = groups["several_splits_examples"][0]
         where = ", ".join(f"{split} {n}" for split, n in first["images"].items())
         spread = groups["groups_in_several_splits"]
-        lines.append(f"  Groups with images in more than one split folder (leakage): {spread}, "
+        where_from = ("split folder" if info.get("split_by") == "split_folders"
+                      else "split (the manifest's split column)")
+        lines.append(f"  Groups with images in more than one {where_from} (leakage): {spread}, "
                      f"e.g. {first['group']!r} ({where}); see \"groups\" in image_tfrecords.json.")
     return lines
 
@@ -192,6 +196,10 @@ def format_summary(info: dict) -> str:
         )
     lines.append(shard_size_line(info))
     lines.extend(class_count_lines(info))
+    if info.get("multi_label"):
+        without = {split: s.get("images_without_labels", 0) for split, s in info["splits"].items()}
+        lines.append("Multi-label: an image counts once for each of its classes; images of no class: "
+                     + ", ".join(f"{split} {n}" for split, n in without.items()) + ".")
     for title, key in (("Rejected", "rejected_by_reason"), ("Skipped", "skipped_by_reason")):
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())

@@ -204,6 +204,8 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
             source_path=display_path(ref.relpath),
             schema=schema,
             sha256=image.sha256,
+            labels=ref.labels,
+            label_names=ref.label_names,
         )
         counters.inc("images_converted")
         yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats)

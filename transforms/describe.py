@@ -107,6 +107,7 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
     """
     records = Counter()
     per_class = defaultdict(Counter)
+    no_class = Counter()  # --multi_label: images of no class, per split
     by_reason = {"skipped": Counter(), "rejected": Counter()}
     found_total = upscaled = 0
     for key, count in tallies:
@@ -115,7 +116,13 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
         elif key[0] == WRITTEN:
             _, split, label, was_upscaled = key
             records[split] += count
-            per_class[split][class_names[label]] += count
+            if isinstance(label, list | tuple):  # --multi_label: an image counts once for each of its classes
+                for i in label:
+                    per_class[split][class_names[i]] += count
+                if not label:
+                    no_class[split] += count
+            else:
+                per_class[split][class_names[label]] += count
             upscaled += count if was_upscaled else 0
         else:  # (stage, reason)
             by_reason[key[0]][key[1]] += count
@@ -142,6 +149,8 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
             "shards": shards[split],
             "bytes": sum(s["bytes"] for s in shards[split]),
         }
+        if no_class[split]:
+            splits[split]["images_without_labels"] = no_class[split]
     files = {
         "found": found_total,
         "written": sum(records.values()),
@@ -193,7 +202,8 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "run_id": run_id,
         "options": options,
         "schema": schema,
-        "features": feature_description(schema),
+        "features": feature_description(schema, bool(options.get("multi_label"))),
+        **({"multi_label": True} if options.get("multi_label") else {}),
         "image": image_info,
         "compression": options["compression"],
         "class_names": list(class_names),
@@ -240,7 +250,8 @@ class _WriteInfo(beam.DoFn):
                 self._options.get("resize_mode", ""), sum(s["bytes"] for s in counts.splits.values()))
         tfds_files, tfds_note = tfds_metadata.tfds_files(
             counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
-            description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).")
+            description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).",
+            multi_label=bool(self._options.get("multi_label")))
         info = dataset_info(counts, self._run_id, self._class_names, self._schema, self._options,
                             self._image_info, self._start_time, self._tool_version,
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,

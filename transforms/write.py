@@ -30,6 +30,7 @@ from transforms.imaging import ImageSettings
 from transforms.layout import display_path
 from transforms.outputs import index_name, shards_dir
 from transforms.pool import ConversionPool, time_limit
+from transforms.records import label_of
 from transforms.shardfiles import ARRAY_RECORD, KAGGLE, STANDARD, TFRECORD, kaggle_name, open_writer, shard_name
 from transforms.sharding import ShardKey, rank_order
 from transforms.stats import StatsTally
@@ -109,9 +110,10 @@ class _ConvertAndWrite(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, outcome.rejection)
                 continue
             sizes.append(out.write(outcome.example))
-            written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
+            label = label_of(outcome.ref)  # a tuple of class ids with --multi_label
+            written[(key.split, label, outcome.upscaled)] += 1
             tally.add(outcome.stats, outcome.upscaled)
-            yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, outcome.ref.label,
+            yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, label,
                                                                      display_path(outcome.ref.relpath))))
         size = out.close()
         final = name
