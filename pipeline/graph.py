@@ -14,7 +14,7 @@ from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import CLASS_NAMES, ReadManifest
 from transforms.sharding import AssignShards
-from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
+from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -33,8 +33,11 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             validation_split=settings.validation_split,
             test_split=settings.test_split,
             size=plan.manifest_file_size,
+            multi_label=settings.multi_label,
+            group_by=settings.group_by,
+            groups=plan.manifest_groups,
         )
-        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], None
+        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], read[GROUPS]
         class_names = read.get(CLASS_NAMES, plan.class_names)  # found in the job: a PCollection of one list
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
@@ -71,10 +74,12 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "found": found,
         # every written image's source hash; with drop, every hashed source's (the report covers the input)
         "hashes": written[HASHES] if source_hashes is None else source_hashes,
+        "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
     }
-    if settings.group_by:
+    grouped = bool(settings.group_by) or plan.manifest_groups
+    if grouped:
         inputs["groups"] = groups
-    split_by = "split_folders" if plan.split_folders else "group_hash" if settings.group_by else "path_hash"
+    split_by = "split_folders" if plan.split_folders else "group_hash" if grouped else "path_hash"
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,

@@ -72,6 +72,7 @@ class Settings:
     group_by: str | None = None
     duplicates: str = "keep"
     manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
+    multi_label: bool = False  # --manifest's labels column: several classes per image
 
     @property
     def overwrite(self) -> bool:
@@ -108,6 +109,7 @@ class Settings:
             "shard_names": self.shard_names,
             "group_by": self.group_by,
             "duplicates": self.duplicates,
+            "multi_label": self.multi_label,
         }
 
 
@@ -217,9 +219,9 @@ def validate(options: PipelineOptions) -> Settings:
     manifest = o.manifest or None
     if not o.input_dir and not manifest:
         raise UserError("--input_dir is required: the folder of class folders to convert (or give --manifest)")
-    if manifest and o.group_by:
-        raise UserError("--group_by is for class folders, not --manifest yet: give the manifest a split column "
-                        "instead, or drop --group_by")
+    if o.multi_label and not manifest:
+        raise UserError("--multi_label needs --manifest: class folders give each image one class; list the images "
+                        "in a manifest with a labels column (names separated by ';'), or drop --multi_label")
     # With --manifest, --input_dir is the base of the manifest's relative paths (default: the manifest's folder).
     input_dir = o.input_dir or (manifest.rsplit("/", 1)[0] if "/" in manifest else ".")
     if not o.output_dir:
@@ -316,6 +318,7 @@ def validate(options: PipelineOptions) -> Settings:
         shard_names=o.shard_names,
         group_by=group_by,
         duplicates=o.duplicates,
+        multi_label=bool(o.multi_label),
     )
 
 

@@ -56,6 +56,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     manifest_format: str = ""  # with --manifest: 'csv' or 'jsonl'
     manifest_file_size: int = 0  # with --manifest: the sampled files' mean size, standing in for each file's
+    manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -389,10 +390,7 @@ def plan_manifest(settings: Settings) -> Plan:
             except (ValueError, TypeError):
                 raise UserError(f"--manifest {path}: its first line is not a JSON object: write one "
                                 '{"path": ..., "label": ...} object per line, or give a .csv') from None
-        for needed in ("path", "label"):
-            if needed not in columns:
-                raise UserError(f"--manifest {path} has no {needed!r} column (columns: {', '.join(columns)}): "
-                                "name the image column path and the class column label")
+        check_manifest_columns(path, columns, settings)
     sample_rows = []
     with FileSystems.open(path, compression_type="auto") as raw:  # again from the start (a .gz cannot seek back)
         for number, row in manifest.read_rows(manifest.text_stream(raw), fmt, settings.input_dir):
@@ -401,7 +399,8 @@ def plan_manifest(settings: Settings) -> Plan:
             if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
                 break
     notes = []
-    extra = [c for c in columns if c not in manifest.KNOWN_COLUMNS]
+    extra = [c for c in columns if c not in manifest.KNOWN_COLUMNS or c == ("label" if settings.multi_label
+                                                                            else "labels")]
     if extra:
         notes.append(f"{len(extra)} extra manifest column(s) ignored: {', '.join(extra[:10])}")
     # without --labels_file the job finds the class names (the rows' distinct labels)
@@ -422,7 +421,29 @@ def plan_manifest(settings: Settings) -> Plan:
         notes=notes,
         manifest_format=fmt,
         manifest_file_size=int(sum(sizes) / len(sizes)) if sizes else 100_000,
+        manifest_groups="group" in columns,
     )
+
+
+def check_manifest_columns(path: str, columns: list[str], settings: Settings) -> None:
+    """The manifest's header has what the options need: path, and label (or labels with --multi_label)."""
+    if "path" not in columns:
+        raise UserError(f"--manifest {path} has no 'path' column (columns: {', '.join(columns)}): "
+                        "name the image column path and the class column label")
+    if settings.multi_label:
+        if "labels" not in columns:
+            raise UserError(f"--manifest {path} has no 'labels' column, which --multi_label reads (columns: "
+                            f"{', '.join(columns)}): name the column of class names labels (separated by ';'), "
+                            "or drop --multi_label for one label per image")
+    elif "labels" in columns:
+        raise UserError(f"--manifest {path} has a 'labels' column: give --multi_label to read several classes per "
+                        "image from it, or name a one-class column label")
+    elif "label" not in columns:
+        raise UserError(f"--manifest {path} has no 'label' column (columns: {', '.join(columns)}): "
+                        "name the image column path and the class column label")
+    if settings.group_by and "group" in columns:
+        raise UserError(f"--manifest {path} has a 'group' column and --group_by is given: the column gives each "
+                        "image's group, so drop --group_by (or rename the column)")
 
 
 def _class_of(relpath: str, split_folders: bool) -> str | None:

@@ -1,11 +1,13 @@
 """ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
 
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test). The file is cut
-into byte ranges that any worker reads (a compressed one is read as one stream); every row keeps its row
-number for errors.jsonl, as a sequential read gives it (the records of each range are counted first). A row
-that cannot be used becomes a Rejection with its row number; a path listed twice keeps its first row.
-Without --labels_file, the class names are the rows' distinct labels, found in the job.
+gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); with
+--multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
+one group share a split). The file is cut into byte ranges that any worker reads (a compressed one is read
+as one stream); every row keeps its row number for errors.jsonl, as a sequential read gives it (the records
+of each range are counted first). A row that cannot be used becomes a Rejection with its row number; a path
+listed twice keeps its first row. Without --labels_file, the class names are the rows' distinct labels,
+found in the job.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from transforms.layout import (
     SPLIT_FOLDER_NAMES,
     UNKNOWN_CLASS,
     class_name_problem,
+    display_path,
+    group_of,
     hash_split,
     quoted_name,
     shuffle_key,
@@ -45,7 +49,10 @@ DUPLICATE_PATH = "manifest_duplicate_path"
 BAD_LABEL = "manifest_bad_label"
 CLASS_NAMES = "class_names"
 
-KNOWN_COLUMNS = ("path", "label", "split")
+GROUPS = "groups"  # with a group column or --group_by: (group or '', split, relpath) of every labelled image
+
+KNOWN_COLUMNS = ("path", "label", "split", "labels", "group")
+LABELS_SEPARATOR = ";"  # between the class names of a CSV `labels` cell
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
 assert set(SPLIT_NAMES.values()) <= set(SPLIT_FOLDER_NAMES.values())
 
@@ -56,8 +63,10 @@ class ManifestRow(NamedTuple):
     row: int  # 1 = the first row after a CSV's header, or the first line of a JSON Lines file
     path: str  # full path or URL
     relpath: str  # the path as the manifest gives it (names the image in errors.jsonl and the shuffle order)
-    class_name: str
+    class_name: str  # '' when the row has only a `labels` field
     split: str
+    labels: tuple[str, ...] | None = None  # the `labels` field's class names as written; None without one
+    group: str = ""  # the `group` field ('' without one)
 
 
 class RowProblem(Exception):
@@ -120,13 +129,35 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         return "" if value is None else str(value).strip()
 
     path, label, split = text("path"), text("label"), text("split").lower()
+    labels = label_list(fields.get("labels"), row)
     if not path:
         raise RowProblem(MISSING_PATH, f"row {row}: no path")
-    if not label:
+    if not label and labels is None:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""))
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, text("group"))
+
+
+def label_list(value, row: int) -> tuple[str, ...] | None:
+    """The class names of a `labels` field: a JSON list of names, or a text of names separated by ';'.
+
+    Names are stripped and empty pieces dropped ('a;;b;' is a and b); an empty text or list is an image of no
+    class, (); None when the row has no such field (a JSON row without the key, or a null).
+    """
+    if value is None:
+        return None
+    if isinstance(value, list):
+        names = []
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, str | int):
+                raise RowProblem(BAD_ROW, f"row {row}: labels holds {json.dumps(item)[:40]}, not a class name")
+            names.append(str(item).strip())
+    elif isinstance(value, str | int) and not isinstance(value, bool):
+        names = str(value).split(LABELS_SEPARATOR)
+    else:
+        raise RowProblem(BAD_ROW, f"row {row}: labels is {json.dumps(value)[:40]}, not a list of class names")
+    return tuple(name.strip() for name in names if name.strip())
 
 
 def _row(fields: dict, row: int, base: str):
@@ -471,11 +502,10 @@ def _first_of_path(item):
             f"row {extra.row}: the path is listed again, first in row {rows[0].row}; the first row is kept"))
 
 
-def _row_labels(row: ManifestRow):
-    """The class names a row gives (for the class names found in the job): its label, or the names of a
-    multi-label row's `labels` field."""
-    labels = getattr(row, "labels", None)
-    yield from (labels if labels is not None else (row.class_name,))
+def _row_labels(row: ManifestRow, multi_label: bool):
+    """The class names a row gives (for the class names found in the job): its label, or with --multi_label
+    the names of its `labels` field."""
+    yield from ((row.labels or ()) if multi_label else (row.class_name,))
 
 
 def class_names_of(labels) -> list[str]:
@@ -485,30 +515,73 @@ def class_names_of(labels) -> list[str]:
 
 
 class _Label(beam.DoFn):
+    """ManifestRow -> ImageRef: class id(s) and split; SKIPPED for a row whose class is not known or cannot be
+    written to labels.txt; with `groups`, (group or '', split, relpath) on GROUPS. `class_ids` None: they come
+    as the side input `class_names` (found in the job)."""
+
     def __init__(self, class_ids: dict[str, int] | None, seed: int, validation_split: float, test_split: float,
-                 size: int):
+                 size: int, multi_label: bool = False, group_by: str | None = None, groups: bool = False):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
+        self._multi_label, self._group_by, self._groups = multi_label, group_by, groups or bool(group_by)
+        self._group_re = None
+        self._names = {i: name for name, i in (class_ids or {}).items()}
         self._found_names = None
+
+    def setup(self):
+        self._group_re = re.compile(self._group_by) if self._group_by else None
 
     def process(self, row: ManifestRow, class_names=None):
         if class_names is not None and self._found_names is not class_names:  # found in the job: a side input
             self._found_names, self._class_ids = class_names, {name: i for i, name in enumerate(class_names)}
-        problem = class_name_problem(row.class_name)
-        if problem:
-            detail = f"row {row.row}: the label {quoted_name(row.class_name)} has {problem}: rename it"
-            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_LABEL, detail))
-            return
-        label = self._class_ids.get(row.class_name)
-        if label is None:
-            counters.inc("files_unlabeled")
-            detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
-            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail))
+            self._names = dict(enumerate(class_names))
+        ref = self._bad_label(row) or (self._multi(row) if self._multi_label else self._single(row))
+        if isinstance(ref, Rejection):
+            counters.inc("files_unlabeled" if ref.stage == "skipped" else "manifest_rows_rejected")
+            yield beam.pvalue.TaggedOutput(SKIPPED, ref)
             return
         counters.inc("images_to_convert")
-        split = row.split or hash_split(row.relpath, self._seed, *self._splits)
-        yield ImageRef(row.path, row.relpath, self._size, split, row.class_name, label,
-                       shuffle_key(row.relpath, self._seed))
+        # A group column, else --group_by's match in the path as written; a row without one is its own group.
+        group = row.group or group_of(row.relpath, self._group_re)
+        split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
+        if self._groups:
+            yield beam.pvalue.TaggedOutput(GROUPS, (display_path(group), split, display_path(row.relpath)))
+        yield ref._replace(split=split)
+
+    def _bad_label(self, row: ManifestRow) -> Rejection | None:
+        names = (row.labels or ()) if self._multi_label else (row.class_name,)
+        for name in names:
+            problem = name and class_name_problem(name)
+            if problem:
+                return Rejection(row.relpath, "rejected", BAD_LABEL,
+                                 f"row {row.row}: the label {quoted_name(name)} has {problem}: rename it")
+        return None
+
+    def _single(self, row: ManifestRow) -> ImageRef | Rejection:
+        if not row.class_name:
+            return Rejection(row.relpath, "rejected", MISSING_LABEL, f"row {row.row}: no label for {row.relpath!r}")
+        label = self._class_ids.get(row.class_name)
+        if label is None:
+            detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
+            return Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail)
+        return ImageRef(row.path, row.relpath, self._size, "", row.class_name, label,
+                        shuffle_key(row.relpath, self._seed))
+
+    def _multi(self, row: ManifestRow) -> ImageRef | Rejection:
+        if row.labels is None:
+            return Rejection(row.relpath, "rejected", MISSING_LABEL,
+                             f"row {row.row}: no labels field for {row.relpath!r}")
+        unknown = sorted({name for name in row.labels if name not in self._class_ids})
+        if unknown:
+            shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            return Rejection(row.relpath, "skipped", UNKNOWN_CLASS,
+                             f"row {row.row}: label(s) {shown} not in the labels file")
+        ids = tuple(sorted({self._class_ids[name] for name in row.labels}))
+        if not ids:
+            counters.inc("images_without_labels")
+        names = tuple(self._names[i] for i in ids)
+        return ImageRef(row.path, row.relpath, self._size, "", LABELS_SEPARATOR.join(names), -1,
+                        shuffle_key(row.relpath, self._seed), ids, names)
 
 
 class ReadManifest(beam.PTransform):
@@ -524,12 +597,13 @@ class ReadManifest(beam.PTransform):
     """
 
     def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str] | None, *, seed: int,
-                 validation_split: float, test_split: float, size: int, range_bytes: int | None = None):
+                 validation_split: float, test_split: float, size: int, multi_label: bool = False,
+                 group_by: str | None = None, groups: bool = False, range_bytes: int | None = None):
         super().__init__()
         self._manifest, self._fmt, self._base, self._range_bytes = manifest, fmt, base, range_bytes
-        self._class_names = class_names
+        self._class_names, self._multi_label = class_names, multi_label
         ids = None if class_names is None else {name: i for i, name in enumerate(class_names)}
-        self._label = _Label(ids, seed, validation_split, test_split, size)
+        self._label = _Label(ids, seed, validation_split, test_split, size, multi_label, group_by, groups)
 
     def expand(self, pbegin):
         manifest, range_bytes = self._manifest, self._range_bytes or RANGE_BYTES
@@ -553,15 +627,15 @@ class ReadManifest(beam.PTransform):
         if self._class_names is None:
             # the sorted distinct labels: a combine per label, then one short list (the classes, not the rows)
             names = (firsts.rows
-                     | "RowLabels" >> beam.FlatMap(_row_labels)
+                     | "RowLabels" >> beam.FlatMap(_row_labels, self._multi_label)
                      | "DistinctLabels" >> beam.Distinct()
                      | "ClassList" >> beam.combiners.ToList()
                      | "ClassNames" >> beam.Map(class_names_of))
             labeled = firsts.rows | "Label" >> beam.ParDo(
-                self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(SKIPPED, main="images")
+                self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(SKIPPED, GROUPS, main="images")
         else:
             names = None
-            labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, main="images")
+            labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, GROUPS, main="images")
         skipped = ((read[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        out = {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND]}
+        out = {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND], GROUPS: labeled[GROUPS]}
         return out if names is None else {**out, CLASS_NAMES: names}
