@@ -33,6 +33,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             validation_split=settings.validation_split,
             test_split=settings.test_split,
             size=plan.manifest_file_size,
+            features=plan.features,
         )
         images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], None
     else:
@@ -83,5 +84,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         start_time,
         __version__,
         split_by,
+        extra_features=plan.features,
     )
     return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

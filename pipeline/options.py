@@ -28,6 +28,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     parse_bool,
     parse_image_size,
 )
+from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
 
 NAMED_COLOURS = {
@@ -72,6 +73,8 @@ class Settings:
     group_by: str | None = None
     duplicates: str = "keep"
     manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
+    features: tuple = ()  # --features: the declared FeatureTypes (transforms.features), in the order given
+    metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
 
     @property
     def overwrite(self) -> bool:
@@ -108,6 +111,8 @@ class Settings:
             "shard_names": self.shard_names,
             "group_by": self.group_by,
             "duplicates": self.duplicates,
+            "features": format_spec(self.features) or None,
+            "metadata": self.metadata,
         }
 
 
@@ -207,6 +212,31 @@ def parse_group_by(text: str | None) -> str | None:
     return text
 
 
+def parse_features(text: str | None) -> tuple:
+    """--features as FeatureTypes: name:type,... or @FILE (a JSON object {name: type}, local or gs://)."""
+    if text is None or str(text).strip() == "":
+        return ()
+    value = str(text).strip()
+    flag = f"--features={value}"
+    if value.startswith("@"):
+        path = value[1:]
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            with FileSystems.open(path) as f:
+                value = f.read().decode("utf-8-sig")
+        except Exception as e:  # noqa: BLE001 - what the file system says
+            raise UserError(f"--features file {path} cannot be read ({type(e).__name__}): give a JSON file "
+                            '{"name": "type", ...} that exists, or name:type,... on the command line') from None
+        flag = f"--features file {path}"
+        if not value.strip().startswith("{"):
+            raise UserError(f'{flag} is not a JSON object: write {{"score": "float", "box": "float[4]"}}')
+    try:
+        return parse_spec(value)
+    except ValueError as e:
+        raise UserError(f"{flag} {e}") from None
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -220,6 +250,14 @@ def validate(options: PipelineOptions) -> Settings:
     if manifest and o.group_by:
         raise UserError("--group_by is for class folders, not --manifest yet: give the manifest a split column "
                         "instead, or drop --group_by")
+    metadata = o.metadata or None
+    if metadata and manifest:
+        raise UserError("--metadata is for class folders, and a --manifest carries its own extra columns: put "
+                        "them in the manifest, or drop --metadata")
+    features = parse_features(o.features)
+    if features and not (manifest or metadata):
+        raise UserError("--features types the extra columns of --manifest or --metadata: give one of them, or "
+                        "drop --features")
     # With --manifest, --input_dir is the base of the manifest's relative paths (default: the manifest's folder).
     input_dir = o.input_dir or (manifest.rsplit("/", 1)[0] if "/" in manifest else ".")
     if not o.output_dir:
@@ -316,6 +354,8 @@ def validate(options: PipelineOptions) -> Settings:
         shard_names=o.shard_names,
         group_by=group_by,
         duplicates=o.duplicates,
+        features=features,
+        metadata=metadata,
     )
 
 

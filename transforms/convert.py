@@ -202,6 +202,7 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
             source_path=display_path(ref.relpath),
             schema=schema,
             sha256=image.sha256,
+            extras=ref.extras,
         )
         counters.inc("images_converted")
         yield Converted(ref, serialized, image.upscaled, None, image.sha256)

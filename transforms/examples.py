@@ -112,8 +112,13 @@ def build_example(
     source_path: str,
     schema: str = "default",
     sha256: str = "",
+    extras: tuple = (),
 ) -> bytes:
-    """A serialized tf.train.Example holding one image and its label under `schema`'s keys."""
+    """A serialized tf.train.Example holding one image and its label under `schema`'s keys.
+
+    `extras`: typed extra features, ((key, dtype, values), ...) with dtype int64 (an int64_list), float (a
+    float_list) or string (a bytes_list of UTF-8); see transforms.features.
+    """
     values = {
         "image": image,
         "format": image_format,
@@ -134,14 +139,26 @@ def build_example(
             features[key].bytes_list.value.append(value.encode("utf-8"))
         else:
             features[key].bytes_list.value.append(value)
+    for key, dtype, values in extras:
+        feature = features[key]
+        if dtype == "int64":
+            feature.int64_list.value.extend(values)
+        elif dtype == "float":
+            feature.float_list.value.extend(values)
+        else:
+            feature.bytes_list.value.extend(v.encode("utf-8", "surrogateescape") for v in values)
     # Map entries in key order: the same image gives the same bytes in any process (map order is otherwise
     # free to differ between processes, and so would the shards).
     return example.SerializeToString(deterministic=True)
 
 
-def feature_description(schema: str = "default") -> dict[str, dict[str, object]]:
-    """The written keys as JSON-friendly {key: {dtype, shape, field}}; image_tfrecords.json's "features" holds this."""
+def feature_description(schema: str = "default", extras: dict | None = None) -> dict[str, dict[str, object]]:
+    """The written keys as JSON-friendly {key: {dtype, shape, field}}; image_tfrecords.json's "features" holds this.
+
+    `extras`: the typed extra features' own descriptions (transforms.features.describe), listed after the schema's.
+    """
     return {
-        key: {"dtype": "int64" if dtype == "int64" else "string", "shape": [], "field": field_name}
-        for field_name, (key, dtype) in SCHEMAS[schema].items()
+        **{key: {"dtype": "int64" if dtype == "int64" else "string", "shape": [], "field": field_name}
+           for field_name, (key, dtype) in SCHEMAS[schema].items()},
+        **(extras or {}),
     }

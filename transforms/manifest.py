@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
+from transforms.features import BAD_VALUE, BadValue, row_extras
 from transforms.layout import SPLIT_FOLDER_NAMES, UNKNOWN_CLASS, hash_split, shuffle_key
 from transforms.records import ImageRef, Rejection
 
@@ -44,6 +45,7 @@ class ManifestRow(NamedTuple):
     relpath: str  # the path as the manifest gives it (names the image in errors.jsonl and the shuffle order)
     class_name: str
     split: str
+    columns: tuple = ()  # (column, value as the file gives it) of its other columns, typed by _Label
 
 
 class RowProblem(Exception):
@@ -89,7 +91,8 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""))
+    columns = tuple((name, value) for name, value in fields.items() if name not in KNOWN_COLUMNS)
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), columns)
 
 
 def read_rows(stream: io.TextIOBase, fmt: str, base: str):
@@ -161,9 +164,10 @@ def _first_of_path(item):
 
 class _Label(beam.DoFn):
     def __init__(self, class_ids: dict[str, int], seed: int, validation_split: float, test_split: float,
-                 size: int):
+                 size: int, features: tuple = ()):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
+        self._features = features
 
     def process(self, row: ManifestRow):
         label = self._class_ids.get(row.class_name)
@@ -172,10 +176,17 @@ class _Label(beam.DoFn):
             detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail))
             return
+        try:
+            extras = row_extras(self._features, dict(row.columns)) if self._features else ()
+        except BadValue as e:
+            counters.inc("manifest_rows_rejected")
+            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_VALUE,
+                                                              f"row {row.row}: {e}"))
+            return
         counters.inc("images_to_convert")
         split = row.split or hash_split(row.relpath, self._seed, *self._splits)
         yield ImageRef(row.path, row.relpath, self._size, split, row.class_name, label,
-                       shuffle_key(row.relpath, self._seed))
+                       shuffle_key(row.relpath, self._seed), extras)
 
 
 class ReadManifest(beam.PTransform):
@@ -186,11 +197,11 @@ class ReadManifest(beam.PTransform):
     """
 
     def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str], *, seed: int,
-                 validation_split: float, test_split: float, size: int):
+                 validation_split: float, test_split: float, size: int, features: tuple = ()):
         super().__init__()
         self._manifest, self._fmt, self._base = manifest, fmt, base
         self._label = _Label({name: i for i, name in enumerate(class_names)}, seed, validation_split,
-                             test_split, size)
+                             test_split, size, features)
 
     def expand(self, pbegin):
         read = (pbegin

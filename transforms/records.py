@@ -25,6 +25,7 @@ class ImageRef(NamedTuple):
     class_name: str
     label: int
     shuffle_key: int  # 64-bit hash of (seed, relpath): a stable random order
+    extras: tuple = ()  # typed extra features, ((key, dtype, values), ...): see transforms.features
 
 
 class Rejection(NamedTuple):

@@ -39,7 +39,21 @@ _CLASSES = {
     "label": _PREFIX + "class_label_feature.ClassLabel",
     "text": _PREFIX + "text_feature.Text",
     "scalar": _PREFIX + "scalar.Scalar",
+    "tensor": _PREFIX + "tensor_feature.Tensor",
 }
+_TFDS_DTYPES = {"int64": "int64", "float": "float32", "string": "string"}
+
+
+def _extra_leaf(feature) -> dict:
+    """A typed extra feature's config: a Scalar or Text (one value), a Tensor of shape [N] or [None] (a list)."""
+    dtype = _TFDS_DTYPES[feature.dtype]
+    if feature.length == 0:
+        if feature.dtype == "string":
+            return {"pythonClassName": _CLASSES["text"], "text": {}}
+        return {"pythonClassName": _CLASSES["scalar"], "tensor": {"shape": {}, "dtype": dtype, "encoding": "none"}}
+    dims = ["-1"] if feature.length is None else [str(feature.length)]
+    return {"pythonClassName": _CLASSES["tensor"],
+            "tensor": {"shape": {"dimensions": dims}, "dtype": dtype, "encoding": "none"}}
 
 
 def _leaf(field_name: str, dtype: str, image_info: dict, num_classes: int) -> dict:
@@ -90,12 +104,15 @@ def _features_content(tree: dict, image_info: dict, num_classes: int) -> dict:
     return {"features": features}
 
 
-def features_json(schema: str, image_info: dict, num_classes: int) -> dict:
-    """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`."""
-    return {
-        "pythonClassName": _CLASSES["dict"],
-        "featuresDict": _features_content(_nest(schema), image_info, num_classes),
-    }
+def features_json(schema: str, image_info: dict, num_classes: int, features: tuple = ()) -> dict:
+    """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`.
+
+    `features`: the typed extra features (transforms.features.FeatureType), each a top-level key of its own.
+    """
+    content = _features_content(_nest(schema), image_info, num_classes)
+    for feature in features:
+        content["features"][feature.name] = _extra_leaf(feature)
+    return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
 
 
 def labels_file(schema: str) -> str:
@@ -166,7 +183,7 @@ def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
 
 
 def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[str], compression: str,
-               description: str = "") -> tuple[dict[str, str], str | None]:
+               description: str = "", features: tuple = ()) -> tuple[dict[str, str], str | None]:
     """{file name: text} of TFDS's files for this dataset, in the order to write them, and None; or ({}, why not)."""
     import json
 
@@ -175,7 +192,8 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
         return {}, why_not
     return {
         labels_file(schema): "".join(f"{name}\n" for name in class_names),
-        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names)), indent=4, sort_keys=True),
+        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), features), indent=4,
+                                       sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
     }, None
 
