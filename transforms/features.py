@@ -261,7 +261,7 @@ def parse_value(feature: FeatureType, raw) -> tuple:
         items = _items(feature, raw)
     values = tuple(_one(feature.dtype, item) for item in items)
     if feature.length is not None and len(values) != feature.length:
-        raise BadValue(f"{_shown(raw)} has {len(values)} value(s), not {feature.length}")
+        raise BadValue(f"{len(values)} value(s), not {feature.length}")
     return values
 
 
