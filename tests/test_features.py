@@ -401,3 +401,45 @@ def test_user_errors_from_the_command_line(tmp_path):
     assert lines == ["error: --features=score:decimal gives 'score' the type 'decimal', which is not a type: the "
                      "types are int, float, string, int[N], float[N], string[N], int_list, float_list, string_list "
                      "(N a positive length, e.g. float[4])"]
+
+
+@pytest.mark.timeout(300)
+def test_gcs_folder_metadata_and_schema_file(gcs_emulator, tmp_path):
+    from tests.gcs_fixtures import NO_AUTH
+
+    for cls, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
+        _images(tmp_path / "src" / cls, 2, colour)
+    bucket = gcs_emulator.create_bucket("features-e2e")
+    assert gcs_emulator.upload_tree(tmp_path / "src", f"{bucket}/photos") == 4
+    meta = gcs_emulator.write(f"{bucket}/meta.jsonl", "".join(
+        json.dumps({"path": f"{c}/{i}.png", "size": [i, 7], "float_data": [0.5] * i}) + "\n"
+        for c in ("cat", "dog") for i in range(2)))
+    schema = gcs_emulator.write(f"{bucket}/schema.json", '{"size": "int[2]", "float_data": "float_list"}')
+    out = tmp_path / "out"
+    assert _run(out, f"--input_dir={bucket}/photos", f"--metadata={meta}", f"--features=@{schema}", NO_AUTH,
+                "--validation_split=0") == 0
+    info = _info(out)
+    assert info["files"]["written"] == 4 and info["metadata"]["joined"] == 4
+    got = {}
+    for raw in tf.data.TFRecordDataset([str(p) for p in out.glob("*.tfrecord")]):
+        p = tf.io.parse_single_example(raw, {k: PLAIN_SPEC[k] for k in ("source_path", "size", "float_data")})
+        got[p["source_path"].numpy().decode()] = (p["size"].numpy().tolist(),
+                                                  tf.sparse.to_dense(p["float_data"]).numpy().tolist())
+    assert got == {f"{c}/{i}.png": ([i, 7], [0.5] * i) for c in ("cat", "dog") for i in range(2)}
+
+
+@pytest.mark.timeout(300)
+def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_path):
+    from pipeline.readers import verify
+    from tests.test_verify import _save_info, craft_dataset, rec
+
+    assert verify.verify_dataset(str(csv_dataset), decode=False).problems == []
+    extras = lambda box: (("box", "float", box),)  # noqa: E731
+    root = craft_dataset(tmp_path / "ds", {"train": [[{**rec(0, "cat/a.jpg"), "extras": extras((1.0, 2, 3, 4))},
+                                                      {**rec(1, "dog/b.jpg"), "extras": extras((1.0, 2, 3))}]]})
+    info = json.loads((root / "image_tfrecords.json").read_text())
+    info["features"]["box"] = F.parse_type("box", "float[4]").describe()
+    _save_info(root, info)
+    problems = verify.verify_dataset(str(root), decode=False).problems
+    assert len(problems) == 1 and problems[0].startswith("train-00000-of-00001.tfrecord record 1: "), problems
+    assert "box" in problems[0]

@@ -19,7 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
-from transforms.features import BAD_VALUE, BadValue, row_extras
+from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.layout import SPLIT_FOLDER_NAMES, UNKNOWN_CLASS, hash_split, shuffle_key
 from transforms.records import ImageRef, Rejection
 
@@ -91,7 +91,7 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
-    columns = tuple((name, value) for name, value in fields.items() if name not in KNOWN_COLUMNS)
+    columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
     return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), columns)
 
 

@@ -7,7 +7,8 @@ With these files `tfds.builder_from_directory(output_dir)` loads the dataset as 
                             supervised keys (image, label)
     features.json           TFDS's feature config: the image as an `Image` of the stored size (None x None
                             when the size varies), the label as a `ClassLabel`, the other keys as `Text`
-                            and `Scalar`
+                            and `Scalar`; typed extra features (--features) as `Scalar`, `Text`, or a
+                            `Tensor` of shape (N,) or (None,) for lists
     <label>.labels.txt      the `ClassLabel`'s names (label.labels.txt, or image-class-label.labels.txt
                             for --schema=tf_slim)
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import import_tensorflow, main_of
+from pipeline.errors import DatasetError
 from pipeline.readers import reader
 from transforms import tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
@@ -107,9 +108,10 @@ class _RecordChecker:
         self._format = image.get("format")
         self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
         schema = info["schema"]
+        extras = reader.extra_features(info)  # --features: each record must parse with its recorded types
 
         def summarise(index, serialized, decode):
-            fields = reader.parse_example(serialized, schema, decode=False)
+            fields = reader.parse_example(serialized, schema, decode=False, extras=extras)
             facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width")}
             facts["index"] = index
             facts["head"] = tf.strings.substr(fields["image"], 0, 8)
@@ -544,8 +546,8 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         return
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
-                                               info["compression"])
-    except (KeyError, TypeError, ValueError):
+                                               info["compression"], features=reader.extra_features(info))
+    except (KeyError, TypeError, ValueError, DatasetError):
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
     for name, text in expected.items():
