@@ -443,3 +443,40 @@ def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_pa
     problems = verify.verify_dataset(str(root), decode=False).problems
     assert len(problems) == 1 and problems[0].startswith("train-00000-of-00001.tfrecord record 1: "), problems
     assert "box" in problems[0]
+
+
+def test_join_counts_every_image_it_does_not_pass_on_as_done_for_the_progress(tmp_path):
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from transforms.metadata import SKIPPED, STATS, JoinMetadata
+    from transforms.records import ImageRef
+
+    meta = tmp_path / "m.csv"
+    meta.write_text("path,n\nc/0.png,1\nc/1.png,x\nc/9.png,3\n")
+    refs = [ImageRef(f"/in/c/{i}.png", f"c/{i}.png", 1, "train", "c", 0, i) for i in range(3)]
+    features = F.parse_spec("n:int")
+    p = beam.Pipeline()
+    out = p | beam.Create(refs) | JoinMetadata(str(meta), "csv", "/in", features)
+    assert_that(out["images"], equal_to([refs[0]._replace(extras=(("n", "int64", (1,)),))]), label="images")
+    assert_that(out[SKIPPED] | beam.Map(lambda r: (r.relpath, r.stage, r.reason)),
+                equal_to([("c/1.png", "rejected", "metadata_bad_value"), ("c/2.png", "skipped", "metadata_missing")]),
+                label="skipped")
+    assert_that(out[STATS] | beam.Map(lambda s: (s["rows"], s["joined"], s["unmatched_rows"])),
+                equal_to([(3, 1, 1)]), label="stats")
+    result = p.run()
+    result.wait_until_finish()
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query(MetricsFilter())["counters"]}
+    # The local progress counts images_converted + rejected_* against images_to_convert (AssignLabels'):
+    # the two images the join does not pass on count as done.
+    assert counters["rejected_metadata_missing"] == 1 and counters["rejected_metadata_bad_value"] == 1
+
+
+def test_columns_without_a_type_are_strings_and_names_that_cannot_be_keys_are_left_out():
+    declared = F.parse_spec("score:float")
+    found, stored, left_out = F.with_columns(declared, ["path", "label", "score", "note", "width", "photo id",
+                                                        "labels", "group", "split"])
+    assert [(f.name, f.type_name, f.declared) for f in found] == [("score", "float", True),
+                                                                  ("note", "string", False)]
+    assert stored == ["note"] and left_out == ["width", "photo id"]
