@@ -184,6 +184,14 @@ def test_reader_make_dataset_parses_the_extra_features(csv_dataset):
                    for i in range(6)}
     one = next(iter(reader.make_dataset(str(csv_dataset), "train", decode=False)))
     assert one["float_data"].dtype == tf.float32 and one["float_data"].shape.rank == 1
+    info = reader.load_info(str(csv_dataset))
+    spec = reader.feature_spec(info["schema"], reader.extra_features(info))
+    assert spec["size"] == tf.io.FixedLenFeature([2], tf.int64) and spec["score"] == tf.io.FixedLenFeature(
+        [], tf.float32)
+    raw = next(iter(tf.data.TFRecordDataset(str(next(csv_dataset.glob("*.tfrecord"))))))
+    parsed = tf.io.parse_single_example(raw, spec)
+    i = round(float(parsed["score"].numpy()) * 4)
+    assert parsed["tags"].numpy().tolist() == [b"t"] * (i % 3) and parsed["note"].numpy() == f"note {i}".encode()
 
 
 @pytest.mark.timeout(300)
