@@ -106,7 +106,8 @@ def metadata_line(info: dict) -> str:
     found = info.get("metadata") or {}
     kinds = [(found.get("unmatched_rows", 0), "name no image to convert (not found, or skipped)"),
              (found.get("duplicate_rows", 0), "repeat a path (the first row is used)"),
-             (found.get("bad_rows", 0), "cannot be read (no path, a wrong number of fields, not JSON)")]
+             (found.get("bad_rows", 0), "cannot be read (no path, another number of fields than the header, "
+                                        "not CSV or JSON)")]
     parts = [f"{n} {what}" for n, what in kinds if n]
     if not parts:
         return ""

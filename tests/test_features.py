@@ -488,3 +488,20 @@ def test_columns_without_a_type_are_strings_and_names_that_cannot_be_keys_are_le
     assert [(f.name, f.type_name, f.declared) for f in found] == [("score", "float", True),
                                                                   ("note", "string", False)]
     assert stored == ["note"] and left_out == ["width", "photo id"]
+
+
+def test_metadata_reader_goes_on_after_a_row_csv_cannot_read():
+    import io
+
+    from transforms.metadata import MetadataRow, read_metadata
+
+    text = "path,n\ncat/a.png,1\ncat/b.png," + "x" * 200_000 + "\n./cat/c.png,3\n\n/in/cat/d.png,4,5\n/in/cat/e.png,5\n"
+    got = list(read_metadata(io.StringIO(text, newline=""), "csv", "/in"))
+    assert got[0] == ("cat/a.png", MetadataRow(1, (("n", "1"),)))
+    assert got[1][0] is None and got[1][1][0] == 2 and "field larger than field limit" in got[1][1][1]
+    assert got[2:] == [("cat/c.png", MetadataRow(3, (("n", "3"),))), (None, (4, "an empty row")),
+                       (None, (5, "3 fields, the header has 2")), ("cat/e.png", MetadataRow(6, (("n", "5"),)))]
+    jsonl = '{"path": "a.png", "n": [1]}\n[1]\n{"n": 2}\nnot json\n'
+    assert list(read_metadata(io.StringIO(jsonl), "jsonl", "/in")) == [
+        ("a.png", MetadataRow(1, (("n", [1]),))), (None, (2, "not a JSON object")), (None, (3, "no path")),
+        (None, (4, "not JSON"))]

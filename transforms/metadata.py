@@ -60,7 +60,16 @@ def read_metadata(stream: io.TextIOBase, fmt: str, input_dir: str):
     if fmt == "csv":
         reader = csv.reader(stream)
         header = [name.strip().lower().lstrip("\ufeff") for name in next(reader, [])]
-        for row, values in enumerate(reader, start=1):
+        row = 0
+        while True:
+            row += 1
+            try:
+                values = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:  # e.g. a field over csv's size limit: that row only, the reader goes on
+                yield None, (row, f"not readable as CSV ({e})")
+                continue
             if not any(v.strip() for v in values):
                 yield None, (row, "an empty row")
             elif len(values) != len(header):
