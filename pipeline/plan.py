@@ -25,7 +25,7 @@ from pipeline import cloud, estimate
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
-from transforms import features, manifest
+from transforms import features, manifest, metadata
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     class_name_problem,
@@ -414,7 +414,7 @@ def plan_manifest(settings: Settings) -> Plan:
             if not scan and len(sample_rows) >= MANIFEST_SAMPLE_ROWS:
                 break
     notes = []
-    features = plan_features(settings, columns, f"--manifest {path}", notes)
+    found = plan_features(settings, columns, f"--manifest {path}", notes)
     if settings.labels_file:
         class_names = read_labels_file(settings.labels_file)
     else:
@@ -435,14 +435,15 @@ def plan_manifest(settings: Settings) -> Plan:
             continue  # a missing file is the job's to report (read_error)
     sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
     sizes = [s for _, _, s in sample_files]
+    extra = features.mean_extras_bytes(found, (dict(row.columns) for row in sample_rows))
     return Plan(
         class_names=class_names,
         split_folders=False,
-        sizing=shard_sizing(settings, sample, sizes),
+        sizing=shard_sizing(settings, sample, sizes)._replace(extra_bytes_per_image=extra),
         notes=notes,
         manifest_format=fmt,
         manifest_file_size=int(sum(sizes) / len(sizes)) if sizes else 100_000,
-        features=features,
+        features=found,
     )
 
 
@@ -496,6 +497,16 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
                         "name the column of image paths below --input_dir path")
     plan.features = plan_features(settings, columns, f"--metadata {settings.metadata}", plan.notes)
     plan.metadata_format = fmt
+    # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
+    rows = []
+    with FileSystems.open(settings.metadata, compression_type="auto") as raw:
+        stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+        for seen, (key, row) in enumerate(metadata.read_metadata(stream, fmt, settings.input_dir), start=1):
+            if key is not None:
+                rows.append(dict(row.columns))
+            if len(rows) >= MANIFEST_SAMPLE_ROWS or seen >= 100 * MANIFEST_SAMPLE_ROWS:
+                break
+    plan.sizing = plan.sizing._replace(extra_bytes_per_image=features.mean_extras_bytes(plan.features, rows))
     return plan
 
 

@@ -505,3 +505,21 @@ def test_metadata_reader_goes_on_after_a_row_csv_cannot_read():
     assert list(read_metadata(io.StringIO(jsonl), "jsonl", "/in")) == [
         ("a.png", MetadataRow(1, (("n", [1]),))), (None, (2, "not a JSON object")), (None, (3, "no path")),
         (None, (4, "not JSON"))]
+
+
+@pytest.mark.timeout(300)
+def test_shards_are_sized_with_the_features_bytes(tmp_path):
+    names = _images(tmp_path / "data" / "a", 40)
+    with open(tmp_path / "data" / "list.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("path", "label", "emb"))
+        for name in names:
+            writer.writerow((f"a/{name}", "x", ";".join(["0.25"] * 20_000)))  # 80 kB of float32 per record
+    out = tmp_path / "out"
+    assert _run(out, f"--manifest={tmp_path / 'data' / 'list.csv'}", "--features=emb:float[20000]",
+                "--validation_split=0", "--shard_size_mb=1") == 0
+    info = _info(out)
+    shards = info["splits"]["train"]["shards"]
+    # 40 records of about 80 kB: 3.2 MB, three shards of about 1 MB (the images alone would make one).
+    assert len(shards) == 3, [s["bytes"] for s in shards]
+    assert 3_200_000 <= sum(s["bytes"] for s in shards) < 3_400_000

@@ -282,6 +282,25 @@ def row_extras(features: tuple[FeatureType, ...], fields: dict) -> tuple:
     return tuple(out)
 
 
+def extras_bytes(extras: tuple) -> int:
+    """The bytes that `extras` add to a serialized Example (its map entries)."""
+    from transforms.examples import build_example
+
+    empty = dict(image=b"", image_format="", label=0, class_name="", height=0, width=0, source_path="")
+    return len(build_example(**empty, extras=extras)) - len(build_example(**empty))
+
+
+def mean_extras_bytes(features: tuple, rows) -> float:
+    """The mean bytes the features add to a record, over sample rows ({column: value} each); 0 without any."""
+    sizes = []
+    for fields in rows:
+        try:
+            sizes.append(extras_bytes(row_extras(features, fields)))
+        except BadValue:
+            continue  # the job rejects that row
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
 def describe(features) -> dict:
     """{key: description} of the extra features, for image_tfrecords.json's "features"."""
     return {f.name: f.describe() for f in features}
