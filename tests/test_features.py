@@ -98,6 +98,7 @@ def test_parse_spec_types_and_json_form():
 @pytest.mark.parametrize("type_name, raw, values", [
     ("int", "42", (42,)), ("int", " -7 ", (-7,)), ("int", 5, (5,)), ("int", str(2 ** 63 - 1), (2 ** 63 - 1,)),
     ("float", "0.5", (0.5,)), ("float", 3, (3.0,)), ("string", "", ("",)), ("string", 12, ("12",)),
+    ("string", True, ("true",)),
     ("string", None, ("",)), ("int[2]", "1;2", (1, 2)), ("int[2]", "[1, 2]", (1, 2)), ("int[2]", [3, 4], (3, 4)),
     ("float_list", "", ()), ("float_list", None, ()), ("float_list", [], ()), ("float_list", "1; 2.5", (1.0, 2.5)),
     ("string_list", "a; b", ("a", "b")), ("string_list", '["a;b", "c"]', ("a;b", "c")),
@@ -110,10 +111,12 @@ def test_parse_value_accepts(type_name, raw, values):
 @pytest.mark.parametrize("type_name, raw, says", [
     ("int", "abc", "is not an int"), ("int", "1.5", "is not an int"), ("int", 1.5, "is not an int"),
     ("int", "", "no value"), ("int", None, "no value"), ("int", str(2 ** 63), "out of the int64 range"),
-    ("int", True, "is not an int"), ("float", "nan", "not a finite number"), ("float", "inf", "not a finite"),
+    ("int", True, "is not an int"), ("string", [1], "is a list"),
+    ("float", "nan", "not a finite number"), ("float", "inf", "not a finite"),
     ("float", "1e39", "out of the float32 range"), ("float", "x", "is not a float"), ("float", [1.0], "is a list"),
     ("int[2]", "1", "1 value(s), not 2"), ("int[2]", "", "0 value(s), not 2"), ("float[4]", "[1, 2", "JSON array"),
-    ("string", {"a": 1}, "is not a string"), ("int_list", "1;;2", "an empty value is not an int"),
+    ("string", {"a": 1}, "is not a string"), ("string", "a\ud800", "not UTF-8 text"),
+    ("string_list", ["ok", "\udcff"], "not UTF-8 text"), ("int_list", "1;;2", "an empty value is not an int"),
 ])
 def test_parse_value_refuses(type_name, raw, says):
     with pytest.raises(F.BadValue, match=re.escape(says)):
@@ -523,3 +526,37 @@ def test_shards_are_sized_with_the_features_bytes(tmp_path):
     # 40 records of about 80 kB: 3.2 MB, three shards of about 1 MB (the images alone would make one).
     assert len(shards) == 3, [s["bytes"] for s in shards]
     assert 3_200_000 <= sum(s["bytes"] for s in shards) < 3_400_000
+
+
+def test_columns_without_a_type_keep_any_json_value_as_text():
+    found, _, _ = F.with_columns((), ["path", "label", "flag", "meta", "ids", "n", "gone"])
+    fields = {"flag": True, "meta": {"a": "é"}, "ids": [1, 2], "n": 3.5, "gone": None}
+    assert F.row_extras(found, fields) == (("flag", "string", ("true",)), ("meta", "string", ('{"a": "é"}',)),
+                                           ("ids", "string", ("[1, 2]",)), ("n", "string", ("3.5",)),
+                                           ("gone", "string", ("",)))
+    declared = F.parse_spec("meta:string")
+    with pytest.raises(F.BadValue, match=re.escape("""column 'meta' = '{"a": 1}': '{"a": 1}' is not a string; """
+                                                   "expected string")):
+        F.row_extras(declared, {"meta": {"a": 1}})
+
+
+@pytest.mark.timeout(300)
+def test_jsonl_untyped_columns_kept_as_text_and_a_lone_surrogate_rejects_its_row(tmp_path):
+    names = _images(tmp_path / "data", 3)
+    lines = [json.dumps({"path": names[0], "label": "x", "flag": True, "meta": {"k": [1, 2]}, "who": "ana"}),
+             json.dumps({"path": names[1], "label": "x", "flag": False, "who": "b\ud800"}),  # JSON "\\ud800"
+             json.dumps({"path": names[2], "label": "x", "flag": None, "meta": "m", "who": "cy"})]
+    (tmp_path / "data" / "m.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert _run(out, f"--manifest={tmp_path / 'data' / 'm.jsonl'}", "--features=who:string",
+                "--validation_split=0") == 0
+    errors = _errors(out)
+    assert [(e["relpath"], e["reason"]) for e in errors] == [(names[1], "manifest_bad_value")]
+    assert errors[0]["detail"].startswith("row 2: column 'who'") and "lone surrogate" in errors[0]["detail"]
+    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in ("source_path", "flag", "meta", "who")}
+    got = {}
+    for raw in tf.data.TFRecordDataset([str(p) for p in out.glob("*.tfrecord")]):
+        p = tf.io.parse_single_example(raw, spec)
+        got[p["source_path"].numpy().decode()] = tuple(p[k].numpy().decode() for k in ("flag", "meta", "who"))
+    assert got == {names[0]: ("true", '{"k": [1, 2]}', "ana"), names[2]: ("", "m", "cy")}
+    _accounting_holds(_info(out))

@@ -146,7 +146,7 @@ def build_example(
         elif dtype == "float":
             feature.float_list.value.extend(values)
         else:
-            feature.bytes_list.value.extend(v.encode("utf-8", "surrogateescape") for v in values)
+            feature.bytes_list.value.extend(v.encode("utf-8") for v in values)
     # Map entries in key order: the same image gives the same bytes in any process (map order is otherwise
     # free to differ between processes, and so would the shards).
     return example.SerializeToString(deterministic=True)

@@ -208,11 +208,14 @@ def _items(feature: FeatureType, raw) -> list:
 def _one(dtype: str, item):
     """One value of `dtype` from a raw item (text, or a JSON number/string); BadValue when it is not one."""
     if dtype == "string":
-        if isinstance(item, str):
-            return item
-        if isinstance(item, bool) or item is None or isinstance(item, list | dict):
+        if item is None or isinstance(item, list | dict):
             raise BadValue(f"{_shown(item)} is not a string")
-        return json.dumps(item)
+        text = item if isinstance(item, str) else json.dumps(item)  # a JSON number or boolean as its JSON text
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadValue(f"{ascii(text)[:80]} is not UTF-8 text (it holds a lone surrogate)") from None
+        return text
     if isinstance(item, bool) or item is None or isinstance(item, list | dict):
         raise BadValue(f"{_shown(item)} is not {'an int' if dtype == 'int64' else 'a float'}")
     if dtype == "int64":
@@ -274,6 +277,8 @@ def row_extras(features: tuple[FeatureType, ...], fields: dict) -> tuple:
     out = []
     for feature in features:
         raw = fields.get(feature.name)
+        if not feature.declared and raw is not None and not isinstance(raw, str):
+            raw = json.dumps(raw, ensure_ascii=False)  # a column without a type keeps any JSON value, as its text
         try:
             out.append((feature.name, feature.dtype, parse_value(feature, raw)))
         except BadValue as e:
