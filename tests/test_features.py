@@ -560,3 +560,14 @@ def test_jsonl_untyped_columns_kept_as_text_and_a_lone_surrogate_rejects_its_row
         got[p["source_path"].numpy().decode()] = tuple(p[k].numpy().decode() for k in ("flag", "meta", "who"))
     assert got == {names[0]: ("true", '{"k": [1, 2]}', "ana"), names[2]: ("", "m", "cy")}
     _accounting_holds(_info(out))
+
+
+def test_metadata_paths_as_the_listing_names_them():
+    from transforms.metadata import key_of
+
+    assert key_of("roses/1.jpg", "/data/photos") == "roses/1.jpg"
+    assert key_of("./roses/1.jpg", "/data/photos") == "roses/1.jpg"
+    assert key_of("/data/photos/roses/1.jpg", "/data/photos/") == "roses/1.jpg"
+    assert key_of("gs://b/photos/roses/1.jpg", "gs://b/photos") == "roses/1.jpg"
+    assert key_of("roses\\1.jpg", "/data") == "roses/1.jpg"
+    assert key_of("/elsewhere/1.jpg", "/data/photos") == "/elsewhere/1.jpg"  # never matches: an unmatched row
