@@ -1,7 +1,8 @@
 """ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
 
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test). The file is read
+gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); its other columns
+are typed extra features (transforms.features), written into each Example. The file is read
 as a stream by one worker (so every row keeps its row number for errors.jsonl; memory stays bounded
 whatever its length), then the rows are spread over the workers. A row that cannot be used becomes a
 Rejection with its row number; a path listed twice keeps its first row.
