@@ -93,7 +93,7 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
     columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), columns)
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), columns=columns)
 
 
 def read_rows(stream: io.TextIOBase, fmt: str, base: str):
@@ -187,7 +187,7 @@ class _Label(beam.DoFn):
         counters.inc("images_to_convert")
         split = row.split or hash_split(row.relpath, self._seed, *self._splits)
         yield ImageRef(row.path, row.relpath, self._size, split, row.class_name, label,
-                       shuffle_key(row.relpath, self._seed), extras)
+                       shuffle_key(row.relpath, self._seed), extras=extras)
 
 
 class ReadManifest(beam.PTransform):
