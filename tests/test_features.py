@@ -162,8 +162,8 @@ def test_dataset_description_lists_each_feature_type(csv_dataset):
                                       "type": "float", "var_len": False}
     assert (features["size"]["dtype"], features["size"]["shape"]) == ("int64", [2])
     assert (features["box"]["dtype"], features["box"]["shape"]) == ("float32", [4])
-    assert (features["float_data"]["shape"], features["float_data"]["var_len"]) == ([None], True)
-    assert (features["tags"]["dtype"], features["tags"]["shape"]) == ("string", [None])
+    assert (features["float_data"]["shape"], features["float_data"]["var_len"]) == ([-1], True)
+    assert (features["tags"]["dtype"], features["tags"]["shape"]) == ("string", [-1])
     assert (features["note"]["type"], features["source"]["type"]) == ("string", "string")
     assert features["image"]["dtype"] == "string" and "extra" not in features["image"]
     assert info["options"]["features"] == SPEC

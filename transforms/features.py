@@ -69,10 +69,10 @@ class FeatureType(NamedTuple):
 
     def describe(self) -> dict:
         """As image_tfrecords.json's "features" lists it: dtype (int64, float32, string), shape ([] or [N],
-        [null] for a list of any length), and var_len."""
+        [-1] for a list of any length), and var_len."""
         return {
             "dtype": {"int64": "int64", "float": "float32", "string": "string"}[self.dtype],
-            "shape": [None] if self.length is None else ([self.length] if self.length else []),
+            "shape": [-1] if self.length is None else ([self.length] if self.length else []),
             "field": self.name,
             "extra": True,
             "type": self.type_name,
