@@ -188,7 +188,7 @@ def test_reader_make_dataset_parses_the_extra_features(csv_dataset):
     one = next(iter(reader.make_dataset(str(csv_dataset), "train", decode=False)))
     assert one["float_data"].dtype == tf.float32 and one["float_data"].shape.rank == 1
     info = reader.load_info(str(csv_dataset))
-    spec = reader.feature_spec(info["schema"], reader.extra_features(info))
+    spec = reader.feature_spec(info["schema"], extras=reader.extra_features(info))
     assert spec["size"] == tf.io.FixedLenFeature([2], tf.int64) and spec["score"] == tf.io.FixedLenFeature(
         [], tf.float32)
     raw = next(iter(tf.data.TFRecordDataset(str(next(csv_dataset.glob("*.tfrecord"))))))

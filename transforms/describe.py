@@ -194,7 +194,7 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "run_id": run_id,
         "options": options,
         "schema": schema,
-        "features": feature_description(schema, describe_features(extra_features)),
+        "features": feature_description(schema, extras=describe_features(extra_features)),
         "image": image_info,
         "compression": options["compression"],
         "class_names": list(class_names),

@@ -193,8 +193,8 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
         return {}, why_not
     return {
         labels_file(schema): "".join(f"{name}\n" for name in class_names),
-        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), features), indent=4,
-                                       sort_keys=True),
+        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), features=features),
+                                       indent=4, sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
     }, None
 

@@ -253,7 +253,7 @@ def parse_example(serialized, schema: str = "default", decode: bool = True, imag
     """
     import tensorflow as tf
 
-    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, extras))
+    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, extras=extras))
     out = {field: parsed[key] for field, (key, _) in SCHEMAS[schema].items()}
     out.update({feature.name: parsed[feature.name] for feature in extras})
     if decode:
@@ -340,7 +340,7 @@ def make_dataset(
         ds = ds.repeat()
 
     def parse(serialized):
-        fields = parse_example(serialized, info["schema"], decode, image_size, extras)
+        fields = parse_example(serialized, info["schema"], decode, image_size, extras=extras)
         if scale:
             fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
         if one_hot:
