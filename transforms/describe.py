@@ -295,7 +295,7 @@ class DescribeDataset(beam.PTransform):
         super().__init__()
         self._output_dir = output_dir
         self._info_fn = _WriteInfo(output_dir, run_id, class_names, schema, options, image_info, start_time,
-                                   tool_version, split_by, extra_features)
+                                   tool_version, split_by, extra_features=extra_features)
 
     def expand(self, inputs):
         rejections = inputs["rejections"]

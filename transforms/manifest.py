@@ -202,7 +202,7 @@ class ReadManifest(beam.PTransform):
         super().__init__()
         self._manifest, self._fmt, self._base = manifest, fmt, base
         self._label = _Label({name: i for i, name in enumerate(class_names)}, seed, validation_split,
-                             test_split, size, features)
+                             test_split, size, features=features)
 
     def expand(self, pbegin):
         read = (pbegin
