@@ -43,6 +43,7 @@ setuptools.setup(
             "tfrecord>=1.14,<2",  # PyTorch-side reader of the --index_files indexes, in tests/test_index_files.py
             "tensorflow-datasets>=4.9.10,<5",  # tfds.builder_from_directory on a converted folder (issue 19)
             "grain>=0.2.18,<0.3",  # JAX's data loader over the ArrayRecord shards
+            "pandas>=2.1,<3",  # manifests written by pandas in tests/test_features.py (issue 18)
         ],
     },
 )

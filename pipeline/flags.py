@@ -67,6 +67,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "below --input_dir, e.g. roses/1.jpg) and extra columns typed by --features, joined to the images "
              "inside the job. An image without a row is skipped as metadata_missing; rows whose image is not "
              "found are counted in the summary. Default: none.")
+    add("--multi_label", **ON_OFF,
+        help="With --manifest: each image has several classes, from a labels column (class names separated by "
+             "';' in a CSV, a JSON list in JSON Lines) instead of label; each record stores the list of class ids "
+             "(sorted, no repeats) under the label key and their names under class_name. Default: off, one label.")
     add("--output_dir", default=None, **required,
         help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "
@@ -88,11 +92,12 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "its first capture group (the whole match without one) is the image's group, and every image of a "
              "group lands in the same split, by a hash of the group and --seed. An image whose path it does not "
              "match is its own group (the split it has without --group_by) and is counted in the summary. With "
-             "split folders, images keep their folder's split and groups found in two splits are reported. "
+             "split folders, images keep their folder's split and groups found in two splits are reported. With "
+             "--manifest it is searched in each row's path as written (a group column instead gives the groups). "
              "Default: none, each image's split comes from its own path.")
     add("--duplicates", default="keep", choices=DUPLICATES,
         help="What to do with byte-identical source files (found by the SHA-256 every record stores): keep "
-             "writes every copy and reports the groups in the summary and dataset_info.json (same label in one "
+             "writes every copy and reports the groups in the summary and image_tfrecords.json (same label in one "
              "split, across splits, different labels); drop writes the copy with the first path of each group and "
              "reports the others in errors.jsonl as duplicate, or every copy as duplicate_conflict when they carry "
              "different labels. drop reads every file twice (a hashing pass before the shards are assigned). "

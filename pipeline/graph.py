@@ -16,7 +16,7 @@ from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import ReadManifest
 from transforms.metadata import JoinMetadata
 from transforms.sharding import AssignShards
-from transforms.write import HASHES, REJECTED, WRITTEN, WriteShards
+from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -36,8 +36,11 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             test_split=settings.test_split,
             size=plan.manifest_file_size,
             features=plan.features,
+            multi_label=settings.multi_label,
+            group_by=settings.group_by,
+            groups=plan.manifest_groups,
         )
-        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], None
+        images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], read[GROUPS]
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
         listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
@@ -78,12 +81,14 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "found": found,
         # every written image's source hash; with drop, every hashed source's (the report covers the input)
         "hashes": written[HASHES] if source_hashes is None else source_hashes,
+        "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
     }
-    if settings.group_by:
+    grouped = bool(settings.group_by) or plan.manifest_groups
+    if grouped:
         inputs["groups"] = groups
     if settings.metadata:
         inputs["metadata"] = metadata_stats
-    split_by = "split_folders" if plan.split_folders else "group_hash" if settings.group_by else "path_hash"
+    split_by = "split_folders" if plan.split_folders else "group_hash" if grouped else "path_hash"
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,

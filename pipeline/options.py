@@ -75,6 +75,7 @@ class Settings:
     manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
     features: tuple = ()  # --features: the declared FeatureTypes (transforms.features), in the order given
     metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
+    multi_label: bool = False  # --manifest's labels column: several classes per image
 
     @property
     def overwrite(self) -> bool:
@@ -113,6 +114,7 @@ class Settings:
             "duplicates": self.duplicates,
             "features": format_spec(self.features) or None,
             "metadata": self.metadata,
+            "multi_label": self.multi_label,
         }
 
 
@@ -247,9 +249,9 @@ def validate(options: PipelineOptions) -> Settings:
     manifest = o.manifest or None
     if not o.input_dir and not manifest:
         raise UserError("--input_dir is required: the folder of class folders to convert (or give --manifest)")
-    if manifest and o.group_by:
-        raise UserError("--group_by is for class folders, not --manifest yet: give the manifest a split column "
-                        "instead, or drop --group_by")
+    if o.multi_label and not manifest:
+        raise UserError("--multi_label needs --manifest: class folders give each image one class; list the images "
+                        "in a manifest with a labels column (names separated by ';'), or drop --multi_label")
     metadata = o.metadata or None
     if metadata and manifest:
         raise UserError("--metadata is for class folders, and a --manifest carries its own extra columns: put "
@@ -356,6 +358,7 @@ def validate(options: PipelineOptions) -> Settings:
         duplicates=o.duplicates,
         features=features,
         metadata=metadata,
+        multi_label=bool(o.multi_label),
     )
 
 

@@ -59,6 +59,7 @@ class Plan:
     manifest_file_size: int = 0  # with --manifest: the sampled files' mean size, standing in for each file's
     features: tuple = ()  # the extra features (transforms.features.FeatureType): declared, then string columns
     metadata_format: str = ""  # with --metadata: 'csv' or 'jsonl'
+    manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -394,10 +395,7 @@ def plan_manifest(settings: Settings) -> Plan:
             except (ValueError, TypeError):
                 raise UserError(f"--manifest {path}: its first line is not a JSON object: write one "
                                 '{"path": ..., "label": ...} object per line, or give a .csv') from None
-        for needed in ("path", "label"):
-            if needed not in columns:
-                raise UserError(f"--manifest {path} has no {needed!r} column (columns: {', '.join(columns)}): "
-                                "name the image column path and the class column label")
+        check_manifest_columns(path, columns, settings)
         stream.seek(0)
         sample_rows = []
         scan = not settings.labels_file
@@ -410,17 +408,23 @@ def plan_manifest(settings: Settings) -> Plan:
             if isinstance(row, manifest.ManifestRow):
                 if len(sample_rows) < MANIFEST_SAMPLE_ROWS:
                     sample_rows.append(row)
-                labels.add(row.class_name)
+                if settings.multi_label:
+                    labels.update(row.labels or ())
+                elif row.class_name:
+                    labels.add(row.class_name)
             if not scan and len(sample_rows) >= MANIFEST_SAMPLE_ROWS:
                 break
     notes = []
     found = plan_features(settings, columns, f"--manifest {path}", notes)
+    if settings.multi_label and "label" in columns:
+        notes.append("the manifest's label column is ignored: --multi_label reads the labels column")
     if settings.labels_file:
         class_names = read_labels_file(settings.labels_file)
     else:
         class_names = sorted(labels)
         if not class_names:
-            raise UserError(f"--manifest {path} has no usable rows (each needs a path and a label): "
+            what = "labels naming at least one class" if settings.multi_label else "a label"
+            raise UserError(f"--manifest {path} has no usable rows (each needs a path and {what}): "
                             "see the rows it holds")
         for name in class_names:
             problem = class_name_problem(name)
@@ -444,6 +448,7 @@ def plan_manifest(settings: Settings) -> Plan:
         manifest_format=fmt,
         manifest_file_size=int(sum(sizes) / len(sizes)) if sizes else 100_000,
         features=found,
+        manifest_groups="group" in columns,
     )
 
 
@@ -508,6 +513,27 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
                 break
     plan.sizing = plan.sizing._replace(extra_bytes_per_image=features.mean_extras_bytes(plan.features, rows))
     return plan
+
+
+def check_manifest_columns(path: str, columns: list[str], settings: Settings) -> None:
+    """The manifest's header has what the options need: path, and label (or labels with --multi_label)."""
+    if "path" not in columns:
+        raise UserError(f"--manifest {path} has no 'path' column (columns: {', '.join(columns)}): "
+                        "name the image column path and the class column label")
+    if settings.multi_label:
+        if "labels" not in columns:
+            raise UserError(f"--manifest {path} has no 'labels' column, which --multi_label reads (columns: "
+                            f"{', '.join(columns)}): name the column of class names labels (separated by ';'), "
+                            "or drop --multi_label for one label per image")
+    elif "labels" in columns:
+        raise UserError(f"--manifest {path} has a 'labels' column: give --multi_label to read several classes per "
+                        "image from it, or name a one-class column label")
+    elif "label" not in columns:
+        raise UserError(f"--manifest {path} has no 'label' column (columns: {', '.join(columns)}): "
+                        "name the image column path and the class column label")
+    if settings.group_by and "group" in columns:
+        raise UserError(f"--manifest {path} has a 'group' column and --group_by is given: the column gives each "
+                        "image's group, so drop --group_by (or rename the column)")
 
 
 def _class_of(relpath: str, split_folders: bool) -> str | None:

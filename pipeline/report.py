@@ -1,7 +1,7 @@
 """Lines of the final report printed after a conversion: images per class and shard sizes.
 
 Everything printed here is also in image_tfrecords.json (`splits.*.class_counts`,
-`shard_bytes`, `total_bytes`), which is where scripts should read it.
+`shard_bytes`, `total_bytes`, `statistics`), which is where scripts should read it.
 """
 
 from __future__ import annotations
@@ -87,17 +87,21 @@ def group_lines(info: dict) -> list[str]:
     if not groups:
         return []
     pattern = (info.get("options") or {}).get("group_by")
-    lines = [f"Groups (--group_by={pattern}): {groups['groups']} groups of {groups['grouped_images']} images."]
+    source = f"--group_by={pattern}" if pattern else "the manifest's group column"
+    lines = [f"Groups ({source}): {groups['groups']} groups of {groups['grouped_images']} images."]
     if groups["ungrouped_images"]:
         shown = ", ".join(repr(p) for p in groups["ungrouped_examples"][:3])
-        lines.append(f"  {groups['ungrouped_images']} images matched no group and are each their own group "
-                     f"(e.g. {shown}); check the pattern if they belong to one (\"groups\" in dataset_info.json).")
+        lines.append(f"  {groups['ungrouped_images']} images {'matched' if pattern else 'have'} no group and are "
+                     "each their own group "
+                     f"(e.g. {shown}); check the pattern if they belong to one (\"groups\" in image_tfrecords.json).")
     if groups["groups_in_several_splits"]:
         first = groups["several_splits_examples"][0]
         where = ", ".join(f"{split} {n}" for split, n in first["images"].items())
         spread = groups["groups_in_several_splits"]
-        lines.append(f"  Groups with images in more than one split folder (leakage): {spread}, "
-                     f"e.g. {first['group']!r} ({where}); see \"groups\" in dataset_info.json.")
+        where_from = ("split folder" if info.get("split_by") == "split_folders"
+                      else "split (the manifest's split column)")
+        lines.append(f"  Groups with images in more than one {where_from} (leakage): {spread}, "
+                     f"e.g. {first['group']!r} ({where}); see \"groups\" in image_tfrecords.json.")
     return lines
 
 
@@ -125,12 +129,72 @@ def duplicates_line(info: dict) -> str:
     dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
                "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
     return (f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): "
-            f"{', '.join(kinds)}; see \"duplicates\" in dataset_info.json.{dropped}")
+            f"{', '.join(kinds)}; see \"duplicates\" in image_tfrecords.json.{dropped}")
+
+
+def _size_bucket(edges: list, index: int) -> str:
+    if index == 0:
+        return f"<={edges[0]}"
+    if index >= len(edges):
+        return f">{edges[-1]}"
+    return f"{edges[index - 1] + 1}-{edges[index]}"
+
+
+def statistics_lines(info: dict) -> list[str]:
+    """Pixel mean and std per split, the source sizes, and a smaller --image_size when most images were upscaled."""
+    stats = info.get("statistics") or {}
+    splits = stats.get("splits") or {}
+    if not splits:
+        return []
+    channels = " ".join(stats.get("channels") or ["R", "G", "B"])
+    lines = [f"Pixel mean / std per channel ({channels}, 0-255, of the stored pixels; \"statistics\" in "
+             "image_tfrecords.json):"]
+    for split, s in splits.items():
+        mean = " ".join(f"{v:6.2f}" for v in s["mean"])
+        std = " ".join(f"{v:6.2f}" for v in s["std"])
+        lines.append(f"  {split:<10} mean {mean}   std {std}")
+    edges = stats.get("size_edges") or []
+    for side in ("width", "height"):
+        counts = [sum(col) for col in zip(*(s[f"source_{side}"] for s in splits.values()), strict=True)]
+        parts = [f"{_size_bucket(edges, i)} {n}" for i, n in enumerate(counts) if n]
+        if parts:
+            lines.append(f"Source {side}s before resizing (px): " + ", ".join(parts))
+    lines.extend(suggestion_lines(info))
+    return lines
+
+
+def suggestion_lines(info: dict) -> list[str]:
+    """The smaller --image_size suggested when most images were upscaled, or nothing."""
+    found = (info.get("statistics") or {}).get("suggested_image_size")
+    if not found:
+        return []
+    current = (info.get("options") or {}).get("image_size", "")
+    current = current.split("x")[0] if len(set(current.split("x"))) == 1 else current
+    within = found["sources_within"]
+    low, high = found["estimated_bytes"]
+    sides = (f"{_percent(within['width'])} of the sources are at most {found['width']} px wide and "
+             f"{_percent(within['height'])} at most {found['height']} px high")
+    return [
+        f"Suggestion: {_percent(found['upscaled_share'])} of the images were smaller than --image_size={current} and "
+        f"were upscaled, which adds bytes but no detail; {sides}. With --image_size={found['image_size']} each "
+        f"image would have {_percent(found['pixel_ratio'])} of the pixels, and the dataset would take roughly "
+        f"{human_bytes(low)} to {human_bytes(high)} instead of {human_bytes(found['bytes'])} (an estimate)."
+    ]
 
 
 def read_info(output_dir: str) -> dict:
-    """The dataset_info.json just written to `output_dir`, read by the read-side tools' one loader."""
+    """The image_tfrecords.json just written to `output_dir`, read by the read-side tools' one loader."""
     return load_info(output_dir)
+
+
+def _upscaled_shares(info: dict) -> str:
+    """' (58.8 % of the images; train 60.9 %, validation 45.5 %)', or '' without statistics."""
+    splits = ((info.get("statistics") or {}).get("splits")) or {}
+    written = info["files"].get("written")
+    if not splits or not written:
+        return ""
+    shares = ", ".join(f"{split} {_percent(s['upscaled_share'])}" for split, s in splits.items())
+    return f" ({_percent(info['files']['upscaled'] / written)} of the images; {shares})"
 
 
 def format_summary(info: dict) -> str:
@@ -146,6 +210,10 @@ def format_summary(info: dict) -> str:
         )
     lines.append(shard_size_line(info))
     lines.extend(class_count_lines(info))
+    if info.get("multi_label"):
+        without = {split: s.get("images_without_labels", 0) for split, s in info["splits"].items()}
+        lines.append("Multi-label: an image counts once for each of its classes; images of no class: "
+                     + ", ".join(f"{split} {n}" for split, n in without.items()) + ".")
     for title, key in (("Rejected", "rejected_by_reason"), ("Skipped", "skipped_by_reason")):
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
@@ -154,7 +222,8 @@ def format_summary(info: dict) -> str:
         if line:
             lines.append(line)
     if files.get("upscaled"):
-        lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}")
+        lines.append(f"Upscaled (smaller than the output size): {files['upscaled']}{_upscaled_shares(info)}")
+    lines.extend(statistics_lines(info))
     lines.append(
         f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
         f"{info['num_classes']} classes; labels in labels.txt."

@@ -166,6 +166,7 @@ BOUNDED_SIDE_INPUTS = {
     "DescribeDataset/ShardStats": "one line per shard",
     "DescribeDataset/FindDuplicates": "one dict: the duplicate counts and the first 20 groups",
     "DescribeDataset/SummariseGroups": "one dict: the --group_by counts and the first 10 examples",
+    "DescribeDataset/CombineStats": "one SplitStats per split: pixel sums and source-size histograms",
     # errors.jsonl: one line per rejected or skipped file, streamed by the step that writes the description.
     "AllRejections": "the rejected and skipped files, streamed once into errors.jsonl",
 }

@@ -39,6 +39,7 @@ from transforms.layout import display_path
 from transforms.listing import file_kind, gcs_client
 from transforms.pool import ConversionPool
 from transforms.records import ImageRef, Rejection
+from transforms.stats import ImageStats
 from transforms.transient import TransientReadError, describe, with_retries
 
 
@@ -170,6 +171,7 @@ class Converted(NamedTuple):
     upscaled: bool
     rejection: Rejection | None
     sha256: str = ""
+    stats: ImageStats | None = None  # its source's size and its stored pixels' sums (transforms.stats)
 
 
 def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings, schema: str
@@ -202,10 +204,12 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
             source_path=display_path(ref.relpath),
             schema=schema,
             sha256=image.sha256,
+            labels=ref.labels,
+            label_names=ref.label_names,
             extras=ref.extras,
         )
         counters.inc("images_converted")
-        yield Converted(ref, serialized, image.upscaled, None, image.sha256)
+        yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats)
 
 
 def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:

@@ -23,6 +23,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import duplicates as dup
+from transforms import stats as pixel_stats
 from transforms import tfds_metadata
 from transforms.examples import feature_description
 from transforms.features import describe as describe_features
@@ -40,8 +41,8 @@ from transforms.outputs import (
 )
 
 __all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "READABLE_VERSIONS",
-           "Accounting", "DescribeDataset", "check_accounting", "dataset_info", "summarise", "write_lines",
-           "write_text"]
+           "Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise",
+           "write_lines", "write_text"]
 # 2: the description moved from dataset_info.json to image_tfrecords.json; dataset_info.json and
 # features.json are TFDS's now. Its fields are version 1's, plus "tfds".
 FORMAT_VERSION = 2
@@ -107,6 +108,7 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
     """
     records = Counter()
     per_class = defaultdict(Counter)
+    no_class = Counter()  # --multi_label: images of no class, per split
     by_reason = {"skipped": Counter(), "rejected": Counter()}
     found_total = upscaled = 0
     for key, count in tallies:
@@ -115,7 +117,13 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
         elif key[0] == WRITTEN:
             _, split, label, was_upscaled = key
             records[split] += count
-            per_class[split][class_names[label]] += count
+            if isinstance(label, list | tuple):  # --multi_label: an image counts once for each of its classes
+                for i in label:
+                    per_class[split][class_names[i]] += count
+                if not label:
+                    no_class[split] += count
+            else:
+                per_class[split][class_names[label]] += count
             upscaled += count if was_upscaled else 0
         else:  # (stage, reason)
             by_reason[key[0]][key[1]] += count
@@ -142,6 +150,8 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
             "shards": shards[split],
             "bytes": sum(s["bytes"] for s in shards[split]),
         }
+        if no_class[split]:
+            splits[split]["images_without_labels"] = no_class[split]
     files = {
         "found": found_total,
         "written": sum(records.values()),
@@ -176,12 +186,14 @@ def check_accounting(counts: Accounting) -> None:
 
 def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
                  tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
-                 duplicates: dict | None = None, extra_features: tuple = (), metadata: dict | None = None) -> dict:
+                 duplicates: dict | None = None, statistics: dict | None = None, extra_features: tuple = (),
+                 metadata: dict | None = None) -> dict:
     """The dataset description, INFO_FILE's content, of a run whose accounting is `counts`.
 
     `tfds`: TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
     `split_by`: how the splits were made; `groups`: what --group_by found (None without it);
-    `duplicates`: the groups of identical source files (`transforms.duplicates.describe`).
+    `duplicates`: the groups of identical source files (`transforms.duplicates.describe`);
+    `statistics`: pixel mean and std, source sizes and upscaling per split (`transforms.stats.describe`);
     `extra_features`: the typed extra features (transforms.features.FeatureType); `metadata`: what the --metadata
     join found (None without it).
     """
@@ -194,7 +206,9 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "run_id": run_id,
         "options": options,
         "schema": schema,
-        "features": feature_description(schema, extras=describe_features(extra_features)),
+        "features": feature_description(schema, bool(options.get("multi_label")),
+                                        extras=describe_features(extra_features)),
+        **({"multi_label": True} if options.get("multi_label") else {}),
         "image": image_info,
         "compression": options["compression"],
         "class_names": list(class_names),
@@ -202,6 +216,7 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "split_by": split_by,
         "splits": counts.splits,
         "files": counts.files,
+        **({"statistics": statistics} if statistics is not None else {}),
         **({"groups": groups} if groups is not None else {}),
         **({"duplicates": duplicates} if duplicates is not None else {}),
         **({"metadata": metadata} if metadata is not None else {}),
@@ -232,18 +247,24 @@ class _WriteInfo(beam.DoFn):
         self._start_time = start_time
         self._tool_version = tool_version
 
-    def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, metadata=None):
+    def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
+                metadata=None):
         counts = summarise(tallies, shard_stats, self._class_names)
         check_accounting(counts)
+        statistics = None
+        if stats is not None:  # (split, SplitStats), one per split
+            statistics = pixel_stats.describe(
+                dict(stats), self._image_info.get("width"), self._image_info.get("height"),
+                self._options.get("resize_mode", ""), sum(s["bytes"] for s in counts.splits.values()))
         tfds_files, tfds_note = tfds_metadata.tfds_files(
             counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
             description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).",
-            features=self._extra_features)
+            multi_label=bool(self._options.get("multi_label")), features=self._extra_features)
         info = dataset_info(counts, self._run_id, self._class_names, self._schema, self._options,
                             self._image_info, self._start_time, self._tool_version,
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
                             groups=groups, duplicates=dup.describe(duplicates, self._class_names),
-                            extra_features=self._extra_features, metadata=metadata)
+                            statistics=statistics, extra_features=self._extra_features, metadata=metadata)
         all_shards = [s for split in info["splits"].values() for s in split["shards"]]
         renamed = counts.renamed
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
@@ -279,6 +300,22 @@ def _shard_order(shard: tuple) -> tuple[str, str]:
     return shard[0], temp or shard[1]
 
 
+class MergeStats(beam.CombineFn):
+    """SplitStats of some shards -> their sum (exact integers: the same in any order)."""
+
+    def create_accumulator(self):
+        return pixel_stats.SplitStats()
+
+    def add_input(self, accumulator, element):
+        return pixel_stats.merge([accumulator, element])
+
+    def merge_accumulators(self, accumulators):
+        return pixel_stats.merge(accumulators)
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
 class DescribeDataset(beam.PTransform):
     """Write the error report and the dataset description; outputs the info dict.
 
@@ -286,7 +323,8 @@ class DescribeDataset(beam.PTransform):
     'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (numbers
     of files listed, from ListImages), and optionally 'hashes' ((sha256, (split, label, relpath))
     of every written image, from WriteShards) for the duplicate report, and 'groups' ((group, split,
-    relpath) of every labelled image, from AssignLabels with --group_by). `split_by` says how the
+    relpath) of every labelled image, from AssignLabels with --group_by), and 'stats' ((split, SplitStats)
+    per shard, from WriteShards) for the pixel and size statistics. `split_by` says how the
     splits were made: split_folders, path_hash or group_hash.
     """
 
@@ -318,6 +356,8 @@ class DescribeDataset(beam.PTransform):
         side = {}
         if "hashes" in inputs:  # one small dict: the counts and the first groups of identical source files
             side["duplicates"] = beam.pvalue.AsSingleton(inputs["hashes"] | "FindDuplicates" >> dup.FindDuplicates())
+        if "stats" in inputs:  # one SplitStats per split: its pixel sums, upscaled count and size histograms
+            side["stats"] = beam.pvalue.AsList(inputs["stats"] | "CombineStats" >> beam.CombinePerKey(MergeStats()))
         if "groups" in inputs:  # one small dict: what --group_by found
             side["groups"] = beam.pvalue.AsSingleton(inputs["groups"] | "SummariseGroups" >> SummariseGroups())
         if "metadata" in inputs:  # one small dict: what the --metadata join found

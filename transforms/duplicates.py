@@ -3,7 +3,7 @@
 Every written image comes with (sha256, (split, label, relpath)) from WriteShards.
 Grouping by the hash spreads the hashes over the workers (no worker holds them
 all); only the groups of two or more copies go on, and one combine reduces them
-to the counts and the first groups (by their first path) that dataset_info.json
+to the counts and the first groups (by their first path) that image_tfrecords.json
 reports. A group is one of three kinds:
 
 - `within_split`: every copy has the same label and the same split (harmless, but weights the image twice);
@@ -27,7 +27,7 @@ WITHIN_SPLIT = "within_split"
 ACROSS_SPLITS = "across_splits"
 CONFLICTING_LABELS = "conflicting_labels"
 KINDS = (WITHIN_SPLIT, ACROSS_SPLITS, CONFLICTING_LABELS)
-MAX_EXAMPLES = 20  # groups listed in dataset_info.json; the counts cover every group
+MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json; the counts cover every group
 
 
 class DuplicateGroup(NamedTuple):
@@ -46,9 +46,23 @@ def kind(group: DuplicateGroup) -> str:
     return WITHIN_SPLIT
 
 
+def label_value(label) -> int | tuple[int, ...]:
+    """A copy's label: a class id, or (--multi_label) a tuple of class ids, compared as a set (sorted)."""
+    if isinstance(label, list | tuple):
+        return tuple(sorted({int(i) for i in label}))
+    return int(label)
+
+
+def label_text(label, class_names: list[str]) -> str:
+    """A copy's label as its class name; a multi-label set as its names joined by ';'."""
+    if isinstance(label, list | tuple):
+        return ";".join(label_text(i, class_names) for i in label)
+    return class_names[label] if 0 <= label < len(class_names) else str(label)
+
+
 def duplicate_groups(sha256: str, copies: Iterable[tuple[str, int, str]]) -> list[DuplicateGroup]:
     """[the group] when `copies` holds two or more files, else []."""
-    copies = sorted(((str(s), int(label), str(path)) for s, label, path in copies), key=lambda c: (c[2], c))
+    copies = sorted(((str(s), label_value(label), str(path)) for s, label, path in copies), key=lambda c: (c[2], c))
     if not sha256 or len(copies) < 2:
         return []
     return [DuplicateGroup(sha256, tuple(copies))]
@@ -89,12 +103,12 @@ def describe(summary: dict | None, class_names: list[str]) -> dict:
     summary = summary or empty_summary()
     examples = []
     for _, (sha256, copies) in sorted(summary["examples"]):
-        group = DuplicateGroup(sha256, tuple(tuple(c) for c in copies))
+        group = DuplicateGroup(sha256, tuple((s, label_value(label), path) for s, label, path in copies))
         examples.append({
             "sha256": sha256,
             "kind": kind(group),
             "copies": [{"relpath": path, "split": split,
-                        "class_name": class_names[label] if 0 <= label < len(class_names) else str(label)}
+                        "class_name": label_text(label, class_names)}
                        for split, label, path in group.copies],
         })
     return {"groups": summary["groups"], "copies": summary["copies"],
@@ -201,7 +215,8 @@ class _Hash(beam.DoFn):
         if not digest:
             yield beam.pvalue.TaggedOutput(UNHASHED, ref)
             return
-        yield beam.pvalue.TaggedOutput(HASHES, (digest, (ref.split, ref.label, display_path(ref.relpath))))
+        label = ref.label if ref.labels is None else ref.labels
+        yield beam.pvalue.TaggedOutput(HASHES, (digest, (ref.split, label, display_path(ref.relpath))))
         yield digest, ref
 
 

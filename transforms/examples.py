@@ -10,6 +10,8 @@ Tests parse the bytes with TensorFlow to prove the equivalence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 # Key schemas. Each maps a logical field to (key, dtype) with dtype one of
@@ -112,10 +114,14 @@ def build_example(
     source_path: str,
     schema: str = "default",
     sha256: str = "",
+    labels: Sequence[int] | None = None,
+    label_names: Sequence[str] = (),
     extras: tuple = (),
 ) -> bytes:
     """A serialized tf.train.Example holding one image and its label under `schema`'s keys.
 
+    With `labels` (--multi_label) the label key holds that list of class ids (an int64_list of any length,
+    empty for an image of no class) and the class_name key the list `label_names`, instead of one each.
     `extras`: typed extra features, ((key, dtype, values), ...) with dtype int64 (an int64_list), float (a
     float_list) or string (a bytes_list of UTF-8); see transforms.features.
     """
@@ -133,32 +139,44 @@ def build_example(
     features = example.features.feature
     for field_name, (key, dtype) in SCHEMAS[schema].items():
         value = values[field_name]
+        if labels is not None and field_name in ("label", "class_name"):
+            if field_name == "label":
+                features[key].int64_list.value.extend(labels)
+            else:
+                features[key].bytes_list.value.extend(name.encode("utf-8") for name in label_names)
+            continue
         if dtype == "int64":
             features[key].int64_list.value.append(value)
         elif dtype == "string":
             features[key].bytes_list.value.append(value.encode("utf-8"))
         else:
             features[key].bytes_list.value.append(value)
-    for key, dtype, values in extras:
+    for key, dtype, items in extras:
         feature = features[key]
         if dtype == "int64":
-            feature.int64_list.value.extend(values)
+            feature.int64_list.value.extend(items)
         elif dtype == "float":
-            feature.float_list.value.extend(values)
+            feature.float_list.value.extend(items)
         else:
-            feature.bytes_list.value.extend(v.encode("utf-8") for v in values)
+            feature.bytes_list.value.extend(v.encode("utf-8") for v in items)
     # Map entries in key order: the same image gives the same bytes in any process (map order is otherwise
     # free to differ between processes, and so would the shards).
     return example.SerializeToString(deterministic=True)
 
 
-def feature_description(schema: str = "default", extras: dict | None = None) -> dict[str, dict[str, object]]:
+MULTI_LABEL_FIELDS = ("label", "class_name")  # lists of any length with --multi_label
+
+
+def feature_description(schema: str = "default", multi_label: bool = False, extras: dict | None = None
+                        ) -> dict[str, dict[str, object]]:
     """The written keys as JSON-friendly {key: {dtype, shape, field}}; image_tfrecords.json's "features" holds this.
 
+    With `multi_label` the label and class_name keys have shape [-1]: a list of any length (a VarLenFeature).
     `extras`: the typed extra features' own descriptions (transforms.features.describe), listed after the schema's.
     """
     return {
-        **{key: {"dtype": "int64" if dtype == "int64" else "string", "shape": [], "field": field_name}
+        **{key: {"dtype": "int64" if dtype == "int64" else "string",
+                 "shape": [-1] if multi_label and field_name in MULTI_LABEL_FIELDS else [], "field": field_name}
            for field_name, (key, dtype) in SCHEMAS[schema].items()},
         **(extras or {}),
     }

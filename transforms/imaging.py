@@ -35,6 +35,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
 
 from transforms import memory
+from transforms.stats import ImageStats, image_stats
 
 # Truncated files are rejected, never padded with grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -174,6 +175,7 @@ class EncodedImage(NamedTuple):
     format: str  # 'jpeg' or 'png'
     upscaled: bool
     sha256: str = ""  # hex SHA-256 of the source file's bytes, set by transforms.convert.read_and_convert
+    stats: ImageStats | None = None  # the source's upright size and the stored pixels' sums (transforms.stats)
 
 
 # ---------------------------------------------------------------------------
@@ -749,13 +751,15 @@ def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored
     if image.format not in ("JPEG", "MPO"):
         orientation = _orientation(image)  # PNG and WebP may keep EXIF after the pixels
     if _passes_through(image, data, orientation, settings):
-        return EncodedImage(data, image.width, image.height, "jpeg", False)
+        return EncodedImage(data, image.width, image.height, "jpeg", False,
+                            stats=image_stats(image, image.size))
     try:
         image = _to_rgb(image, settings.background)
         image, box = _orient(image, orientation, box)
         upright_size = stored_size[::-1] if _transposes(orientation) else stored_size
         image, upscaled = _resize(image, box, upright_size, settings)
         _check_deadline(deadline, "resizing")
+        stats = image_stats(image, upright_size)  # of the pixels as resized, before the encoding's loss
         encoded = _encode(image, settings)
     except (ImageRejected, MemoryError):
         raise
@@ -763,4 +767,4 @@ def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored
         raise ImageRejected(
             INTERNAL_ERROR, f"{type(e).__name__} after decoding: {e} (a bug in the converter: please report it)"
         ) from None
-    return EncodedImage(encoded, image.width, image.height, settings.image_format, upscaled)
+    return EncodedImage(encoded, image.width, image.height, settings.image_format, upscaled, stats=stats)

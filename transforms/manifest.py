@@ -1,11 +1,12 @@
 """ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
 
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); its other columns
-are typed extra features (transforms.features), written into each Example. The file is read
-as a stream by one worker (so every row keeps its row number for errors.jsonl; memory stays bounded
-whatever its length), then the rows are spread over the workers. A row that cannot be used becomes a
-Rejection with its row number; a path listed twice keeps its first row.
+gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); with
+--multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
+one group share a split). Its other columns are typed extra features (transforms.features), written into
+each Example. The file is read as a stream by one worker (so every row keeps its row number for
+errors.jsonl; memory stays bounded whatever its length), then the rows are spread over the workers. A row
+that cannot be used becomes a Rejection with its row number; a path listed twice keeps its first row.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import csv
 import io
 import json
 import posixpath
+import re
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -21,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
 from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
-from transforms.layout import SPLIT_FOLDER_NAMES, UNKNOWN_CLASS, hash_split, shuffle_key
+from transforms.layout import SPLIT_FOLDER_NAMES, UNKNOWN_CLASS, display_path, group_of, hash_split, shuffle_key
 from transforms.records import ImageRef, Rejection
 
 SKIPPED = "skipped"
@@ -33,7 +35,10 @@ MISSING_LABEL = "manifest_missing_label"
 UNKNOWN_SPLIT = "manifest_unknown_split"
 DUPLICATE_PATH = "manifest_duplicate_path"
 
-KNOWN_COLUMNS = ("path", "label", "split")
+GROUPS = "groups"  # with a group column or --group_by: (group or '', split, relpath) of every labelled image
+
+KNOWN_COLUMNS = ("path", "label", "split", "labels", "group")
+LABELS_SEPARATOR = ";"  # between the class names of a CSV `labels` cell
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
 assert set(SPLIT_NAMES.values()) <= set(SPLIT_FOLDER_NAMES.values())
 
@@ -44,8 +49,10 @@ class ManifestRow(NamedTuple):
     row: int  # 1 = the first row after a CSV's header, or the first line of a JSON Lines file
     path: str  # full path or URL
     relpath: str  # the path as the manifest gives it (names the image in errors.jsonl and the shuffle order)
-    class_name: str
+    class_name: str  # '' when the row has only a `labels` field
     split: str
+    labels: tuple[str, ...] | None = None  # the `labels` field's class names as written; None without one
+    group: str = ""  # the `group` field ('' without one)
     columns: tuple = ()  # (column, value as the file gives it) of its other columns, typed by _Label
 
 
@@ -86,14 +93,37 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         return "" if value is None else str(value).strip()
 
     path, label, split = text("path"), text("label"), text("split").lower()
+    labels = label_list(fields.get("labels"), row)
     if not path:
         raise RowProblem(MISSING_PATH, f"row {row}: no path")
-    if not label:
+    if not label and labels is None:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
     columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), columns=columns)
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, text("group"),
+                       columns=columns)
+
+
+def label_list(value, row: int) -> tuple[str, ...] | None:
+    """The class names of a `labels` field: a JSON list of names, or a text of names separated by ';'.
+
+    Names are stripped and empty pieces dropped ('a;;b;' is a and b); an empty text or list is an image of no
+    class, (); None when the row has no such field (a JSON row without the key, or a null).
+    """
+    if value is None:
+        return None
+    if isinstance(value, list):
+        names = []
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, str | int):
+                raise RowProblem(BAD_ROW, f"row {row}: labels holds {json.dumps(item)[:40]}, not a class name")
+            names.append(str(item).strip())
+    elif isinstance(value, str | int) and not isinstance(value, bool):
+        names = str(value).split(LABELS_SEPARATOR)
+    else:
+        raise RowProblem(BAD_ROW, f"row {row}: labels is {json.dumps(value)[:40]}, not a list of class names")
+    return tuple(name.strip() for name in names if name.strip())
 
 
 def read_rows(stream: io.TextIOBase, fmt: str, base: str):
@@ -164,18 +194,27 @@ def _first_of_path(item):
 
 
 class _Label(beam.DoFn):
+    """ManifestRow -> ImageRef: class id(s) and split; SKIPPED for a row whose class is not known; with
+    `groups`, (group or '', split, relpath) on GROUPS."""
+
     def __init__(self, class_ids: dict[str, int], seed: int, validation_split: float, test_split: float,
-                 size: int, features: tuple = ()):
+                 size: int, multi_label: bool = False, group_by: str | None = None, groups: bool = False,
+                 features: tuple = ()):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
+        self._multi_label, self._group_by, self._groups = multi_label, group_by, groups or bool(group_by)
+        self._group_re = None
+        self._names = {i: name for name, i in class_ids.items()}
         self._features = features
 
+    def setup(self):
+        self._group_re = re.compile(self._group_by) if self._group_by else None
+
     def process(self, row: ManifestRow):
-        label = self._class_ids.get(row.class_name)
-        if label is None:
-            counters.inc("files_unlabeled")
-            detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
-            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail))
+        ref = self._multi(row) if self._multi_label else self._single(row)
+        if isinstance(ref, Rejection):
+            counters.inc("files_unlabeled" if ref.stage == "skipped" else "manifest_rows_rejected")
+            yield beam.pvalue.TaggedOutput(SKIPPED, ref)
             return
         try:
             extras = row_extras(self._features, dict(row.columns)) if self._features else ()
@@ -185,9 +224,38 @@ class _Label(beam.DoFn):
                                                               f"row {row.row}: {e}"))
             return
         counters.inc("images_to_convert")
-        split = row.split or hash_split(row.relpath, self._seed, *self._splits)
-        yield ImageRef(row.path, row.relpath, self._size, split, row.class_name, label,
-                       shuffle_key(row.relpath, self._seed), extras=extras)
+        # A group column, else --group_by's match in the path as written; a row without one is its own group.
+        group = row.group or group_of(row.relpath, self._group_re)
+        split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
+        if self._groups:
+            yield beam.pvalue.TaggedOutput(GROUPS, (display_path(group), split, display_path(row.relpath)))
+        yield ref._replace(split=split, extras=extras)
+
+    def _single(self, row: ManifestRow) -> ImageRef | Rejection:
+        if not row.class_name:
+            return Rejection(row.relpath, "rejected", MISSING_LABEL, f"row {row.row}: no label for {row.relpath!r}")
+        label = self._class_ids.get(row.class_name)
+        if label is None:
+            detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
+            return Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail)
+        return ImageRef(row.path, row.relpath, self._size, "", row.class_name, label,
+                        shuffle_key(row.relpath, self._seed))
+
+    def _multi(self, row: ManifestRow) -> ImageRef | Rejection:
+        if row.labels is None:
+            return Rejection(row.relpath, "rejected", MISSING_LABEL,
+                             f"row {row.row}: no labels field for {row.relpath!r}")
+        unknown = sorted({name for name in row.labels if name not in self._class_ids})
+        if unknown:
+            shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            return Rejection(row.relpath, "skipped", UNKNOWN_CLASS,
+                             f"row {row.row}: label(s) {shown} not in the labels file")
+        ids = tuple(sorted({self._class_ids[name] for name in row.labels}))
+        if not ids:
+            counters.inc("images_without_labels")
+        names = tuple(self._names[i] for i in ids)
+        return ImageRef(row.path, row.relpath, self._size, "", LABELS_SEPARATOR.join(names), -1,
+                        shuffle_key(row.relpath, self._seed), ids, names)
 
 
 class ReadManifest(beam.PTransform):
@@ -198,11 +266,12 @@ class ReadManifest(beam.PTransform):
     """
 
     def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str], *, seed: int,
-                 validation_split: float, test_split: float, size: int, features: tuple = ()):
+                 validation_split: float, test_split: float, size: int, multi_label: bool = False,
+                 group_by: str | None = None, groups: bool = False, features: tuple = ()):
         super().__init__()
         self._manifest, self._fmt, self._base = manifest, fmt, base
         self._label = _Label({name: i for i, name in enumerate(class_names)}, seed, validation_split,
-                             test_split, size, features=features)
+                             test_split, size, multi_label, group_by, groups, features=features)
 
     def expand(self, pbegin):
         read = (pbegin
@@ -213,6 +282,6 @@ class ReadManifest(beam.PTransform):
                   | "ByPath" >> beam.Map(lambda r: (r.path, r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
-        labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, main="images")
+        labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, GROUPS, main="images")
         skipped = ((read[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        return {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND]}
+        return {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND], GROUPS: labeled[GROUPS]}

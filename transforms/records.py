@@ -25,7 +25,16 @@ class ImageRef(NamedTuple):
     class_name: str
     label: int
     shuffle_key: int  # 64-bit hash of (seed, relpath): a stable random order
+    # --multi_label: the class ids (sorted, no repeats; () for an image of no class) and their names in the
+    # same order; `label` is then -1 and `class_name` the names joined by ';'. None for a single label.
+    labels: tuple[int, ...] | None = None
+    label_names: tuple[str, ...] = ()
     extras: tuple = ()  # typed extra features, ((key, dtype, values), ...): see transforms.features
+
+
+def label_of(ref: ImageRef) -> int | tuple[int, ...]:
+    """What an image's label is, for tallies and duplicate reports: its class id, or its tuple of class ids."""
+    return ref.label if ref.labels is None else ref.labels
 
 
 class Rejection(NamedTuple):

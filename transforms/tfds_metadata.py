@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from transforms.examples import SCHEMAS
+from transforms.examples import MULTI_LABEL_FIELDS, SCHEMAS
 
 TFDS_INFO_FILE = "dataset_info.json"
 TFDS_FEATURES_FILE = "features.json"
@@ -41,6 +41,7 @@ _CLASSES = {
     "text": _PREFIX + "text_feature.Text",
     "scalar": _PREFIX + "scalar.Scalar",
     "tensor": _PREFIX + "tensor_feature.Tensor",
+    "sequence": _PREFIX + "sequence_feature.Sequence",
 }
 _TFDS_DTYPES = {"int64": "int64", "float": "float32", "string": "string"}
 
@@ -57,8 +58,15 @@ def _extra_leaf(feature) -> dict:
             "tensor": {"shape": {"dimensions": dims}, "dtype": dtype, "encoding": "none"}}
 
 
-def _leaf(field_name: str, dtype: str, image_info: dict, num_classes: int) -> dict:
+def _sequence(feature: dict) -> dict:
+    """A Sequence (any length) of `feature`: how --multi_label's label (ClassLabel) and class_name (Text) read."""
+    return {"pythonClassName": _CLASSES["sequence"], "sequence": {"feature": feature, "length": "-1"}}
+
+
+def _leaf(field_name: str, dtype: str, image_info: dict, num_classes: int, multi_label: bool = False) -> dict:
     """One feature's config, as `FeatureConnector.to_proto` gives it in JSON."""
+    if multi_label and field_name in MULTI_LABEL_FIELDS:
+        return _sequence(_leaf(field_name, dtype, image_info, num_classes))
     if field_name == "image":
         height, width = image_info.get("height"), image_info.get("width")
         fixed = image_info.get("fixed_size") and height and width
@@ -94,23 +102,25 @@ def _nest(schema: str) -> dict:
     return tree
 
 
-def _features_content(tree: dict, image_info: dict, num_classes: int) -> dict:
+def _features_content(tree: dict, image_info: dict, num_classes: int, multi_label: bool = False) -> dict:
     features = {}
     for name, node in tree.items():
         if isinstance(node, dict):
             features[name] = {"pythonClassName": _CLASSES["dict"],
-                              "featuresDict": _features_content(node, image_info, num_classes)}
+                              "featuresDict": _features_content(node, image_info, num_classes, multi_label)}
         else:
-            features[name] = _leaf(*node, image_info, num_classes)
+            features[name] = _leaf(*node, image_info, num_classes, multi_label)
     return {"features": features}
 
 
-def features_json(schema: str, image_info: dict, num_classes: int, features: tuple = ()) -> dict:
+def features_json(schema: str, image_info: dict, num_classes: int, multi_label: bool = False,
+                  features: tuple = ()) -> dict:
     """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`.
 
+    With `multi_label` the label is a Sequence of ClassLabel and class_name a Sequence of Text (lists).
     `features`: the typed extra features (transforms.features.FeatureType), each a top-level key of its own.
     """
-    content = _features_content(_nest(schema), image_info, num_classes)
+    content = _features_content(_nest(schema), image_info, num_classes, multi_label)
     for feature in features:
         content["features"][feature.name] = _extra_leaf(feature)
     return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
@@ -184,7 +194,8 @@ def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
 
 
 def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[str], compression: str,
-               description: str = "", features: tuple = ()) -> tuple[dict[str, str], str | None]:
+               description: str = "", multi_label: bool = False, features: tuple = ()
+               ) -> tuple[dict[str, str], str | None]:
     """{file name: text} of TFDS's files for this dataset, in the order to write them, and None; or ({}, why not)."""
     import json
 
@@ -193,8 +204,8 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
         return {}, why_not
     return {
         labels_file(schema): "".join(f"{name}\n" for name in class_names),
-        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), features=features),
-                                       indent=4, sort_keys=True),
+        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label,
+                                                     features=features), indent=4, sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
     }, None
 

@@ -30,15 +30,18 @@ from transforms.imaging import ImageSettings
 from transforms.layout import display_path
 from transforms.outputs import index_name, shards_dir
 from transforms.pool import ConversionPool, time_limit
+from transforms.records import label_of
 from transforms.shardfiles import ARRAY_RECORD, KAGGLE, STANDARD, TFRECORD, kaggle_name, open_writer, shard_name
 from transforms.sharding import ShardKey, rank_order
+from transforms.stats import StatsTally
 from transforms.tfrecord import record_offsets
 
-__all__ = ["HASHES", "REJECTED", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text", "kaggle_name",
-           "record_offsets", "shard_name", "write_index"]
+__all__ = ["HASHES", "REJECTED", "STATS", "WRITTEN", "ShardInfo", "WriteShards", "index_name", "index_text",
+           "kaggle_name", "record_offsets", "shard_name", "write_index"]
 REJECTED = "rejected"
 WRITTEN = "written"
 HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report
+STATS = "stats"  # (split, transforms.stats.SplitStats): one per shard, its images' pixel sums and source sizes
 
 
 class ShardInfo(NamedTuple):
@@ -71,7 +74,7 @@ def write_index(folder: str, name: str, sizes: list[int]) -> None:
 
 class _ConvertAndWrite(beam.DoFn):
     """(ShardKey, [ImageRef]) -> ShardInfo; Rejection on REJECTED; ((split, label, upscaled), records) on WRITTEN;
-    (sha256, (split, label, relpath)) of each written image on HASHES."""
+    (sha256, (split, label, relpath)) of each written image on HASHES; (split, SplitStats) of the shard on STATS."""
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
                  index_files: bool, file_format: str = TFRECORD, shard_names: str = STANDARD):
@@ -99,6 +102,7 @@ class _ConvertAndWrite(beam.DoFn):
         path = FileSystems.join(self._folder, name)
         written: Counter = Counter()  # (split, label, upscaled) -> records
         sizes = []  # size of each record in the file, in order
+        tally = StatsTally()  # the shard's pixel sums and source sizes: one small element leaves, not one per image
         ordered = sorted(refs, key=rank_order)  # one shard's references: thousands, not the dataset
         out = open_writer(path, self._file_format, self._compression)
         for outcome in convert_in_order(self._pool, ordered, self._settings, self._schema):
@@ -106,8 +110,10 @@ class _ConvertAndWrite(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, outcome.rejection)
                 continue
             sizes.append(out.write(outcome.example))
-            written[(key.split, outcome.ref.label, outcome.upscaled)] += 1
-            yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, outcome.ref.label,
+            label = label_of(outcome.ref)  # a tuple of class ids with --multi_label
+            written[(key.split, label, outcome.upscaled)] += 1
+            tally.add(outcome.stats, outcome.upscaled)
+            yield beam.pvalue.TaggedOutput(HASHES, (outcome.sha256, (key.split, label,
                                                                      display_path(outcome.ref.relpath))))
         size = out.close()
         final = name
@@ -117,15 +123,17 @@ class _ConvertAndWrite(beam.DoFn):
         if self._index_files:
             index = index_name(name)
             write_index(self._folder, index, sizes)
-        for tally, count in written.items():
-            yield beam.pvalue.TaggedOutput(WRITTEN, (tally, count))
+        for kind, count in written.items():
+            yield beam.pvalue.TaggedOutput(WRITTEN, (kind, count))
+        if tally.images:
+            yield beam.pvalue.TaggedOutput(STATS, (key.split, tally.result()))
         yield ShardInfo(key.split, final, len(sizes), size, index_name(final) if index else "",
                         name if final != name else "")
 
 
 class WriteShards(beam.PTransform):
-    """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection), WRITTEN (tallies) and HASHES
-    ((sha256, (split, label, relpath)) per written image) on the side.
+    """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection), WRITTEN (tallies), HASHES
+    ((sha256, (split, label, relpath)) per written image) and STATS ((split, SplitStats) per shard) on the side.
 
     Shards are written to the run's own temporary folder under their standard
     names; the dataset description publishes them into `output_dir`, under
@@ -150,5 +158,5 @@ class WriteShards(beam.PTransform):
             placed
             # (ShardKey, [ImageRef]): references only, a shard's worth each
             | "GroupByShard" >> beam.GroupByKey()
-            | "ConvertAndWrite" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, main="shards")
+            | "ConvertAndWrite" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, STATS, main="shards")
         )

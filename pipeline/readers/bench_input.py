@@ -43,6 +43,7 @@ class Source:
     resize: bool  # resize to image_size; otherwise every image must already have it
     split: str | None = None
     records_per_epoch: int | None = None
+    multi_hot_classes: int = 0  # a --multi_label dataset's num_classes: its labels are lists, fed as multi-hot
 
 
 @dataclass
@@ -107,6 +108,7 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
         image_key=image_key, label_key=label_key, image_size=image_size or stored,
         resize=image_size is not None and image_size != stored, split=split,
         records_per_epoch=info["splits"][split]["records"],
+        multi_hot_classes=len(info["class_names"]) if info.get("multi_label") else 0,
     )
 
 
@@ -225,10 +227,10 @@ def tfrecord_dataset(source: Source, stage: str, batch_size: int, dtype: str = "
     image_type = DTYPES[dtype]
 
     def parse(record):
-        example = reader.parse_image_label(record, source.image_key, source.label_key)
+        example = reader.parse_image_label(record, source.image_key, source.label_key, source.multi_hot_classes)
         if decode:
             example["image"] = _decode(example["image"], source.image_size, source.resize, image_type)
-        if "label" in example:
+        if "label" in example and not source.multi_hot_classes:
             example["label"] = tf.cast(example["label"], tf.int32)  # TPUs prefer 32-bit integers
         example["record_bytes"] = tf.strings.length(record)
         return example
@@ -403,7 +405,8 @@ def explain_error(error: Exception, source: Source | None, files: list[str]) -> 
     if isinstance(error, tf.errors.InvalidArgumentError) and source is not None:
         # Name the record: the first one that does not parse with the source's keys, or whose image does not decode.
         def check(record):
-            example = reader.parse_image_label(record, source.image_key, source.label_key)
+            example = reader.parse_image_label(record, source.image_key, source.label_key,
+                                               source.multi_hot_classes)
             return tf.shape(tf.io.decode_image(example["image"], channels=3, expand_animations=False))
 
         found = find_failing_record(files, source.compression, check)

@@ -97,8 +97,9 @@ def fit_tile(pixels: np.ndarray, tile_size: int) -> Image.Image:
     return image.resize(size, Image.Resampling.LANCZOS) if size != image.size else image
 
 
-def _label_of(data: bytes, label_key: str) -> int | str:
-    """The int64 label of a serialized Example, or what is wrong with the record (a string)."""
+def _label_of(data: bytes, label_key: str, multi_label: bool = False) -> int | tuple[int, ...] | str:
+    """The int64 label of a serialized Example (with `multi_label`, its tuple of labels), or what is wrong with
+    the record (a string)."""
     from google.protobuf.message import DecodeError
 
     from transforms.examples import Example
@@ -108,6 +109,8 @@ def _label_of(data: bytes, label_key: str) -> int | str:
     except DecodeError:
         return "not a tf.train.Example (it does not parse)"
     values = features[label_key].int64_list.value if label_key in features else []
+    if multi_label and label_key in features:
+        return tuple(values)
     if len(values) != 1:
         return f"has no int64 feature {label_key!r}"
     return values[0]
@@ -134,6 +137,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
     schema = info["schema"]
     label_key = SCHEMAS[schema]["label"][0]
+    multi_label = bool(info.get("multi_label"))  # a record goes in the row of each of its classes
     # image_tfrecords.json says how many images each class has here: stop as soon as all of them are found.
     counts = info["splits"][split].get("class_counts", {})
     wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
@@ -149,20 +153,22 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                     return chosen, read
                 read += 1
                 label = "data checksum mismatch (the record's bytes are corrupt)" if data is None else \
-                    _label_of(data, label_key)
+                    _label_of(data, label_key, multi_label)
                 if isinstance(label, str):
                     problems.append(f"{name} record {index}: {label}; skipped")
                     continue
-                if wanted.get(label, 0) <= 0:
+                rows = [k for k in (label if multi_label else (label,)) if wanted.get(k, 0) > 0]
+                if not rows:
                     continue
                 try:
-                    example = reader.parse_example(data, schema, decode=True)
+                    example = reader.parse_example(data, schema, decode=True, multi_label=multi_label)
                     example = {k: v.numpy() for k, v in example.items()}
                 except (tf.errors.OpError, UnicodeDecodeError) as e:
                     problems.append(f"{name} record {index}: cannot be shown ({reader.error_text(e)}); skipped")
                     continue
-                wanted[label] -= 1
-                chosen[label].append((offset + index, example))
+                for row in rows:
+                    wanted[row] -= 1
+                    chosen[row].append((offset + index, example))
         except CorruptRecord as e:
             problems.append(f"{name} {e}; skipped the rest of this shard")
         offset += listed["records"]
@@ -194,8 +200,10 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
                     sheet.paste(caption_image(f"{row}  {name}: no more in {split}", cell_w), caption_box[:2])
                 continue
             index, example = records[column]
-            label = int(example["label"])
-            class_name = example["class_name"].decode("utf-8")
+            if example["label"].ndim:  # --multi_label: the row's class, and every name the record holds
+                label, class_name = row, ";".join(n.decode("utf-8") for n in example["class_name"])
+            else:
+                label, class_name = int(example["label"]), example["class_name"].decode("utf-8")
             image = fit_tile(example["image"], tile_size)
             x = left + (tile_size - image.width) // 2
             y = top + (tile_size - image.height) // 2

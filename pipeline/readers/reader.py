@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
-from transforms.examples import OPTIONAL_FIELDS, SCHEMAS
+from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS
 from transforms.features import from_description
 from transforms.outputs import LEGACY_INFO_FILE
 
@@ -211,17 +211,20 @@ def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[
     return [join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
 
 
-def feature_spec(schema: str = "default", extras: tuple = ()) -> dict:
+def feature_spec(schema: str = "default", multi_label: bool = False, extras: tuple = ()) -> dict:
     """The `tf.io.parse_single_example` spec of a schema ('default' or 'tf_slim'), keyed by stored key.
 
+    With `multi_label` (a dataset written with --multi_label) the label and class_name keys are VarLenFeatures.
     `extras`: the typed extra features (`extra_features(info)`): one value as FixedLenFeature([]), N values as
     FixedLenFeature([N]), a list of any length as RaggedFeature (a 1-D tensor per example).
     """
     import tensorflow as tf
 
     # A key that older datasets lack (sha256) reads as '' there instead of failing the parse.
-    spec = {key: tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string,
-                                       default_value="" if field in OPTIONAL_FIELDS else None)
+    spec = {key: tf.io.VarLenFeature(tf.int64 if dtype == "int64" else tf.string)
+            if multi_label and field in MULTI_LABEL_FIELDS else
+            tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string,
+                                  default_value="" if field in OPTIONAL_FIELDS else None)
             for field, (key, dtype) in SCHEMAS[schema].items()}
     types = {"int64": tf.int64, "float": tf.float32, "string": tf.string}
     for feature in extras:
@@ -242,19 +245,29 @@ def extra_features(info: dict) -> tuple:
                            "convert again with this version") from None
 
 
+def multi_hot(labels, num_classes: int):
+    """A list of class ids (int64 [n]) as a float32 vector of `num_classes`: 1.0 at each id, 0.0 elsewhere."""
+    import tensorflow as tf
+
+    hot = tf.reduce_sum(tf.one_hot(labels, num_classes, dtype=tf.float32), axis=0)
+    return tf.minimum(hot, 1.0)
+
+
 def parse_example(serialized, schema: str = "default", decode: bool = True, image_size=None,
-                  extras: tuple = ()) -> dict:
+                  multi_label: bool = False, extras: tuple = ()) -> dict:
     """Parse one serialized Example into canonical names: image, label, class_name, height, width, source_path,
     sha256 ('' in datasets written before it was recorded); and each of `extras` (typed extra features) under its
     own name: a scalar, a [N] tensor, or a 1-D tensor of the example's own length for a list.
 
     With `decode`, `image` is a uint8 [H, W, 3] tensor (JPEG or PNG); `image_size`
-    (height, width) sets its static shape, as a TPU needs.
+    (height, width) sets its static shape, as a TPU needs. With `multi_label`, `label` is an int64 [n] tensor
+    of class ids (n >= 0) and `class_name` a string [n] tensor of their names.
     """
     import tensorflow as tf
 
-    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, extras=extras))
-    out = {field: parsed[key] for field, (key, _) in SCHEMAS[schema].items()}
+    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, multi_label, extras))
+    out = {field: tf.sparse.to_dense(parsed[key]) if isinstance(parsed[key], tf.sparse.SparseTensor) else parsed[key]
+           for field, (key, _) in SCHEMAS[schema].items()}
     out.update({feature.name: parsed[feature.name] for feature in extras})
     if decode:
         image = tf.io.decode_image(out["image"], channels=3, expand_animations=False)
@@ -269,21 +282,25 @@ def image_label_keys(schema: str = "default") -> tuple[str, str]:
     return SCHEMAS[schema]["image"][0], SCHEMAS[schema]["label"][0]
 
 
-def parse_image_label(serialized, image_key: str = "image", label_key: str | None = "label") -> dict:
+def parse_image_label(serialized, image_key: str = "image", label_key: str | None = "label",
+                      multi_hot_classes: int = 0) -> dict:
     """Parse only what a training step reads: {'image': encoded bytes, 'label': int64}.
 
     Other keys may be absent, so this also reads TFRecords written by other
-    tools. With `label_key` None the result has no 'label'.
+    tools. With `label_key` None the result has no 'label'. With `multi_hot_classes` (a --multi_label
+    dataset's num_classes) the label is read as a list and given as a float32 multi-hot vector of that size.
     """
     import tensorflow as tf
 
     spec = {image_key: tf.io.FixedLenFeature([], tf.string)}
     if label_key:
-        spec[label_key] = tf.io.FixedLenFeature([], tf.int64)
+        spec[label_key] = (tf.io.VarLenFeature(tf.int64) if multi_hot_classes
+                           else tf.io.FixedLenFeature([], tf.int64))
     parsed = tf.io.parse_single_example(serialized, spec)
     out = {"image": parsed[image_key]}
     if label_key:
-        out["label"] = parsed[label_key]
+        out["label"] = (multi_hot(tf.sparse.to_dense(parsed[label_key]), multi_hot_classes) if multi_hot_classes
+                        else parsed[label_key])
     return out
 
 
@@ -311,6 +328,11 @@ def make_dataset(
     `sparse_categorical_crossentropy`. `scale` makes the image float32 in
     [0, 1] (pixel / 255) instead of uint8 0-255.
 
+    A dataset written with --multi_label ("multi_label": true in image_tfrecords.json) has a list of class ids
+    per image: `one_hot` makes it a float32 multi-hot vector of `num_classes` (1.0 for each class of the
+    image), for `binary_crossentropy`; without it the label is the int64 [n] list (and `class_name` the
+    names), and a batch holds them as tf.RaggedTensor.
+
     Raises:
         DatasetError: when `dataset_dir` holds no complete dataset or no such split.
         ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale).
@@ -330,6 +352,7 @@ def make_dataset(
     image_size = (image["height"], image["width"]) if image.get("fixed_size") else None
     num_classes = info.get("num_classes", len(info["class_names"]))
     extras = extra_features(info)
+    multi_label = bool(info.get("multi_label"))
     ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = False
@@ -340,16 +363,21 @@ def make_dataset(
         ds = ds.repeat()
 
     def parse(serialized):
-        fields = parse_example(serialized, info["schema"], decode, image_size, extras=extras)
+        fields = parse_example(serialized, info["schema"], decode, image_size, multi_label, extras=extras)
         if scale:
             fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
-        if one_hot:
+        if one_hot and multi_label:
+            fields["label"] = multi_hot(fields["label"], num_classes)
+        elif one_hot:
             fields["label"] = tf.one_hot(fields["label"], num_classes, dtype=tf.float32)
         return (fields["image"], fields["label"]) if supervised else fields
 
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    if batch_size and not supervised and any(feature.var_len for feature in extras):
-        ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)  # lists of any length: ragged
+    # lists of any length per image: ragged (label and class_name with --multi_label, the image too without a
+    # fixed size; var-len extra features)
+    if batch_size and ((multi_label and not (one_hot and supervised))
+                       or (not supervised and any(feature.var_len for feature in extras))):
+        ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
     elif batch_size:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,
                       deterministic=False)

@@ -57,6 +57,7 @@ from transforms.tfrecord import CorruptRecord, record_offsets
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
 _CHUNK = 256  # records per tf.data pass
+_UNIT = "\x1f"  # between the class names of a --multi_label record, as verify joins them
 _MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
 
 
@@ -70,6 +71,7 @@ class _ShardResult:
     unread: int = 0  # records whose class is unknown: bad checksum or not an Example
     readable: bool = True
     class_counts: Counter = field(default_factory=Counter)
+    without_labels: int = 0  # --multi_label: records of no class
     problems: list[str] = field(default_factory=list)
     omitted: int = 0
     # (record index, source path, content key or None when the image cannot be read, class name)
@@ -109,15 +111,19 @@ class _RecordChecker:
         self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
         schema = info["schema"]
         extras = reader.extra_features(info)  # --features: each record must parse with its recorded types
+        self._multi = multi = bool(info.get("multi_label"))
 
         def summarise(index, serialized, decode):
-            fields = reader.parse_example(serialized, schema, decode=False, extras=extras)
+            fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi, extras=extras)
             facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width")}
+            if multi:  # lists of any length, as one string each so that a chunk batches
+                facts["label"] = tf.strings.reduce_join(tf.strings.as_string(fields["label"]), separator=",")
+                facts["class_name"] = tf.strings.reduce_join(fields["class_name"], separator=_UNIT)
             facts["index"] = index
             facts["head"] = tf.strings.substr(fields["image"], 0, 8)
             facts["format"] = fields["format"] if "format" in fields else tf.constant(self._format or "")
             if decode:
-                pixels = reader.parse_example(serialized, schema, decode=True)["image"]
+                pixels = reader.parse_example(serialized, schema, decode=True, multi_label=multi)["image"]
                 facts["shape"] = tf.shape(pixels, out_type=tf.int64)
                 facts["fingerprint"] = tf.fingerprint(tf.reshape(pixels, [1, -1]))[0]
             else:
@@ -198,10 +204,10 @@ class _RecordChecker:
             result.problem(index, f"the image cannot be decoded: {decode_error}")
         self._check_facts(result, row, decoded=False, content=not decode_error)
 
-    def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
-        index, label = int(row["index"]), int(row["label"])
+    def _check_label(self, result: _ShardResult, index: int, row: dict) -> str:
+        """The record's class id (in range) and name; its class name."""
+        label = int(row["label"])
         class_name = row["class_name"].decode("utf-8", "replace")
-        source_path = row["source_path"].decode("utf-8", "replace")
         if 0 <= label < len(self._labels):
             if class_name != self._labels[label]:
                 result.problem(index, f"class_name {class_name!r} does not match label {label}, which is "
@@ -211,6 +217,36 @@ class _RecordChecker:
             result.problem(index, f"label {label} is out of range: {LABELS_FILE} has {len(self._labels)} classes "
                                   f"(ids 0..{len(self._labels) - 1})")
             result.class_counts[f"<label {label}>"] += 1
+        return class_name
+
+    def _check_labels(self, result: _ShardResult, index: int, row: dict) -> str:
+        """--multi_label: the record's class ids (sorted, no repeats, in range) and names; its label set as text."""
+        text = row["label"].decode("ascii")
+        ids = [int(i) for i in text.split(",")] if text else []
+        names = row["class_name"].decode("utf-8", "replace").split(_UNIT) if ids or row["class_name"] else []
+        if ids != sorted(set(ids)):
+            result.problem(index, f"labels [{text}] are not sorted class ids without repeats")
+        bad = [i for i in ids if not 0 <= i < len(self._labels)]
+        if bad:
+            result.problem(index, f"label {bad[0]} is out of range: {LABELS_FILE} has {len(self._labels)} classes "
+                                  f"(ids 0..{len(self._labels) - 1})")
+        expected = [self._labels[i] if 0 <= i < len(self._labels) else f"<label {i}>" for i in ids]
+        if names != expected:
+            result.problem(index, f"class_name {names!r} does not match labels [{text}], which are {expected!r} "
+                                  f"in {LABELS_FILE}")
+        for name in expected:
+            result.class_counts[name] += 1
+        if not ids:
+            result.without_labels += 1
+        return ";".join(expected)
+
+    def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
+        index = int(row["index"])
+        source_path = row["source_path"].decode("utf-8", "replace")
+        if self._multi:
+            class_name = self._check_labels(result, index, row)  # the names joined by ';'
+        else:
+            class_name = self._check_label(result, index, row)
         stored_format = row["format"].decode("utf-8", "replace")
         if self._format in _MAGIC and (stored_format != self._format or not row["head"].startswith(
                 _MAGIC[self._format])):
@@ -412,7 +448,12 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but its shards list "
                                    f"{listed_sum}")
         class_sum = sum(split_info.get("class_counts", {}).values())
-        if class_sum != expected:
+        if info.get("multi_label"):  # an image counts once for each of its classes: no class counts more
+            most = max(split_info.get("class_counts", {}).values(), default=0)
+            if most > (expected or 0):
+                report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but a class counts "
+                                       f"{most}")
+        elif class_sum != expected:
             report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but its class counts add "
                                    f"up to {class_sum}")
         shards = by_split.get(split, [])
@@ -426,6 +467,10 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             continue  # the class of an unreadable record is unknown; that record is already a problem
         counted = sum((r.class_counts for _, r in shards), Counter())
         listed_counts = split_info.get("class_counts", {})
+        without = sum(r.without_labels for _, r in shards)
+        if info.get("multi_label") and without != split_info.get("images_without_labels", 0):
+            report.problems.append(f"split {split!r}: {without} records have no label, but {INFO_FILE} says "
+                                   f"{split_info.get('images_without_labels', 0)}")
         for name in sorted(set(counted) | set(listed_counts)):
             if counted[name] != listed_counts.get(name, 0):
                 report.problems.append(f"split {split!r} class {name!r}: {counted[name]} records, but {INFO_FILE} "
@@ -546,7 +591,8 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         return
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
-                                               info["compression"], features=reader.extra_features(info))
+                                               info["compression"], multi_label=bool(info.get("multi_label")),
+                                               features=reader.extra_features(info))
     except (KeyError, TypeError, ValueError, DatasetError):
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
