@@ -54,6 +54,19 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "folders: columns path (relative to the manifest's folder or --input_dir, absolute, or gs://), "
              "label (a class name) and optionally split (train, validation or val, test). "
              "Default: none, class folders.")
+    add("--features", default=None,
+        help="Types of the extra manifest (or --metadata) columns, each written into every Example under the "
+             "column's name: name:type,... such as score:float,size:int[2],box:float[4],tags:string_list, or "
+             "@FILE, a JSON object {\"score\": \"float\", ...} (local or gs://). Types: int, float, string "
+             "(one value), int[N], float[N], string[N] (exactly N), int_list, float_list, string_list (any "
+             "number); in CSV a list is a;b;c or a JSON array. A row whose value is not of its type is rejected "
+             "as manifest_bad_value. A column without a type is stored as string. Default: none, every extra "
+             "column stored as string.")
+    add("--metadata", default=None,
+        help="With class folders: a CSV or JSON Lines file (local or gs://) with a path column (the image's path "
+             "below --input_dir, e.g. roses/1.jpg) and extra columns typed by --features, joined to the images "
+             "inside the job. An image without a row is skipped as metadata_missing; rows whose image is not "
+             "found are counted in the summary. Default: none.")
     add("--multi_label", **ON_OFF,
         help="With --manifest: each image has several classes, from a labels column (class names separated by "
              "';' in a CSV, a JSON list in JSON Lines) instead of label; each record stores the list of class ids "

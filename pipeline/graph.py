@@ -7,12 +7,14 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
+from transforms import metadata
 from transforms.describe import DescribeDataset
 from transforms.duplicates import DROPPED, DropDuplicates
 from transforms.duplicates import HASHES as DUP_HASHES
 from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import CLASS_NAMES, ReadManifest
+from transforms.metadata import JoinMetadata
 from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
 
@@ -33,6 +35,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             validation_split=settings.validation_split,
             test_split=settings.test_split,
             size=plan.manifest_file_size,
+            features=plan.features,
             multi_label=settings.multi_label,
             group_by=settings.group_by,
             groups=plan.manifest_groups,
@@ -54,6 +57,12 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         images, not_listed, found = labeled.images, [listed[SKIPPED], labeled[UNLABELED]], listed[FOUND]
         groups = labeled[GROUPS]
         class_names = plan.class_names
+        if settings.metadata:
+            # ImageRef -> ImageRef with its --metadata row's extras: the file and the images joined by relpath
+            joined = images | "JoinMetadata" >> JoinMetadata(settings.metadata, plan.metadata_format,
+                                                             settings.input_dir, plan.features)
+            images, metadata_stats = joined["images"], joined[metadata.STATS]
+            not_listed.append(joined[metadata.SKIPPED])
     dropped, source_hashes = [], None
     if settings.duplicates == "drop":
         # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
@@ -79,6 +88,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     grouped = bool(settings.group_by) or plan.manifest_groups
     if grouped:
         inputs["groups"] = groups
+    if settings.metadata:
+        inputs["metadata"] = metadata_stats
     split_by = "split_folders" if plan.split_folders else "group_hash" if grouped else "path_hash"
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
@@ -90,5 +101,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         start_time,
         __version__,
         split_by,
+        extra_features=plan.features,
     )
     return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

@@ -62,6 +62,9 @@ def run(argv: list[str] | None = None) -> int:
     if settings.manifest and cloud.is_dataflow(options) and not cloud.is_gcs(settings.manifest):
         raise UserError(f"--manifest {settings.manifest} is not a gs:// path, and Dataflow workers read the manifest: "
                         "copy it to a bucket (gcloud storage cp) and give its gs:// path")
+    if settings.metadata and cloud.is_dataflow(options) and not cloud.is_gcs(settings.metadata):
+        raise UserError(f"--metadata {settings.metadata} is not a gs:// path, and Dataflow workers read it: "
+                        "copy it to a bucket (gcloud storage cp) and give its gs:// path")
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
     start_time = time.time()
     with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan

@@ -28,6 +28,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     parse_bool,
     parse_image_size,
 )
+from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
 
 NAMED_COLOURS = {
@@ -72,6 +73,8 @@ class Settings:
     group_by: str | None = None
     duplicates: str = "keep"
     manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
+    features: tuple = ()  # --features: the declared FeatureTypes (transforms.features), in the order given
+    metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
     multi_label: bool = False  # --manifest's labels column: several classes per image
 
     @property
@@ -109,6 +112,8 @@ class Settings:
             "shard_names": self.shard_names,
             "group_by": self.group_by,
             "duplicates": self.duplicates,
+            "features": format_spec(self.features) or None,
+            "metadata": self.metadata,
             "multi_label": self.multi_label,
         }
 
@@ -209,6 +214,31 @@ def parse_group_by(text: str | None) -> str | None:
     return text
 
 
+def parse_features(text: str | None) -> tuple:
+    """--features as FeatureTypes: name:type,... or @FILE (a JSON object {name: type}, local or gs://)."""
+    if text is None or str(text).strip() == "":
+        return ()
+    value = str(text).strip()
+    flag = f"--features={value}"
+    if value.startswith("@"):
+        path = value[1:]
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            with FileSystems.open(path) as f:
+                value = f.read().decode("utf-8-sig")
+        except Exception as e:  # noqa: BLE001 - what the file system says
+            raise UserError(f"--features file {path} cannot be read ({type(e).__name__}): give a JSON file "
+                            '{"name": "type", ...} that exists, or name:type,... on the command line') from None
+        flag = f"--features file {path}"
+        if not value.strip().startswith("{"):
+            raise UserError(f'{flag} is not a JSON object: write {{"score": "float", "box": "float[4]"}}')
+    try:
+        return parse_spec(value)
+    except ValueError as e:
+        raise UserError(f"{flag} {e}") from None
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -222,6 +252,14 @@ def validate(options: PipelineOptions) -> Settings:
     if o.multi_label and not manifest:
         raise UserError("--multi_label needs --manifest: class folders give each image one class; list the images "
                         "in a manifest with a labels column (names separated by ';'), or drop --multi_label")
+    metadata = o.metadata or None
+    if metadata and manifest:
+        raise UserError("--metadata is for class folders, and a --manifest carries its own extra columns: put "
+                        "them in the manifest, or drop --metadata")
+    features = parse_features(o.features)
+    if features and not (manifest or metadata):
+        raise UserError("--features types the extra columns of --manifest or --metadata: give one of them, or "
+                        "drop --features")
     # With --manifest, --input_dir is the base of the manifest's relative paths (default: the manifest's folder).
     input_dir = o.input_dir or (manifest.rsplit("/", 1)[0] if "/" in manifest else ".")
     if not o.output_dir:
@@ -318,6 +356,8 @@ def validate(options: PipelineOptions) -> Settings:
         shard_names=o.shard_names,
         group_by=group_by,
         duplicates=o.duplicates,
+        features=features,
+        metadata=metadata,
         multi_label=bool(o.multi_label),
     )
 

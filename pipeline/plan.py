@@ -24,7 +24,7 @@ from pipeline import cloud, estimate
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
-from transforms import manifest
+from transforms import features, manifest, metadata
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     class_name_problem,
@@ -56,6 +56,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     manifest_format: str = ""  # with --manifest: 'csv' or 'jsonl'
     manifest_file_size: int = 0  # with --manifest: the sampled files' mean size, standing in for each file's
+    features: tuple = ()  # the extra features (transforms.features.FeatureType): declared, then string columns
+    metadata_format: str = ""  # with --metadata: 'csv' or 'jsonl'
     manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
 
     def image_info(self, settings: Settings) -> dict:
@@ -352,13 +354,14 @@ def plan_dataset(settings: Settings) -> Plan:
     upscale = None if settings.quiet else upscale_notice(settings, sample_files, sample)
     if upscale:
         notes.insert(0, upscale)
-    return Plan(
+    plan = Plan(
         class_names=class_names,
         split_folders=split_folders,
         sizing=shard_sizing(settings, sample, [size for _, _, size in sample_files]),
         unknown_classes=unknown,
         notes=notes,
     )
+    return plan_metadata(settings, plan) if settings.metadata else plan
 
 
 # The launcher reads the header and this many rows (their files size the shards), never the whole manifest.
@@ -399,10 +402,9 @@ def plan_manifest(settings: Settings) -> Plan:
             if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
                 break
     notes = []
-    extra = [c for c in columns if c not in manifest.KNOWN_COLUMNS or c == ("label" if settings.multi_label
-                                                                            else "labels")]
-    if extra:
-        notes.append(f"{len(extra)} extra manifest column(s) ignored: {', '.join(extra[:10])}")
+    found = plan_features(settings, columns, f"--manifest {path}", notes)
+    if settings.multi_label and "label" in columns:
+        notes.append("the manifest's label column is ignored: --multi_label reads the labels column")
     # without --labels_file the job finds the class names (the rows' distinct labels)
     class_names = read_labels_file(settings.labels_file) if settings.labels_file else []
     sample_files = []
@@ -414,15 +416,80 @@ def plan_manifest(settings: Settings) -> Plan:
             continue  # a missing file is the job's to report (read_error)
     sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
     sizes = [s for _, _, s in sample_files]
+    extra = features.mean_extras_bytes(found, (dict(row.columns) for row in sample_rows))
     return Plan(
         class_names=class_names,
         split_folders=False,
-        sizing=shard_sizing(settings, sample, sizes),
+        sizing=shard_sizing(settings, sample, sizes)._replace(extra_bytes_per_image=extra),
         notes=notes,
         manifest_format=fmt,
         manifest_file_size=int(sum(sizes) / len(sizes)) if sizes else 100_000,
+        features=found,
         manifest_groups="group" in columns,
     )
+
+
+def plan_features(settings: Settings, columns: list[str], where: str, notes: list[str]) -> tuple:
+    """The extra features of a manifest or metadata file with `columns`: the declared ones (each must be a
+    column), then the other columns as string (named once in `notes`)."""
+    missing = [f.name for f in settings.features if f.name not in columns]
+    if missing:
+        raise UserError(f"--features types the column {missing[0]!r}, which {where} does not have (its columns: "
+                        f"{', '.join(columns)}): add the column, or drop it from --features")
+    found, stored, left_out = features.with_columns(settings.features, columns)
+    if stored:
+        notes.append(f"{len(stored)} extra column(s) without a --features type, stored as string: "
+                     f"{', '.join(stored[:10])}{' ...' if len(stored) > 10 else ''}")
+    if left_out:
+        notes.append(f"{len(left_out)} extra column(s) ignored, their names cannot be feature keys: "
+                     f"{', '.join(left_out[:10])} (rename them to lower-case letters, digits and _, not a stored "
+                     "key, to keep them)")
+    return found
+
+
+def read_header(path: str, flag: str) -> tuple[str, list[str]]:
+    """(format, column names) of a CSV or JSON Lines file, from its first line."""
+    try:
+        with FileSystems.open(path, compression_type="auto") as raw:
+            stream = manifest.text_stream(raw)
+            first = stream.readline()
+    except Exception:
+        raise UserError(f"{flag} {path} does not exist or cannot be read: give the CSV or JSON Lines file") from None
+    if not first.strip():
+        raise UserError(f"{flag} {path} is empty: write a header line (path,...) and one row per image, or one "
+                        "JSON object per line")
+    fmt = manifest.manifest_format(path, first)
+    if fmt == "csv":
+        return fmt, manifest.csv_header(first)
+    try:
+        row = json.loads(first)
+        if not isinstance(row, dict):
+            raise TypeError
+    except (ValueError, TypeError):
+        raise UserError(f"{flag} {path}: its first line is not a JSON object: write one "
+                        '{"path": ..., ...} object per line, or give a .csv') from None
+    return fmt, [str(k).lower() for k in row]
+
+
+def plan_metadata(settings: Settings, plan: Plan) -> Plan:
+    """With --metadata: check its header (a path column, the --features columns) and add its features to `plan`."""
+    fmt, columns = read_header(settings.metadata, "--metadata")
+    if "path" not in columns:
+        raise UserError(f"--metadata {settings.metadata} has no 'path' column (columns: {', '.join(columns)}): "
+                        "name the column of image paths below --input_dir path")
+    plan.features = plan_features(settings, columns, f"--metadata {settings.metadata}", plan.notes)
+    plan.metadata_format = fmt
+    # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
+    rows = []
+    with FileSystems.open(settings.metadata, compression_type="auto") as raw:
+        stream = manifest.text_stream(raw)
+        for seen, (key, row) in enumerate(metadata.read_metadata(stream, fmt, settings.input_dir), start=1):
+            if key is not None:
+                rows.append(dict(row.columns))
+            if len(rows) >= MANIFEST_SAMPLE_ROWS or seen >= 100 * MANIFEST_SAMPLE_ROWS:
+                break
+    plan.sizing = plan.sizing._replace(extra_bytes_per_image=features.mean_extras_bytes(plan.features, rows))
+    return plan
 
 
 def check_manifest_columns(path: str, columns: list[str], settings: Settings) -> None:

@@ -105,6 +105,20 @@ def group_lines(info: dict) -> list[str]:
     return lines
 
 
+def metadata_line(info: dict) -> str:
+    """One line on what the --metadata join found, or '' when every row named an image (or no --metadata)."""
+    found = info.get("metadata") or {}
+    kinds = [(found.get("unmatched_rows", 0), "name no image to convert (not found, or skipped)"),
+             (found.get("duplicate_rows", 0), "repeat a path (the first row is used)"),
+             (found.get("bad_rows", 0), "cannot be read (no path, another number of fields than the header, "
+                                        "not CSV or JSON)")]
+    parts = [f"{n} {what}" for n, what in kinds if n]
+    if not parts:
+        return ""
+    return (f"Metadata: {found.get('joined', 0)} of {found.get('rows', 0)} rows joined to an image; rows that "
+            f"{'; '.join(parts)}: see \"metadata\" in image_tfrecords.json for the first of each.")
+
+
 def duplicates_line(info: dict) -> str:
     """One line on the groups of byte-identical source files, or '' when there are none."""
     found = info.get("duplicates") or {}
@@ -204,7 +218,7 @@ def format_summary(info: dict) -> str:
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
             lines.append(f"{title}: {reasons} (see {info['error_report']})")
-    for line in (split_shares_line(info), *group_lines(info), duplicates_line(info)):
+    for line in (split_shares_line(info), *group_lines(info), duplicates_line(info), metadata_line(info)):
         if line:
             lines.append(line)
     if files.get("upscaled"):

@@ -64,7 +64,8 @@ def test_csv_manifest_with_splits_relative_and_absolute_paths(tmp_path, capsys):
     assert info["splits"]["test"]["class_counts"] == {"dog": 2}
     assert info["splits"]["train"]["class_counts"] == {"cat": 4}
     assert (out / "labels.txt").read_text() == "cat\ndog\n"
-    assert capsys.readouterr().err.count("1 extra manifest column(s) ignored: photographer") == 1
+    assert capsys.readouterr().err.count(
+        "1 extra column(s) without a --features type, stored as string: photographer") == 1
 
 
 @pytest.mark.timeout(300)

@@ -206,6 +206,7 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
             sha256=image.sha256,
             labels=ref.labels,
             label_names=ref.label_names,
+            extras=ref.extras,
         )
         counters.inc("images_converted")
         yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats)

@@ -26,6 +26,7 @@ from transforms import duplicates as dup
 from transforms import stats as pixel_stats
 from transforms import tfds_metadata
 from transforms.examples import feature_description
+from transforms.features import describe as describe_features
 from transforms.groups import SummariseGroups
 from transforms.layout import SPLITS
 from transforms.outputs import (
@@ -185,13 +186,16 @@ def check_accounting(counts: Accounting) -> None:
 
 def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
                  tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
-                 duplicates: dict | None = None, statistics: dict | None = None) -> dict:
+                 duplicates: dict | None = None, statistics: dict | None = None, extra_features: tuple = (),
+                 metadata: dict | None = None) -> dict:
     """The dataset description, INFO_FILE's content, of a run whose accounting is `counts`.
 
     `tfds`: TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
     `split_by`: how the splits were made; `groups`: what --group_by found (None without it);
     `duplicates`: the groups of identical source files (`transforms.duplicates.describe`);
-    `statistics`: pixel mean and std, source sizes and upscaling per split (`transforms.stats.describe`).
+    `statistics`: pixel mean and std, source sizes and upscaling per split (`transforms.stats.describe`);
+    `extra_features`: the typed extra features (transforms.features.FeatureType); `metadata`: what the --metadata
+    join found (None without it).
     """
     all_shards = [s for info in counts.splits.values() for s in info["shards"]]
     elapsed = max(time.time() - start_time, 1e-9)
@@ -202,7 +206,8 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "run_id": run_id,
         "options": options,
         "schema": schema,
-        "features": feature_description(schema, bool(options.get("multi_label"))),
+        "features": feature_description(schema, bool(options.get("multi_label")),
+                                        extras=describe_features(extra_features)),
         **({"multi_label": True} if options.get("multi_label") else {}),
         "image": image_info,
         "compression": options["compression"],
@@ -214,6 +219,7 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         **({"statistics": statistics} if statistics is not None else {}),
         **({"groups": groups} if groups is not None else {}),
         **({"duplicates": duplicates} if duplicates is not None else {}),
+        **({"metadata": metadata} if metadata is not None else {}),
         "rejected_by_reason": counts.rejected_by_reason,
         "skipped_by_reason": counts.skipped_by_reason,
         "shard_bytes": _summary([s["bytes"] for s in all_shards]),
@@ -229,9 +235,10 @@ class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash"):
+                 split_by="path_hash", extra_features=()):
         self._output_dir = output_dir
         self._split_by = split_by
+        self._extra_features = tuple(extra_features)
         self._run_id = run_id
         self._class_names = class_names
         self._schema = schema
@@ -241,7 +248,7 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
-                class_names=None):
+                metadata=None, class_names=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
         counts = summarise(tallies, shard_stats, self._class_names)
@@ -254,12 +261,12 @@ class _WriteInfo(beam.DoFn):
         tfds_files, tfds_note = tfds_metadata.tfds_files(
             counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
             description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).",
-            multi_label=bool(self._options.get("multi_label")))
+            multi_label=bool(self._options.get("multi_label")), features=self._extra_features)
         info = dataset_info(counts, self._run_id, self._class_names, self._schema, self._options,
                             self._image_info, self._start_time, self._tool_version,
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
                             groups=groups, duplicates=dup.describe(duplicates, self._class_names),
-                            statistics=statistics)
+                            statistics=statistics, extra_features=self._extra_features, metadata=metadata)
         all_shards = [s for split in info["splits"].values() for s in split["shards"]]
         renamed = counts.renamed
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
@@ -324,14 +331,14 @@ class DescribeDataset(beam.PTransform):
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash"):
+                 split_by="path_hash", extra_features=()):
         super().__init__()
         self._output_dir = output_dir
         # a list, or a PCollection of one list (the class names found in the job): a side input
         self._names = class_names if isinstance(class_names, beam.PCollection) else None
         given = [] if self._names is not None else class_names
         self._info_fn = _WriteInfo(output_dir, run_id, given, schema, options, image_info, start_time,
-                                   tool_version, split_by)
+                                   tool_version, split_by, extra_features=extra_features)
 
     def expand(self, inputs):
         rejections = inputs["rejections"]
@@ -358,6 +365,8 @@ class DescribeDataset(beam.PTransform):
             side["stats"] = beam.pvalue.AsList(inputs["stats"] | "CombineStats" >> beam.CombinePerKey(MergeStats()))
         if "groups" in inputs:  # one small dict: what --group_by found
             side["groups"] = beam.pvalue.AsSingleton(inputs["groups"] | "SummariseGroups" >> SummariseGroups())
+        if "metadata" in inputs:  # one small dict: what the --metadata join found
+            side["metadata"] = beam.pvalue.AsSingleton(inputs["metadata"])
         if self._names is not None:  # one list: the class names
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         return (

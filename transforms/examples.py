@@ -116,11 +116,14 @@ def build_example(
     sha256: str = "",
     labels: Sequence[int] | None = None,
     label_names: Sequence[str] = (),
+    extras: tuple = (),
 ) -> bytes:
     """A serialized tf.train.Example holding one image and its label under `schema`'s keys.
 
     With `labels` (--multi_label) the label key holds that list of class ids (an int64_list of any length,
     empty for an image of no class) and the class_name key the list `label_names`, instead of one each.
+    `extras`: typed extra features, ((key, dtype, values), ...) with dtype int64 (an int64_list), float (a
+    float_list) or string (a bytes_list of UTF-8); see transforms.features.
     """
     values = {
         "image": image,
@@ -148,6 +151,14 @@ def build_example(
             features[key].bytes_list.value.append(value.encode("utf-8"))
         else:
             features[key].bytes_list.value.append(value)
+    for key, dtype, items in extras:
+        feature = features[key]
+        if dtype == "int64":
+            feature.int64_list.value.extend(items)
+        elif dtype == "float":
+            feature.float_list.value.extend(items)
+        else:
+            feature.bytes_list.value.extend(v.encode("utf-8") for v in items)
     # Map entries in key order: the same image gives the same bytes in any process (map order is otherwise
     # free to differ between processes, and so would the shards).
     return example.SerializeToString(deterministic=True)
@@ -156,13 +167,16 @@ def build_example(
 MULTI_LABEL_FIELDS = ("label", "class_name")  # lists of any length with --multi_label
 
 
-def feature_description(schema: str = "default", multi_label: bool = False) -> dict[str, dict[str, object]]:
+def feature_description(schema: str = "default", multi_label: bool = False, extras: dict | None = None
+                        ) -> dict[str, dict[str, object]]:
     """The written keys as JSON-friendly {key: {dtype, shape, field}}; image_tfrecords.json's "features" holds this.
 
     With `multi_label` the label and class_name keys have shape [-1]: a list of any length (a VarLenFeature).
+    `extras`: the typed extra features' own descriptions (transforms.features.describe), listed after the schema's.
     """
     return {
-        key: {"dtype": "int64" if dtype == "int64" else "string",
-              "shape": [-1] if multi_label and field_name in MULTI_LABEL_FIELDS else [], "field": field_name}
-        for field_name, (key, dtype) in SCHEMAS[schema].items()
+        **{key: {"dtype": "int64" if dtype == "int64" else "string",
+                 "shape": [-1] if multi_label and field_name in MULTI_LABEL_FIELDS else [], "field": field_name}
+           for field_name, (key, dtype) in SCHEMAS[schema].items()},
+        **(extras or {}),
     }

@@ -3,11 +3,12 @@
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
 gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); with
 --multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
-one group share a split). The file is cut into byte ranges that any worker reads (a compressed one is read
-as one stream); every row keeps its row number for errors.jsonl, as a sequential read gives it (the records
-of each range are counted first). A row that cannot be used becomes a Rejection with its row number; a path
-listed twice keeps its first row. Without --labels_file, the class names are the rows' distinct labels,
-found in the job.
+one group share a split). Its other columns are typed extra features (transforms.features), written into
+each Example. The file is cut into byte ranges that any worker reads (a compressed one is read as one
+stream); every row keeps its row number for errors.jsonl, as a sequential read gives it (the records of each
+range are counted first). A row that cannot be used becomes a Rejection with its row number; a path listed
+twice keeps its first row. Without --labels_file, the class names are the rows' distinct labels, found in
+the job.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
+from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.layout import (
     SPLIT_FOLDER_NAMES,
     UNKNOWN_CLASS,
@@ -67,6 +69,7 @@ class ManifestRow(NamedTuple):
     split: str
     labels: tuple[str, ...] | None = None  # the `labels` field's class names as written; None without one
     group: str = ""  # the `group` field ('' without one)
+    columns: tuple = ()  # (column, value as the file gives it) of its other columns, typed by _Label
 
 
 class RowProblem(Exception):
@@ -136,7 +139,9 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, text("group"))
+    columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, text("group"),
+                       columns=columns)
 
 
 def label_list(value, row: int) -> tuple[str, ...] | None:
@@ -520,13 +525,15 @@ class _Label(beam.DoFn):
     as the side input `class_names` (found in the job)."""
 
     def __init__(self, class_ids: dict[str, int] | None, seed: int, validation_split: float, test_split: float,
-                 size: int, multi_label: bool = False, group_by: str | None = None, groups: bool = False):
+                 size: int, multi_label: bool = False, group_by: str | None = None, groups: bool = False,
+                 features: tuple = ()):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
         self._multi_label, self._group_by, self._groups = multi_label, group_by, groups or bool(group_by)
         self._group_re = None
         self._names = {i: name for name, i in (class_ids or {}).items()}
         self._found_names = None
+        self._features = features
 
     def setup(self):
         self._group_re = re.compile(self._group_by) if self._group_by else None
@@ -540,13 +547,20 @@ class _Label(beam.DoFn):
             counters.inc("files_unlabeled" if ref.stage == "skipped" else "manifest_rows_rejected")
             yield beam.pvalue.TaggedOutput(SKIPPED, ref)
             return
+        try:
+            extras = row_extras(self._features, dict(row.columns)) if self._features else ()
+        except BadValue as e:
+            counters.inc("manifest_rows_rejected")
+            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_VALUE,
+                                                              f"row {row.row}: {e}"))
+            return
         counters.inc("images_to_convert")
         # A group column, else --group_by's match in the path as written; a row without one is its own group.
         group = row.group or group_of(row.relpath, self._group_re)
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
         if self._groups:
             yield beam.pvalue.TaggedOutput(GROUPS, (display_path(group), split, display_path(row.relpath)))
-        yield ref._replace(split=split)
+        yield ref._replace(split=split, extras=extras)
 
     def _bad_label(self, row: ManifestRow) -> Rejection | None:
         names = (row.labels or ()) if self._multi_label else (row.class_name,)
@@ -598,12 +612,14 @@ class ReadManifest(beam.PTransform):
 
     def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str] | None, *, seed: int,
                  validation_split: float, test_split: float, size: int, multi_label: bool = False,
-                 group_by: str | None = None, groups: bool = False, range_bytes: int | None = None):
+                 group_by: str | None = None, groups: bool = False, features: tuple = (),
+                 range_bytes: int | None = None):
         super().__init__()
         self._manifest, self._fmt, self._base, self._range_bytes = manifest, fmt, base, range_bytes
         self._class_names, self._multi_label = class_names, multi_label
         ids = None if class_names is None else {name: i for i, name in enumerate(class_names)}
-        self._label = _Label(ids, seed, validation_split, test_split, size, multi_label, group_by, groups)
+        self._label = _Label(ids, seed, validation_split, test_split, size, multi_label, group_by, groups,
+                             features=features)
 
     def expand(self, pbegin):
         manifest, range_bytes = self._manifest, self._range_bytes or RANGE_BYTES

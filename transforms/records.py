@@ -29,6 +29,7 @@ class ImageRef(NamedTuple):
     # same order; `label` is then -1 and `class_name` the names joined by ';'. None for a single label.
     labels: tuple[int, ...] | None = None
     label_names: tuple[str, ...] = ()
+    extras: tuple = ()  # typed extra features, ((key, dtype, values), ...): see transforms.features
 
 
 def label_of(ref: ImageRef) -> int | tuple[int, ...]:

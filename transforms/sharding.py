@@ -53,11 +53,13 @@ class ShardSizing(NamedTuple):
     shard_size_mb: int
     bytes_per_image: float
     bytes_per_source_byte: float | None = None
+    extra_bytes_per_image: float = 0.0  # the typed extra features (--features) of one record, on top
 
     def estimated_bytes(self, images: int, source_bytes: int) -> float:
+        extra = images * self.extra_bytes_per_image
         if self.bytes_per_source_byte is not None:
-            return source_bytes * self.bytes_per_source_byte
-        return images * self.bytes_per_image
+            return source_bytes * self.bytes_per_source_byte + extra
+        return images * self.bytes_per_image + extra
 
     def shard_count(self, split: str, images: int, source_bytes: int) -> int:
         """Shards for a split of `images` images (`source_bytes` in all): never more shards than images."""

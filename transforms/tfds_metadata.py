@@ -7,7 +7,8 @@ With these files `tfds.builder_from_directory(output_dir)` loads the dataset as 
                             supervised keys (image, label)
     features.json           TFDS's feature config: the image as an `Image` of the stored size (None x None
                             when the size varies), the label as a `ClassLabel`, the other keys as `Text`
-                            and `Scalar`
+                            and `Scalar`; typed extra features (--features) as `Scalar`, `Text`, or a
+                            `Tensor` of shape (N,) or (None,) for lists
     <label>.labels.txt      the `ClassLabel`'s names (label.labels.txt, or image-class-label.labels.txt
                             for --schema=tf_slim)
 
@@ -39,8 +40,22 @@ _CLASSES = {
     "label": _PREFIX + "class_label_feature.ClassLabel",
     "text": _PREFIX + "text_feature.Text",
     "scalar": _PREFIX + "scalar.Scalar",
+    "tensor": _PREFIX + "tensor_feature.Tensor",
     "sequence": _PREFIX + "sequence_feature.Sequence",
 }
+_TFDS_DTYPES = {"int64": "int64", "float": "float32", "string": "string"}
+
+
+def _extra_leaf(feature) -> dict:
+    """A typed extra feature's config: a Scalar or Text (one value), a Tensor of shape [N] or [None] (a list)."""
+    dtype = _TFDS_DTYPES[feature.dtype]
+    if feature.length == 0:
+        if feature.dtype == "string":
+            return {"pythonClassName": _CLASSES["text"], "text": {}}
+        return {"pythonClassName": _CLASSES["scalar"], "tensor": {"shape": {}, "dtype": dtype, "encoding": "none"}}
+    dims = ["-1"] if feature.length is None else [str(feature.length)]
+    return {"pythonClassName": _CLASSES["tensor"],
+            "tensor": {"shape": {"dimensions": dims}, "dtype": dtype, "encoding": "none"}}
 
 
 def _sequence(feature: dict) -> dict:
@@ -98,15 +113,17 @@ def _features_content(tree: dict, image_info: dict, num_classes: int, multi_labe
     return {"features": features}
 
 
-def features_json(schema: str, image_info: dict, num_classes: int, multi_label: bool = False) -> dict:
+def features_json(schema: str, image_info: dict, num_classes: int, multi_label: bool = False,
+                  features: tuple = ()) -> dict:
     """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`.
 
     With `multi_label` the label is a Sequence of ClassLabel and class_name a Sequence of Text (lists).
+    `features`: the typed extra features (transforms.features.FeatureType), each a top-level key of its own.
     """
-    return {
-        "pythonClassName": _CLASSES["dict"],
-        "featuresDict": _features_content(_nest(schema), image_info, num_classes, multi_label),
-    }
+    content = _features_content(_nest(schema), image_info, num_classes, multi_label)
+    for feature in features:
+        content["features"][feature.name] = _extra_leaf(feature)
+    return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
 
 
 def labels_file(schema: str) -> str:
@@ -177,7 +194,8 @@ def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
 
 
 def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[str], compression: str,
-               description: str = "", multi_label: bool = False) -> tuple[dict[str, str], str | None]:
+               description: str = "", multi_label: bool = False, features: tuple = ()
+               ) -> tuple[dict[str, str], str | None]:
     """{file name: text} of TFDS's files for this dataset, in the order to write them, and None; or ({}, why not)."""
     import json
 
@@ -186,8 +204,8 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
         return {}, why_not
     return {
         labels_file(schema): "".join(f"{name}\n" for name in class_names),
-        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label), indent=4,
-                                       sort_keys=True),
+        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label,
+                                                     features=features), indent=4, sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
     }, None
 

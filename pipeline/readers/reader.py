@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pipeline.errors import DatasetError
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
 from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS
+from transforms.features import from_description
 from transforms.outputs import LEGACY_INFO_FILE
 
 if TYPE_CHECKING:
@@ -210,19 +211,38 @@ def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[
     return [join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
 
 
-def feature_spec(schema: str = "default", multi_label: bool = False) -> dict:
+def feature_spec(schema: str = "default", multi_label: bool = False, extras: tuple = ()) -> dict:
     """The `tf.io.parse_single_example` spec of a schema ('default' or 'tf_slim'), keyed by stored key.
 
     With `multi_label` (a dataset written with --multi_label) the label and class_name keys are VarLenFeatures.
+    `extras`: the typed extra features (`extra_features(info)`): one value as FixedLenFeature([]), N values as
+    FixedLenFeature([N]), a list of any length as RaggedFeature (a 1-D tensor per example).
     """
     import tensorflow as tf
 
     # A key that older datasets lack (sha256) reads as '' there instead of failing the parse.
-    return {key: tf.io.VarLenFeature(tf.int64 if dtype == "int64" else tf.string)
+    spec = {key: tf.io.VarLenFeature(tf.int64 if dtype == "int64" else tf.string)
             if multi_label and field in MULTI_LABEL_FIELDS else
             tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string,
                                   default_value="" if field in OPTIONAL_FIELDS else None)
             for field, (key, dtype) in SCHEMAS[schema].items()}
+    types = {"int64": tf.int64, "float": tf.float32, "string": tf.string}
+    for feature in extras:
+        dtype = types[feature.dtype]
+        if feature.var_len:
+            spec[feature.name] = tf.io.RaggedFeature(dtype, row_splits_dtype=tf.int64)
+        else:
+            spec[feature.name] = tf.io.FixedLenFeature([feature.length] if feature.length else [], dtype)
+    return spec
+
+
+def extra_features(info: dict) -> tuple:
+    """The typed extra features (transforms.features.FeatureType) that image_tfrecords.json describes."""
+    try:
+        return from_description(info.get("features") or {})
+    except (ValueError, KeyError, TypeError) as e:
+        raise DatasetError(f"image_tfrecords.json describes an extra feature this reader cannot read ({e}): "
+                           "convert again with this version") from None
 
 
 def multi_hot(labels, num_classes: int):
@@ -234,9 +254,10 @@ def multi_hot(labels, num_classes: int):
 
 
 def parse_example(serialized, schema: str = "default", decode: bool = True, image_size=None,
-                  multi_label: bool = False) -> dict:
+                  multi_label: bool = False, extras: tuple = ()) -> dict:
     """Parse one serialized Example into canonical names: image, label, class_name, height, width, source_path,
-    sha256 ('' in datasets written before it was recorded).
+    sha256 ('' in datasets written before it was recorded); and each of `extras` (typed extra features) under its
+    own name: a scalar, a [N] tensor, or a 1-D tensor of the example's own length for a list.
 
     With `decode`, `image` is a uint8 [H, W, 3] tensor (JPEG or PNG); `image_size`
     (height, width) sets its static shape, as a TPU needs. With `multi_label`, `label` is an int64 [n] tensor
@@ -244,9 +265,10 @@ def parse_example(serialized, schema: str = "default", decode: bool = True, imag
     """
     import tensorflow as tf
 
-    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, multi_label))
+    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, multi_label, extras))
     out = {field: tf.sparse.to_dense(parsed[key]) if isinstance(parsed[key], tf.sparse.SparseTensor) else parsed[key]
            for field, (key, _) in SCHEMAS[schema].items()}
+    out.update({feature.name: parsed[feature.name] for feature in extras})
     if decode:
         image = tf.io.decode_image(out["image"], channels=3, expand_animations=False)
         if image_size is not None:
@@ -296,7 +318,9 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """A tf.data pipeline over one split: parallel reads, parse, decode, batch, prefetch.
 
-    By default each element is a dict of every field (see `parse_example`).
+    By default each element is a dict of every field (see `parse_example`), the typed extra features
+    (--features) included under their own names: batched, a list of any length (int_list, ...) is a
+    tf.RaggedTensor [batch, None], the others dense tensors.
     With `supervised`, it is an `(image, label)` tuple instead, which Keras'
     `model.fit` takes as (inputs, targets). `one_hot` makes the label a float32
     vector of `num_classes` (from image_tfrecords.json), for
@@ -327,6 +351,7 @@ def make_dataset(
     image = info["image"]
     image_size = (image["height"], image["width"]) if image.get("fixed_size") else None
     num_classes = info.get("num_classes", len(info["class_names"]))
+    extras = extra_features(info)
     multi_label = bool(info.get("multi_label"))
     ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
     options = tf.data.Options()
@@ -338,7 +363,7 @@ def make_dataset(
         ds = ds.repeat()
 
     def parse(serialized):
-        fields = parse_example(serialized, info["schema"], decode, image_size, multi_label)
+        fields = parse_example(serialized, info["schema"], decode, image_size, multi_label, extras=extras)
         if scale:
             fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
         if one_hot and multi_label:
@@ -348,8 +373,10 @@ def make_dataset(
         return (fields["image"], fields["label"]) if supervised else fields
 
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    if batch_size and multi_label and not (one_hot and supervised):
-        # lists of any length per image (label, class_name; the image too without a fixed size): ragged
+    # lists of any length per image: ragged (label and class_name with --multi_label, the image too without a
+    # fixed size; var-len extra features)
+    if batch_size and ((multi_label and not (one_hot and supervised))
+                       or (not supervised and any(feature.var_len for feature in extras))):
         ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
     elif batch_size:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import import_tensorflow, main_of
+from pipeline.errors import DatasetError
 from pipeline.readers import reader
 from transforms import tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
@@ -109,10 +110,11 @@ class _RecordChecker:
         self._format = image.get("format")
         self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
         schema = info["schema"]
+        extras = reader.extra_features(info)  # --features: each record must parse with its recorded types
         self._multi = multi = bool(info.get("multi_label"))
 
         def summarise(index, serialized, decode):
-            fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi)
+            fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi, extras=extras)
             facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width")}
             if multi:  # lists of any length, as one string each so that a chunk batches
                 facts["label"] = tf.strings.reduce_join(tf.strings.as_string(fields["label"]), separator=",")
@@ -589,8 +591,9 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         return
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
-                                               info["compression"], multi_label=bool(info.get("multi_label")))
-    except (KeyError, TypeError, ValueError):
+                                               info["compression"], multi_label=bool(info.get("multi_label")),
+                                               features=reader.extra_features(info))
+    except (KeyError, TypeError, ValueError, DatasetError):
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
     for name, text in expected.items():

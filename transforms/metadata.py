@@ -1,0 +1,206 @@
+"""JoinMetadata: typed extra features for class-folder images, from a CSV or JSON Lines file joined in the job.
+
+`--metadata=FILE` has a `path` column (the image's path below --input_dir, as the listing names it: roses/1.jpg)
+and extra columns, typed by --features. The file is read as a stream by one worker (every row keeps its row
+number), its rows and the listed images are both keyed by that relative path and joined with a CoGroupByKey:
+neither the launcher nor one worker ever holds the file, nor the listing.
+
+An image without a row is skipped as `metadata_missing`; one whose row has a value that is not of its type is
+rejected as `metadata_bad_value`. A row whose image is not among the images to convert, a second row for the
+same path, or a row that cannot be read (no path, a wrong number of fields, not JSON) is counted in STATS,
+with the first few as examples: image_tfrecords.json's "metadata", and the summary.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from transforms import counters
+from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
+from transforms.records import Rejection
+
+SKIPPED = "skipped"
+STATS = "stats"
+METADATA_MISSING = "metadata_missing"
+EXAMPLES = 10
+
+
+class MetadataRow(NamedTuple):
+    row: int  # 1 = the first row after a CSV's header, or the first line of a JSON Lines file
+    columns: tuple  # (column, value as the file gives it) of its columns other than path
+
+
+def key_of(path: str, input_dir: str) -> str:
+    """The relative path a metadata row names, as the listing's relpath: no './', no leading input_dir."""
+    path = path.strip().replace("\\", "/") if "://" not in path else path.strip()
+    base = input_dir.rstrip("/") + "/"
+    if path.startswith(base):
+        path = path[len(base):]
+    while path.startswith("./"):
+        path = path[2:]
+    return path
+
+
+def read_metadata(stream: io.TextIOBase, fmt: str, input_dir: str):
+    """(relpath, MetadataRow) for every usable row, or (None, (row, why)) for one that cannot be read; streamed."""
+    def usable(fields: dict, row: int):
+        path = fields.get("path")
+        path = "" if path is None else str(path)
+        if not path.strip():
+            return None, (row, "no path")
+        columns = tuple((k, v) for k, v in fields.items() if k not in RESERVED_COLUMNS)
+        return key_of(path, input_dir), MetadataRow(row, columns)
+
+    if fmt == "csv":
+        reader = csv.reader(stream)
+        header = [name.strip().lower().lstrip("\ufeff") for name in next(reader, [])]
+        row = 0
+        while True:
+            row += 1
+            try:
+                values = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:  # e.g. a field over csv's size limit: that row only, the reader goes on
+                yield None, (row, f"not readable as CSV ({e})")
+                continue
+            if not any(v.strip() for v in values):
+                yield None, (row, "an empty row")
+            elif len(values) != len(header):
+                yield None, (row, f"{len(values)} fields, the header has {len(header)}")
+            else:
+                yield usable(dict(zip(header, values, strict=True)), row)
+    else:
+        for row, line in enumerate(stream, start=1):
+            if not line.strip():
+                yield None, (row, "an empty line")
+                continue
+            try:
+                fields = json.loads(line)
+            except ValueError:
+                yield None, (row, "not JSON")
+                continue
+            if not isinstance(fields, dict):
+                yield None, (row, "not a JSON object")
+                continue
+            yield usable({str(k).lower(): v for k, v in fields.items()}, row)
+
+
+class _ReadMetadata(beam.DoFn):
+    def __init__(self, input_dir: str, fmt: str):
+        self._input_dir, self._fmt = input_dir, fmt
+
+    def process(self, path: str):
+        rows = 0
+        with FileSystems.open(path, compression_type="auto") as raw:
+            stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+            for key, item in read_metadata(stream, self._fmt, self._input_dir):
+                rows += 1
+                if key is None:
+                    yield beam.pvalue.TaggedOutput(STATS, ("bad_rows", item[0], item[1]))
+                else:
+                    yield key, item
+        counters.inc("metadata_rows", rows)
+        yield beam.pvalue.TaggedOutput(STATS, ("rows", rows, ""))
+
+
+class _Join(beam.DoFn):
+    """(relpath, {'images': [ImageRef], 'rows': [MetadataRow]}) -> ImageRef with its extras; SKIPPED: Rejection
+    of an image without a usable row; STATS: (kind, row, detail) of rows not joined."""
+
+    def __init__(self, features: tuple):
+        self._features = features
+
+    def process(self, item):
+        relpath, grouped = item
+        images, rows = list(grouped["images"]), sorted(grouped["rows"])
+        if not images:
+            for row in rows:
+                yield beam.pvalue.TaggedOutput(STATS, ("unmatched_rows", row.row, relpath))
+            return
+        for extra in rows[1:]:
+            yield beam.pvalue.TaggedOutput(STATS, ("duplicate_rows", extra.row,
+                                                   f"{relpath} (first in row {rows[0].row})"))
+        joined = 0
+        for ref in images:
+            if not rows:
+                counters.inc(f"rejected_{METADATA_MISSING}")  # counted by AssignLabels as to convert: done here
+                yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
+                    ref.relpath, "skipped", METADATA_MISSING,
+                    "no row of --metadata names this image: add a row with its path below --input_dir"))
+                continue
+            try:
+                extras = row_extras(self._features, dict(rows[0].columns))
+            except BadValue as e:
+                counters.inc(f"rejected_{METADATA_BAD_VALUE}")
+                yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(ref.relpath, "rejected", METADATA_BAD_VALUE,
+                                                                  f"metadata row {rows[0].row}: {e}"))
+                continue
+            joined += 1
+            yield ref._replace(extras=extras)
+        if joined:
+            yield beam.pvalue.TaggedOutput(STATS, ("joined", joined, ""))
+
+
+class SummariseMetadata(beam.CombineFn):
+    """(kind, row, detail) events -> {"rows", "joined", "bad_rows", "duplicate_rows", "unmatched_rows", "examples"}:
+    counts, and the first EXAMPLES rows of each kind (by row number)."""
+
+    KINDS = ("bad_rows", "duplicate_rows", "unmatched_rows")
+
+    def create_accumulator(self):
+        return {"rows": 0, "joined": 0, **{k: 0 for k in self.KINDS}}, {k: [] for k in self.KINDS}
+
+    def add_input(self, acc, event):
+        counts, examples = acc
+        kind, number, detail = event
+        if kind in ("rows", "joined"):
+            counts[kind] += number
+        else:
+            counts[kind] += 1
+            examples[kind] = sorted([*examples[kind], (number, detail)])[:EXAMPLES]
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        counts, examples = self.create_accumulator()
+        for c, e in accumulators:
+            for k, v in c.items():
+                counts[k] += v
+            for k, v in e.items():
+                examples[k] = sorted([*examples[k], *v])[:EXAMPLES]
+        return counts, examples
+
+    def extract_output(self, acc):
+        counts, examples = acc
+        return {**counts, "examples": {k: [{"row": row, "detail": detail} for row, detail in v]
+                                       for k, v in examples.items() if v}}
+
+
+class JoinMetadata(beam.PTransform):
+    """ImageRef -> ImageRef with the extras of its --metadata row ('images'); SKIPPED: Rejection of each image
+    without a usable row; STATS: one dict, what the join found (SummariseMetadata)."""
+
+    def __init__(self, metadata: str, fmt: str, input_dir: str, features: tuple):
+        super().__init__()
+        self._metadata, self._fmt, self._input_dir, self._features = metadata, fmt, input_dir, features
+
+    def expand(self, images):
+        read = (images.pipeline
+                | "Metadata" >> beam.Create([self._metadata])
+                | "ReadMetadata" >> beam.ParDo(_ReadMetadata(self._input_dir, self._fmt)).with_outputs(
+                    STATS, main="rows"))
+        keyed = images | "ByRelpath" >> beam.Map(lambda ref: (ref.relpath, ref))
+        joined = ({"images": keyed, "rows": read.rows}
+                  | "GroupByRelpath" >> beam.CoGroupByKey()
+                  | "Join" >> beam.ParDo(_Join(self._features)).with_outputs(SKIPPED, STATS, main="images"))
+        stats = ((read[STATS], joined[STATS]) | "MetadataEvents" >> beam.Flatten()
+                 | "SummariseMetadata" >> beam.CombineGlobally(SummariseMetadata()))
+        return {"images": joined.images, SKIPPED: joined[SKIPPED], STATS: stats}
+
+
