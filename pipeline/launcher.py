@@ -132,11 +132,17 @@ def _give_back_lock(options: PipelineOptions, settings: Settings, run_id: str) -
 
 
 def report(output_dir: str) -> int:
-    """Print the summary of the dataset just written; the exit code: 1 if no image could be converted."""
+    """Print the summary of the dataset just written; the exit code: 1 if no image could be converted, or if
+    no written image has a class (a --multi_label manifest whose labels cells are all empty)."""
     info = read_info(output_dir)
     print(format_summary(info))
     if not info["files"]["written"]:
         print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
+              file=sys.stderr)
+        return 1
+    if not info.get("num_classes", len(info.get("class_names") or ())):
+        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
+              "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
               file=sys.stderr)
         return 1
     return 0

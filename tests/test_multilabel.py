@@ -16,7 +16,6 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from pipeline.errors import UserError
 from pipeline.launcher import run
 from pipeline.report import format_summary
 from tests.conftest import FAST, REPO, cli
@@ -316,11 +315,16 @@ def test_user_errors_are_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_an_all_empty_labels_column_is_an_error_without_labels_file(tmp_path):
+def test_an_all_empty_labels_column_ends_in_an_error_without_labels_file(tmp_path):
+    """The class names are found in the job: none at all is a failed run (exit 1), one line saying why."""
     _image(tmp_path / "0.png", (0, 0, 0))
     manifest = _csv(tmp_path / "list.csv", [("path", "labels"), ("0.png", "")])
-    with pytest.raises(UserError, match="no usable rows .*labels naming at least one class"):
-        _run(manifest, tmp_path / "out", "--multi_label")
+    result = cli("pipeline.main", f"--manifest={manifest}", f"--output_dir={tmp_path / 'out'}", "--multi_label",
+                 "--image_size=8", *FAST)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: no image has a class: every labels cell")
+    info = json.loads((tmp_path / "out" / "image_tfrecords.json").read_text())
+    assert (info["num_classes"], info["files"]["written"]) == (0, 1)
 
 
 # Groups
