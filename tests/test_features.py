@@ -308,7 +308,13 @@ def test_bad_values_reject_their_rows_with_row_number_column_value_and_type(tmp_
 
 
 @pytest.mark.timeout(300)
-def test_metadata_joined_to_folder_images_with_missing_extra_and_bad_rows(tmp_path):
+@pytest.mark.parametrize("range_bytes", [0, 16], ids=["one-range", "16-byte-ranges"])
+def test_metadata_joined_to_folder_images_with_missing_extra_and_bad_rows(tmp_path, monkeypatch, range_bytes):
+    """The file is read in byte ranges (cut finely here: rows span ranges), every row keeping its number."""
+    import transforms.manifest as m
+
+    if range_bytes:
+        monkeypatch.setattr(m, "RANGE_BYTES", range_bytes)
     data = tmp_path / "photos"
     for cls, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
         _images(data / cls, 4, colour)
@@ -507,7 +513,7 @@ def test_metadata_reader_goes_on_after_a_row_csv_cannot_read():
     jsonl = '{"path": "a.png", "n": [1]}\n[1]\n{"n": 2}\nnot json\n'
     assert list(read_metadata(io.StringIO(jsonl), "jsonl", "/in")) == [
         ("a.png", MetadataRow(1, (("n", [1]),))), (None, (2, "not a JSON object")), (None, (3, "no path")),
-        (None, (4, "not JSON"))]
+        (None, (4, "not JSON (Expecting value: line 1 column 1 (char 0))"))]
 
 
 @pytest.mark.timeout(300)

@@ -19,12 +19,13 @@ IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"
 # What a --manifest job reads on one worker besides the folder job's bounded side inputs.
 MANIFEST_BOUNDED_SIDE_INPUTS = {
     **BOUNDED_SIDE_INPUTS,
-    "ReadManifest/AllCounts": "the row counts of the manifest's ranges as one list: one per 64 MiB",
-    "ReadManifest/RangeStarts": "one (rows before, CSV state) pair per 64 MiB range of the manifest",
+    "ReadManifest/Read/AllCounts": "the row counts of the manifest's ranges as one list: one per 64 MiB",
+    "ReadManifest/Read/RangeStarts": "one (rows before, CSV state) pair per 64 MiB range of the manifest",
     "ReadManifest/ClassList": "the distinct labels as one list: one per class",
     "ReadManifest/ClassNames": "the class names: one per class",
 }
-MANIFEST_PER_IMAGE_STEPS = ("ReadManifest/ReadRows", "ReadManifest/CountRows", "ReadManifest/ByPath",
+MANIFEST_PER_IMAGE_STEPS = ("ReadManifest/Read/ReadRows", "ReadManifest/Read/CountRows", "ReadManifest/ParseRows",
+                            "ReadManifest/ByPath",
                             "ReadManifest/FirstOfPath", "ReadManifest/Label", "ReadManifest/RowLabels",
                             "ReadManifest/DistinctLabels",
                             "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
@@ -97,8 +98,9 @@ def test_a_manifest_job_submitted_to_dataflow_writes_the_dataset(gcs_emulator, d
     # The staged graph: no stage that starts from one element reads the manifest's rows or a per-row side input.
     proto = _pipeline_proto(gcs_emulator, job.options["staging_location"])
     names = {t.unique_name for t in proto.components.transforms.values()}
-    assert {"ReadManifest/Ranges", "ReadManifest/CountRows", "ReadManifest/ReadRows", "ReadManifest/ClassNames",
+    assert {"ReadManifest/Read/Ranges", "ReadManifest/Read/CountRows", "ReadManifest/Read/ReadRows",
+            "ReadManifest/ParseRows", "ReadManifest/ClassNames",
             "DescribeDataset"} <= names
     assert not {n for n in names if n.startswith(("ListImages", "AssignLabels"))}
     single = assert_single_element_stages_are_bounded(proto, MANIFEST_PER_IMAGE_STEPS, MANIFEST_BOUNDED_SIDE_INPUTS)
-    assert any("ReadManifest/Ranges" in x.unique_name for s in single for x in s.transforms)
+    assert any("ReadManifest/Read/Ranges" in x.unique_name for s in single for x in s.transforms)

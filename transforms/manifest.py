@@ -251,34 +251,43 @@ def group_records(lines, fmt: str, state: int = START, more=()):
         state = START
 
 
-def parse_record(record: Record, row: int, fmt: str, header: list[str], base: str):
-    """A ManifestRow or Rejection for the record of data row `row`."""
-    def bad(detail):
-        return Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: {detail}")
-
+def record_fields(record: Record, fmt: str, header: list[str]) -> dict | str:
+    """The {column: value} of a data row's record (columns lower case), or why it cannot be read."""
     if fmt != "csv":
         line = record.text
         if not line.strip():
-            return bad("an empty line")
+            return "an empty line"
         try:
             fields = json.loads(line)
         except ValueError as e:
-            return bad(f"not JSON ({e})")
+            return f"not JSON ({e})"
         if not isinstance(fields, dict):
-            return bad("not a JSON object")
-        return _row({str(k).lower(): v for k, v in fields.items()}, row, base)
+            return "not a JSON object"
+        return {str(k).lower(): v for k, v in fields.items()}
     if record.too_long:
-        return bad(f"over {MAX_RECORD_CHARS // 1024} KiB in {record.lines} lines: a quoted field that is never "
-                   "closed (a stray \" ?) takes the lines after it; quote the field, or double the quote")
+        return (f"over {MAX_RECORD_CHARS // 1024} KiB in {record.lines} lines: a quoted field that is never "
+                "closed (a stray \" ?) takes the lines after it; quote the field, or double the quote")
     try:
         values = next(csv.reader((record.text,)), [])  # one record: its line breaks are inside quotes
     except csv.Error as e:
-        return bad(f"not CSV ({e})")
+        return f"not CSV ({e})"
     if not any(v.strip() for v in values):
-        return bad("an empty row")
+        return "an empty row"
     if len(values) != len(header):
-        return bad(f"{len(values)} fields, the header has {len(header)}")
-    return _row(dict(zip(header, values, strict=True)), row, base)
+        return f"{len(values)} fields, the header has {len(header)}"
+    return dict(zip(header, values, strict=True))
+
+
+def parse_record(record: Record, row: int, fmt: str, header: list[str], base: str):
+    """A ManifestRow or Rejection for the record of data row `row`."""
+    return manifest_row(row, record_fields(record, fmt, header), base)
+
+
+def manifest_row(row: int, fields: dict | str, base: str):
+    """A ManifestRow or Rejection from a data row's fields (or why they cannot be read)."""
+    if isinstance(fields, str):
+        return Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: {fields}")
+    return _row(fields, row, base)
 
 
 def header_of(record: Record | None) -> list[str]:
@@ -438,8 +447,16 @@ def range_starts(counts) -> dict[int, tuple[int, int]]:
     return starts
 
 
-def parse_range(path: str, item: Range, fmt: str, base: str, before: int, state: int, header: list[str]):
-    """(row number or 0 for the header, ManifestRow or Rejection) of every record that starts in the range."""
+class RowFields(NamedTuple):
+    """A data row of a manifest or metadata file: its number, and its {column: value} or why it cannot be read.
+    (A named tuple travels pickled: a JSON string may hold a lone surrogate, which Beam's str coder refuses.)"""
+
+    row: int
+    fields: dict | str
+
+
+def range_fields(path: str, item: Range, fmt: str, before: int, state: int, header: list[str]):
+    """RowFields of every data record that starts in the range."""
     with FileSystems.open(path, compression_type="auto" if item.end < 0 else CompressionTypes.UNCOMPRESSED) as raw:
         lines, after = range_lines(raw, item)
         records = group_records(lines, fmt, state, more=lines_from(path, after))
@@ -448,7 +465,13 @@ def parse_range(path: str, item: Range, fmt: str, base: str, before: int, state:
             row = number if fmt == "csv" else number + 1
             if row == 0:
                 continue
-            yield row, parse_record(record, row, fmt, header, base)
+            yield RowFields(row, record_fields(record, fmt, header))
+
+
+def parse_range(path: str, item: Range, fmt: str, base: str, before: int, state: int, header: list[str]):
+    """(row number, ManifestRow or Rejection) of every record that starts in the range."""
+    for row, fields in range_fields(path, item, fmt, before, state, header):
+        yield row, manifest_row(row, fields, base)
 
 
 class _CountRecords(beam.DoFn):
@@ -466,18 +489,19 @@ class _CountRecords(beam.DoFn):
             yield item.index, count_records(lines, self._fmt)
 
 
-class _ParseRange(beam.DoFn):
-    """Range -> ManifestRow for each usable row that starts in it, plus SKIPPED (Rejection) and FOUND (its rows)."""
+class _RangeRows(beam.DoFn):
+    """Range -> (row number, {column: value} or why it cannot be read) for each data row that starts in it,
+    plus ROWS: the number of its rows."""
 
-    def __init__(self, manifest: str, fmt: str, base: str):
-        self._manifest, self._fmt, self._base = manifest, fmt, base
+    def __init__(self, path: str, fmt: str):
+        self._path, self._fmt = path, fmt
         self._header = None
 
     def header(self) -> list[str]:
         if self._header is None:
             self._header = []
             if self._fmt == "csv":
-                with FileSystems.open(self._manifest, compression_type="auto") as raw:
+                with FileSystems.open(self._path, compression_type="auto") as raw:
                     stream = text_stream(raw)
                     self._header = header_of(next(group_records(stream, "csv"), None))
         return self._header
@@ -485,15 +509,56 @@ class _ParseRange(beam.DoFn):
     def process(self, item: Range, starts: dict):
         before, state = starts[item.index]
         rows = 0
-        for _, result in parse_range(self._manifest, item, self._fmt, self._base, before, state, self.header()):
+        for result in range_fields(self._path, item, self._fmt, before, state, self.header()):
             rows += 1
-            if isinstance(result, Rejection):
-                counters.inc("manifest_rows_rejected")
-                yield beam.pvalue.TaggedOutput(SKIPPED, result)
-            else:
-                yield result
-        counters.inc("manifest_rows", rows)
-        yield beam.pvalue.TaggedOutput(FOUND, rows)
+            yield result
+        yield beam.pvalue.TaggedOutput(ROWS, rows)
+
+
+ROWS = "row_counts"
+
+
+class ReadRows(beam.PTransform):
+    """PBegin -> (row number, {column: value} or why the row cannot be read) of every data row of a CSV (with a
+    header) or JSON Lines file, read in parallel: cut into byte ranges, each range's records counted (so that
+    every row gets the number a sequential read gives it), then every range parsed where it lands. ROWS: the
+    number of rows of each range. Used for --manifest and --metadata.
+    """
+
+    def __init__(self, path: str, fmt: str, range_bytes: int = 0):
+        super().__init__()
+        self._path, self._fmt, self._range_bytes = path, fmt, range_bytes or RANGE_BYTES
+
+    def expand(self, pbegin):
+        path, range_bytes = self._path, self._range_bytes
+        ranges = (pbegin
+                  | "File" >> beam.Create([path])
+                  # one Range per 64 MiB: a few numbers per range
+                  | "Ranges" >> beam.FlatMap(lambda p: manifest_ranges(p, range_bytes))
+                  | "SpreadRanges" >> beam.Reshuffle())
+        counts = ranges | "CountRows" >> beam.ParDo(_CountRecords(path, self._fmt))
+        # {range index: (records before it, CSV state at its first line)}: one pair per range
+        starts = (counts
+                  | "AllCounts" >> beam.combiners.ToList()
+                  | "RangeStarts" >> beam.Map(range_starts))
+        return ranges | "ReadRows" >> beam.ParDo(
+            _RangeRows(path, self._fmt), starts=beam.pvalue.AsSingleton(starts)).with_outputs(ROWS, main="fields")
+
+
+def _to_manifest_row(item, base: str):
+    """(row, fields or why not) -> ManifestRow, or SKIPPED: its Rejection."""
+    row, fields = item
+    result = manifest_row(row, fields, base)
+    if isinstance(result, Rejection):
+        counters.inc("manifest_rows_rejected")
+        yield beam.pvalue.TaggedOutput(SKIPPED, result)
+    else:
+        yield result
+
+
+def _count_rows(rows: int):
+    counters.inc("manifest_rows", rows)
+    return rows
 
 
 def _first_of_path(item):
@@ -622,21 +687,11 @@ class ReadManifest(beam.PTransform):
                              features=features)
 
     def expand(self, pbegin):
-        manifest, range_bytes = self._manifest, self._range_bytes or RANGE_BYTES
-        ranges = (pbegin
-                  | "Manifest" >> beam.Create([manifest])
-                  # one Range per 64 MiB: a few numbers per range
-                  | "Ranges" >> beam.FlatMap(lambda path: manifest_ranges(path, range_bytes))
-                  | "SpreadRanges" >> beam.Reshuffle())
-        counts = ranges | "CountRows" >> beam.ParDo(_CountRecords(manifest, self._fmt))
-        # {range index: (records before it, CSV state at its first line)}: one pair per range
-        starts = (counts
-                  | "AllCounts" >> beam.combiners.ToList()
-                  | "RangeStarts" >> beam.Map(range_starts))
-        read = ranges | "ReadRows" >> beam.ParDo(
-            _ParseRange(manifest, self._fmt, self._base), starts=beam.pvalue.AsSingleton(starts),
-        ).with_outputs(SKIPPED, FOUND, main="rows")
-        firsts = (read.rows
+        read = pbegin | "Read" >> ReadRows(self._manifest, self._fmt, self._range_bytes)
+        parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._base).with_outputs(
+            SKIPPED, main="rows")
+        found = read[ROWS] | "CountManifestRows" >> beam.Map(_count_rows)
+        firsts = (parsed.rows
                   | "ByPath" >> beam.Map(lambda r: (r.path, r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
@@ -652,6 +707,6 @@ class ReadManifest(beam.PTransform):
         else:
             names = None
             labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, GROUPS, main="images")
-        skipped = ((read[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        out = {"images": labeled.images, SKIPPED: skipped, FOUND: read[FOUND], GROUPS: labeled[GROUPS]}
+        skipped = ((parsed[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
+        out = {"images": labeled.images, SKIPPED: skipped, FOUND: found, GROUPS: labeled[GROUPS]}
         return out if names is None else {**out, CLASS_NAMES: names}

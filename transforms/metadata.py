@@ -1,9 +1,10 @@
 """JoinMetadata: typed extra features for class-folder images, from a CSV or JSON Lines file joined in the job.
 
 `--metadata=FILE` has a `path` column (the image's path below --input_dir, as the listing names it: roses/1.jpg)
-and extra columns, typed by --features. The file is read as a stream by one worker (every row keeps its row
-number), its rows and the listed images are both keyed by that relative path and joined with a CoGroupByKey:
-neither the launcher nor one worker ever holds the file, nor the listing.
+and extra columns, typed by --features. The file is read in parallel byte ranges, every row with its number
+(as --manifest is: transforms.manifest.ReadRows); its rows and the listed images are both keyed by that
+relative path and joined with a CoGroupByKey: neither the launcher nor one worker ever holds the file, nor
+the listing.
 
 An image without a row is skipped as `metadata_missing`; one whose row has a value that is not of its type is
 rejected as `metadata_bad_value`. A row whose image is not among the images to convert, a second row for the
@@ -13,16 +14,14 @@ with the first few as examples: image_tfrecords.json's "metadata", and the summa
 
 from __future__ import annotations
 
-import csv
 import io
-import json
 from typing import NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
+from transforms.manifest import ROWS, ReadRows, group_records, header_of, record_fields
 from transforms.records import Rejection
 
 SKIPPED = "skipped"
@@ -47,67 +46,40 @@ def key_of(path: str, input_dir: str) -> str:
     return path
 
 
+def metadata_row(row: int, fields: dict | str, input_dir: str):
+    """(relpath, MetadataRow) of a data row's fields, or (None, (row, why)) for a row that cannot be used."""
+    if isinstance(fields, str):
+        return None, (row, fields)
+    path = fields.get("path")
+    path = "" if path is None else str(path)
+    if not path.strip():
+        return None, (row, "no path")
+    columns = tuple((k, v) for k, v in fields.items() if k not in RESERVED_COLUMNS)
+    return key_of(path, input_dir), MetadataRow(row, columns)
+
+
 def read_metadata(stream: io.TextIOBase, fmt: str, input_dir: str):
-    """(relpath, MetadataRow) for every usable row, or (None, (row, why)) for one that cannot be read; streamed."""
-    def usable(fields: dict, row: int):
-        path = fields.get("path")
-        path = "" if path is None else str(path)
-        if not path.strip():
-            return None, (row, "no path")
-        columns = tuple((k, v) for k, v in fields.items() if k not in RESERVED_COLUMNS)
-        return key_of(path, input_dir), MetadataRow(row, columns)
+    """(relpath, MetadataRow) for every usable row, or (None, (row, why)) for one that cannot be read; streamed
+    (the launcher's sample; the job reads the file in ranges, with the same parser: transforms.manifest)."""
+    records = group_records(stream, fmt)
+    header = header_of(next(records, None)) if fmt == "csv" else []
+    for row, record in enumerate(records, start=1):
+        yield metadata_row(row, record_fields(record, fmt, header), input_dir)
 
-    if fmt == "csv":
-        reader = csv.reader(stream)
-        header = [name.strip().lower().lstrip("\ufeff") for name in next(reader, [])]
-        row = 0
-        while True:
-            row += 1
-            try:
-                values = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as e:  # e.g. a field over csv's size limit: that row only, the reader goes on
-                yield None, (row, f"not readable as CSV ({e})")
-                continue
-            if not any(v.strip() for v in values):
-                yield None, (row, "an empty row")
-            elif len(values) != len(header):
-                yield None, (row, f"{len(values)} fields, the header has {len(header)}")
-            else:
-                yield usable(dict(zip(header, values, strict=True)), row)
+
+def _keyed(item, input_dir: str):
+    """(row, fields or why not) -> (relpath, MetadataRow), or STATS: ('bad_rows', row, why)."""
+    row, fields = item
+    key, value = metadata_row(row, fields, input_dir)
+    if key is None:
+        yield beam.pvalue.TaggedOutput(STATS, ("bad_rows", value[0], value[1]))
     else:
-        for row, line in enumerate(stream, start=1):
-            if not line.strip():
-                yield None, (row, "an empty line")
-                continue
-            try:
-                fields = json.loads(line)
-            except ValueError:
-                yield None, (row, "not JSON")
-                continue
-            if not isinstance(fields, dict):
-                yield None, (row, "not a JSON object")
-                continue
-            yield usable({str(k).lower(): v for k, v in fields.items()}, row)
+        yield key, value
 
 
-class _ReadMetadata(beam.DoFn):
-    def __init__(self, input_dir: str, fmt: str):
-        self._input_dir, self._fmt = input_dir, fmt
-
-    def process(self, path: str):
-        rows = 0
-        with FileSystems.open(path, compression_type="auto") as raw:
-            stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
-            for key, item in read_metadata(stream, self._fmt, self._input_dir):
-                rows += 1
-                if key is None:
-                    yield beam.pvalue.TaggedOutput(STATS, ("bad_rows", item[0], item[1]))
-                else:
-                    yield key, item
-        counters.inc("metadata_rows", rows)
-        yield beam.pvalue.TaggedOutput(STATS, ("rows", rows, ""))
+def _rows_read(rows: int):
+    counters.inc("metadata_rows", rows)
+    return "rows", rows, ""
 
 
 class _Join(beam.DoFn):
@@ -186,20 +158,21 @@ class JoinMetadata(beam.PTransform):
     """ImageRef -> ImageRef with the extras of its --metadata row ('images'); SKIPPED: Rejection of each image
     without a usable row; STATS: one dict, what the join found (SummariseMetadata)."""
 
-    def __init__(self, metadata: str, fmt: str, input_dir: str, features: tuple):
+    def __init__(self, metadata: str, fmt: str, input_dir: str, features: tuple, range_bytes: int = 0):
         super().__init__()
         self._metadata, self._fmt, self._input_dir, self._features = metadata, fmt, input_dir, features
+        self._range_bytes = range_bytes  # 0: transforms.manifest.RANGE_BYTES (tests cut small files finely)
 
     def expand(self, images):
-        read = (images.pipeline
-                | "Metadata" >> beam.Create([self._metadata])
-                | "ReadMetadata" >> beam.ParDo(_ReadMetadata(self._input_dir, self._fmt)).with_outputs(
-                    STATS, main="rows"))
+        # (relpath, MetadataRow): the file read in parallel byte ranges, every row with its number
+        read = images.pipeline | "ReadMetadata" >> ReadRows(self._metadata, self._fmt, self._range_bytes)
+        rows = read.fields | "KeyRows" >> beam.FlatMap(_keyed, self._input_dir).with_outputs(STATS, main="rows")
+        counted = read[ROWS] | "CountRows" >> beam.Map(_rows_read)
         keyed = images | "ByRelpath" >> beam.Map(lambda ref: (ref.relpath, ref))
-        joined = ({"images": keyed, "rows": read.rows}
+        joined = ({"images": keyed, "rows": rows.rows}
                   | "GroupByRelpath" >> beam.CoGroupByKey()
                   | "Join" >> beam.ParDo(_Join(self._features)).with_outputs(SKIPPED, STATS, main="images"))
-        stats = ((read[STATS], joined[STATS]) | "MetadataEvents" >> beam.Flatten()
+        stats = ((counted, rows[STATS], joined[STATS]) | "MetadataEvents" >> beam.Flatten()
                  | "SummariseMetadata" >> beam.CombineGlobally(SummariseMetadata()))
         return {"images": joined.images, SKIPPED: joined[SKIPPED], STATS: stats}
 
