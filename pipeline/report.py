@@ -108,14 +108,14 @@ def group_lines(info: dict) -> list[str]:
 def metadata_line(info: dict) -> str:
     """One line on what the --metadata join found, or '' when every row named an image (or no --metadata)."""
     found = info.get("metadata") or {}
-    kinds = [(found.get("unmatched_rows", 0), "name no image to convert (not found, or skipped)"),
-             (found.get("duplicate_rows", 0), "repeat a path (the first row is used)"),
-             (found.get("bad_rows", 0), "cannot be read (no path, another number of fields than the header, "
-                                        "not CSV or JSON)")]
-    parts = [f"{n} {what}" for n, what in kinds if n]
+    kinds = [(found.get("unmatched_rows", 0), ("names", "name"), "no image to convert (not found, or skipped)"),
+             (found.get("duplicate_rows", 0), ("repeats", "repeat"), "a path (the first row is used)"),
+             (found.get("bad_rows", 0), ("cannot", "cannot"), "be read (no path, another number of fields than the "
+                                                              "header, not CSV or JSON)")]
+    parts = [f"{n} {'row' if n == 1 else 'rows'} {verb[n != 1]} {what}" for n, verb, what in kinds if n]
     if not parts:
         return ""
-    return (f"Metadata: {found.get('joined', 0)} of {found.get('rows', 0)} rows joined to an image; rows that "
+    return (f"Metadata: {found.get('joined', 0)} of {found.get('rows', 0)} rows joined to an image; "
             f"{'; '.join(parts)}: see \"metadata\" in image_tfrecords.json for the first of each.")
 
 

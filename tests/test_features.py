@@ -374,7 +374,7 @@ def test_metadata_summary_line_names_rows_not_joined(tmp_path, capsys):
     assert run([f"--input_dir={data}", f"--output_dir={out}", "--image_size=16", f"--metadata={meta}",
                 "--features=n:int_list", *FAST]) == 0
     printed = capsys.readouterr().out
-    assert "Metadata: 4 of 5 rows joined to an image; rows that 1 name no image to convert" in printed
+    assert "Metadata: 4 of 5 rows joined to an image; 1 row names no image to convert" in printed
     assert _info(out)["files"]["written"] == 4
 
 
@@ -577,3 +577,15 @@ def test_metadata_paths_as_the_listing_names_them():
     assert key_of("gs://b/photos/roses/1.jpg", "gs://b/photos") == "roses/1.jpg"
     assert key_of("roses\\1.jpg", "/data") == "roses/1.jpg"
     assert key_of("/elsewhere/1.jpg", "/data/photos") == "/elsewhere/1.jpg"  # never matches: an unmatched row
+
+
+def test_metadata_line_counts_each_kind_of_row_not_joined_in_words():
+    from pipeline.report import metadata_line
+
+    assert metadata_line({"metadata": {"rows": 10, "joined": 10}}) == ""
+    line = metadata_line({"metadata": {"rows": 10, "joined": 5, "unmatched_rows": 2, "duplicate_rows": 1,
+                                       "bad_rows": 2}})
+    assert line == ("Metadata: 5 of 10 rows joined to an image; 2 rows name no image to convert (not found, or "
+                    "skipped); 1 row repeats a path (the first row is used); 2 rows cannot be read (no path, "
+                    "another number of fields than the header, not CSV or JSON): see \"metadata\" in "
+                    "image_tfrecords.json for the first of each.")
