@@ -239,6 +239,26 @@ def parse_features(text: str | None) -> tuple:
         raise UserError(f"{flag} {e}") from None
 
 
+# A Cloud Storage bucket name: 3-63 characters (up to 222 with dots), lower-case letters, digits, '-', '_', '.',
+# starting and ending with a letter or digit.
+_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{1,220})[a-z0-9]")
+PATH_OPTIONS = ("input_dir", "output_dir", "manifest", "metadata", "labels_file")
+
+
+def check_gcs_paths(o) -> None:
+    """A gs:// path of a path option names a bucket as Cloud Storage spells one (else the client raises deep
+    inside the run)."""
+    for name in PATH_OPTIONS:
+        value = getattr(o, name, None) or ""
+        if not value.startswith("gs://"):
+            continue
+        bucket = value[len("gs://"):].split("/", 1)[0]
+        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+            raise UserError(f"--{name}={value}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case "
+                            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit): give "
+                            "gs://BUCKET/folder")
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -246,6 +266,7 @@ def validate(options: PipelineOptions) -> Settings:
         UserError: for the first invalid value, with what to do about it.
     """
     o = options.view_as(ConvertOptions)
+    check_gcs_paths(o)
     manifest = o.manifest or None
     if not o.input_dir and not manifest:
         raise UserError("--input_dir is required: the folder of class folders to convert (or give --manifest)")

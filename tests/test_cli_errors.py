@@ -264,3 +264,20 @@ def test_pillows_own_error_log_stays_out_of_the_console_and_the_file_is_rejected
     verbose = cli("pipeline.main", f"--input_dir={tree}", f"--output_dir={tmp_path / 'verbose'}", "--verbose")
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "More samples per pixel than can be decoded: 65535" in verbose.stderr
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--output_dir", "gs://gs://bucket/out"),   # gs:// given twice (a shell variable that already holds it)
+    ("--input_dir", "gs://My_Bucket/photos"),   # upper case
+    ("--manifest", "gs://-bucket/list.csv"),    # starts with '-'
+    ("--labels_file", "gs://ab/labels.txt"),    # too short
+])
+def test_a_gs_path_whose_bucket_name_cloud_storage_refuses_is_one_line(small_tree, tmp_path, flag, value):
+    argv = {"--input_dir": str(small_tree), "--output_dir": str(tmp_path / "out"), flag: value}
+    result = cli("pipeline.main", *(f"{k}={v}" for k, v in argv.items()))
+    assert result.returncode == 2, result.stderr
+    bucket = value[len("gs://"):].split("/")[0]
+    assert result.stderr.strip().splitlines() == [
+        f"error: {flag}={value}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, digits, "
+        "'-', '_' or '.', starting and ending with a letter or digit): give gs://BUCKET/folder"]
+    assert not (tmp_path / "out").exists()
