@@ -22,6 +22,21 @@ DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
 
+# A Cloud Storage bucket name: 3-63 characters (up to 222 with dots), lower-case letters, digits, '-', '_', '.',
+# starting and ending with a letter or digit.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+
+
+def bucket_problem(path: str) -> str | None:
+    """Why the bucket of a gs:// `path` is not a Cloud Storage bucket name, or None (also for a local path)."""
+    if not path.startswith("gs://"):
+        return None
+    bucket = path[len("gs://"):].split("/", 1)[0]
+    if _BUCKET.fullmatch(bucket) and ".." not in bucket:
+        return None
+    return (f"{bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit): give gs://BUCKET/folder")
+
 def parse_bool(text: str) -> bool:
     value = str(text).strip().lower()
     if value in ("true", "1", "yes"):

@@ -24,6 +24,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     MAX_CONVERSION_THREADS,
     ON_OFF,
     add_convert_arguments,
+    bucket_problem,
     help_text,
     parse_bool,
     parse_image_size,
@@ -239,9 +240,6 @@ def parse_features(text: str | None) -> tuple:
         raise UserError(f"{flag} {e}") from None
 
 
-# A Cloud Storage bucket name: 3-63 characters (up to 222 with dots), lower-case letters, digits, '-', '_', '.',
-# starting and ending with a letter or digit.
-_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{1,220})[a-z0-9]")
 PATH_OPTIONS = ("input_dir", "output_dir", "manifest", "metadata", "labels_file")
 
 
@@ -250,13 +248,9 @@ def check_gcs_paths(o) -> None:
     inside the run)."""
     for name in PATH_OPTIONS:
         value = getattr(o, name, None) or ""
-        if not value.startswith("gs://"):
-            continue
-        bucket = value[len("gs://"):].split("/", 1)[0]
-        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-            raise UserError(f"--{name}={value}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case "
-                            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit): give "
-                            "gs://BUCKET/folder")
+        problem = bucket_problem(value)
+        if problem:
+            raise UserError(f"--{name}={value}: {problem}")
 
 
 def validate(options: PipelineOptions) -> Settings:

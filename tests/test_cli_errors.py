@@ -281,3 +281,13 @@ def test_a_gs_path_whose_bucket_name_cloud_storage_refuses_is_one_line(small_tre
         f"error: {flag}={value}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, digits, "
         "'-', '_' or '.', starting and ending with a letter or digit): give gs://BUCKET/folder"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tool", ["pipeline.verify", "pipeline.benchmark"])
+def test_read_side_tools_name_a_bucket_cloud_storage_refuses_in_one_line(tool):
+    result = cli(tool, "gs://gs://bucket/out")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: gs://gs://bucket/out: 'gs:' is not a Cloud Storage bucket name (3-63 lower-case letters, digits, "
+        "'-', '_' or '.', starting and ending with a letter or digit): give gs://BUCKET/folder")
+    assert "Traceback" not in result.stderr

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
+from pipeline.flags import bucket_problem
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
 from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS
 from transforms.features import from_description
@@ -64,6 +65,9 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
     Raises:
         DatasetError: when there is no complete dataset there, naming what is wrong.
     """
+    problem = bucket_problem(dataset_dir)
+    if problem:
+        raise DatasetError(f"{dataset_dir}: {problem}")
     path = join(dataset_dir, INFO_FILE)
     text = _read_info_text(path, read_text)
     if text is None:
