@@ -22,9 +22,9 @@ DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
 
-# A Cloud Storage bucket name: 3-63 characters (up to 222 with dots), lower-case letters, digits, '-', '_', '.',
-# starting and ending with a letter or digit.
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+# A Cloud Storage bucket name: lower-case letters, digits, '-', '_', '.', starting and ending with a letter or
+# digit. (Cloud Storage also wants 3 to 63 characters; shorter ones are left to its own "does not exist".)
+_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")
 
 
 def bucket_problem(path: str) -> str | None:
@@ -34,7 +34,7 @@ def bucket_problem(path: str) -> str | None:
     bucket = path[len("gs://"):].split("/", 1)[0]
     if _BUCKET.fullmatch(bucket) and ".." not in bucket:
         return None
-    return (f"{bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, digits, '-', '_' or '.', "
+    return (f"{bucket!r} is not a Cloud Storage bucket name (lower-case letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit): give gs://BUCKET/folder")
 
 def parse_bool(text: str) -> bool:
