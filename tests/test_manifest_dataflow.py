@@ -27,7 +27,7 @@ MANIFEST_BOUNDED_SIDE_INPUTS = {
 MANIFEST_PER_IMAGE_STEPS = ("ReadManifest/Read/ReadRows", "ReadManifest/Read/CountRows", "ReadManifest/ParseRows",
                             "ReadManifest/ByPath",
                             "ReadManifest/FirstOfPath", "ReadManifest/Label", "ReadManifest/RowLabels",
-                            "ReadManifest/DistinctLabels",
+                            "ReadManifest/DistinctLabels", "ReadManifest/SettleGroups",
                             "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
 
 

@@ -379,6 +379,7 @@ def _parsed_single(out: Path) -> dict[str, tuple[str, int, str]]:
 
 @pytest.mark.timeout(300)
 def test_group_by_applies_to_the_manifest_paths_and_explicit_split_conflicts_are_leakage(tmp_path):
+    """Rows without a split follow their group's one explicit split; explicit splits that differ are leakage."""
     src = tmp_path / "in"
     src.mkdir()
     rows = _group_manifest(src, 30, seed=5)
@@ -399,14 +400,15 @@ def test_group_by_applies_to_the_manifest_paths_and_explicit_split_conflicts_are
     for path, _ in rows:
         by_group[path.split("_")[0]].add(split_of[path])
     assert by_group.pop("p000") == {"train", "test"}  # the rows' own splits are kept
-    assert by_group.pop("p001") == {"train", "validation"}  # the explicit one, and the group's hash for the rest
+    explicit = "validation" if hash_split("p001", 42, 0.4, 0.0) == "train" else "train"
+    assert by_group.pop("p001") == {explicit}  # the rows without a split joined the group's explicit one
     assert all(len(s) == 1 for s in by_group.values()) and len(by_group) == 28
     info = json.loads((out / "image_tfrecords.json").read_text())
-    assert info["groups"]["groups"] == 30 and info["groups"]["groups_in_several_splits"] == 2
-    assert [e["group"] for e in info["groups"]["several_splits_examples"]] == ["p000", "p001"]
+    assert info["groups"]["groups"] == 30 and info["groups"]["groups_in_several_splits"] == 1
+    assert [e["group"] for e in info["groups"]["several_splits_examples"]] == ["p000"]
     text = format_summary(info)
     assert "Groups (--group_by=^(p\\d+)_): 30 groups of" in text
-    assert "Groups with images in more than one split (the manifest's split column) (leakage): 2, e.g. 'p000'" \
+    assert "Groups with images in more than one split (the manifest's split column) (leakage): 1, e.g. 'p000'" \
         in text
 
 
@@ -437,3 +439,18 @@ def test_label_list_reads_texts_and_json_lists_and_refuses_anything_else():
         with pytest.raises(RowProblem) as caught:
             label_list(bad, 7)
         assert caught.value.reason == BAD_ROW and caught.value.detail.startswith("row 7: labels ")
+
+
+def test_settle_group_moves_hashed_rows_to_the_one_explicit_split_only():
+    from transforms.manifest import GroupMember, settle_group
+    from transforms.records import ImageRef
+
+    def member(name, split, explicit):
+        return GroupMember(ImageRef(f"/in/{name}", name, 1, split, "cat", 0, 7), explicit)
+
+    one = settle_group("g", [member("a", "test", True), member("b", "train", False), member("c", "test", False)])
+    assert [(r.relpath, r.split) for r in one] == [("a", "test"), ("b", "test"), ("c", "test")]
+    two = settle_group("g", [member("a", "test", True), member("b", "train", True), member("c", "validation", False)])
+    assert [(r.relpath, r.split) for r in two] == [("a", "test"), ("b", "train"), ("c", "validation")]
+    none = settle_group("g", [member("a", "train", False), member("b", "train", False)])
+    assert [r.split for r in none] == ["train", "train"]

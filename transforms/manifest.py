@@ -623,9 +623,13 @@ class _Label(beam.DoFn):
         # A group column, else --group_by's match in the path as written; a row without one is its own group.
         group = row.group or group_of(row.relpath, self._group_re)
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
+        ref = ref._replace(split=split, extras=extras)
+        if group:  # its split is settled with the rest of its group (SettleGroups)
+            yield beam.pvalue.TaggedOutput(GROUPED, (group, GroupMember(ref, bool(row.split))))
+            return
         if self._groups:
-            yield beam.pvalue.TaggedOutput(GROUPS, (display_path(group), split, display_path(row.relpath)))
-        yield ref._replace(split=split, extras=extras)
+            yield beam.pvalue.TaggedOutput(GROUPS, ("", split, display_path(row.relpath)))
+        yield ref
 
     def _bad_label(self, row: ManifestRow) -> Rejection | None:
         names = (row.labels or ()) if self._multi_label else (row.class_name,)
@@ -661,6 +665,39 @@ class _Label(beam.DoFn):
         names = tuple(self._names[i] for i in ids)
         return ImageRef(row.path, row.relpath, self._size, "", LABELS_SEPARATOR.join(names), -1,
                         shuffle_key(row.relpath, self._seed), ids, names)
+
+
+GROUPED = "grouped"  # (group, GroupMember) of every labelled row that has a group
+
+
+class GroupMember(NamedTuple):
+    """An image of a group, with the split it has so far, and whether the manifest gave that split."""
+
+    ref: ImageRef
+    explicit: bool
+
+
+def settle_group(group: str, members) -> list[ImageRef]:
+    """The images of one group, each in its final split: when the group's rows that give a split all give the
+    same one, the rows without a split join it (a group never straddles a split because some of its rows were
+    hashed); rows whose explicit splits differ keep them (leakage, reported by the groups summary)."""
+    members = list(members)
+    explicit = {m.ref.split for m in members if m.explicit}
+    if len(explicit) == 1:
+        (split,) = explicit
+        moved = [m for m in members if not m.explicit and m.ref.split != split]
+        if moved:
+            counters.inc("group_rows_moved_to_explicit_split", len(moved))
+        return [m.ref if m.explicit else m.ref._replace(split=split) for m in members]
+    return [m.ref for m in members]
+
+
+def _settle(item):
+    """(group, [GroupMember]) -> ImageRef in its final split, and GROUPS: (group, split, relpath) of each."""
+    group, members = item
+    for ref in settle_group(group, members):
+        yield beam.pvalue.TaggedOutput(GROUPS, (display_path(group), ref.split, display_path(ref.relpath)))
+        yield ref
 
 
 class ReadManifest(beam.PTransform):
@@ -703,10 +740,18 @@ class ReadManifest(beam.PTransform):
                      | "ClassList" >> beam.combiners.ToList()
                      | "ClassNames" >> beam.Map(class_names_of))
             labeled = firsts.rows | "Label" >> beam.ParDo(
-                self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(SKIPPED, GROUPS, main="images")
+                self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(
+                    SKIPPED, GROUPS, GROUPED, main="images")
         else:
             names = None
-            labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(SKIPPED, GROUPS, main="images")
+            labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(
+                SKIPPED, GROUPS, GROUPED, main="images")
+        # The rows of each group together (spread over the workers by group): their splits settled as one
+        settled = (labeled[GROUPED]
+                   | "GroupByGroup" >> beam.GroupByKey()
+                   | "SettleGroups" >> beam.FlatMap(_settle).with_outputs(GROUPS, main="images"))
+        images = (labeled.images, settled.images) | "AllImages" >> beam.Flatten()
+        groups = (labeled[GROUPS], settled[GROUPS]) | "AllGroups" >> beam.Flatten()
         skipped = ((parsed[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        out = {"images": labeled.images, SKIPPED: skipped, FOUND: found, GROUPS: labeled[GROUPS]}
+        out = {"images": images, SKIPPED: skipped, FOUND: found, GROUPS: groups}
         return out if names is None else {**out, CLASS_NAMES: names}
