@@ -33,8 +33,8 @@ ACCEPTED_TYPES = ", ".join(TYPE_NAMES)
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 MAX_FIXED_LENGTH = 1_000_000
 
-# Columns the manifest itself reads (path, label, split), and those later items of issue 18 give a meaning
-# (labels: multi-label rows, group: a split group): never features.
+# Columns the manifest itself reads (path, label, split; labels with --multi_label; group, a split group):
+# never features.
 RESERVED_COLUMNS = ("path", "label", "split", "labels", "group")
 # Every key and field name of every schema, and each first part of a nested key ('image' of 'image/encoded'):
 # a feature by such a name would overwrite a stored key, or be both a leaf and a parent in TFDS's features.
