@@ -19,7 +19,7 @@ their code: `Client.list_blobs`, `Client.lookup_bucket`, `Blob.reload`, `Blob._g
 `gcsio.BeamBlobReader`):
 
 - `GET /storage/v1/b/b` : the bucket (any other bucket is a 404);
-- `GET /storage/v1/b/b/o?prefix=&delimiter=&pageToken=&maxResults=` : a page of objects
+- `GET /storage/v1/b/b/o?prefix=&delimiter=&pageToken=&maxResults=&startOffset=&endOffset=` : a page of objects
   (maxResults at most 1000, the default), with `prefixes` when a delimiter is given and
   `nextPageToken` while more follow; `projection`, `fields`, `prettyPrint`, `userProject`
   and `includeTrailingDelimiter=false` are accepted and ignored (the full resource is sent);
@@ -27,9 +27,9 @@ their code: `Client.list_blobs`, `Client.lookup_bucket`, `Blob.reload`, `Blob._g
 - `GET /download/storage/v1/b/b/o/NAME?alt=media` (and `/storage/v1/b/b/o/NAME?alt=media`):
   the same small valid JPEG for every object, honouring a `Range` header.
 
-Anything else (uploads, deletes, other query parameters such as matchGlob or
-startOffset) is answered 501 and printed to stderr, and counted in `stats()["unknown"]`,
-so a gap in the fake is visible instead of looking like an empty listing.
+Anything else (uploads, deletes, other query parameters such as matchGlob) is answered 501
+and printed to stderr, and counted in `stats()["unknown"]`, so a gap in the fake is
+visible instead of looking like an empty listing.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ PROJECT_NUMBER = "123456789"
 # Query parameters that change nothing in what this fake sends.
 _IGNORED = {"projection", "fields", "prettyPrint", "userProject", "alt", "generation", "ifGenerationMatch",
             "ifMetagenerationMatch"}
-_LIST_PARAMS = {"prefix", "delimiter", "pageToken", "maxResults", "includeTrailingDelimiter"} | _IGNORED
+_LIST_PARAMS = {"prefix", "delimiter", "pageToken", "maxResults", "includeTrailingDelimiter", "startOffset",
+                "endOffset"} | _IGNORED
 
 
 def make_jpeg(width: int = 480, height: int = 360) -> bytes:
@@ -132,9 +133,14 @@ class SyntheticBucket:
         return self._first(lambda name: name >= prefix), self._first(lambda name: name[:n] > prefix)
 
     def page(self, prefix: str, delimiter: str, start: int,
-             max_results: int) -> tuple[list[int], list[str], int | None]:
-        """(object indices, common prefixes, next start index or None) of one page of a listing."""
+             max_results: int, start_offset: str = "", end_offset: str = "") -> tuple[list[int], list[str], int | None]:
+        """(object indices, common prefixes, next start index or None) of one page of a listing; names from
+        `start_offset` (inclusive) and before `end_offset`, as GCS's startOffset and endOffset."""
         begin, end = self.range_of(prefix)
+        if start_offset:
+            begin = max(begin, self._first(lambda name: name >= start_offset))
+        if end_offset:
+            end = min(end, self._first(lambda name: name >= end_offset))
         j = max(start, begin)
         items: list[int] = []
         prefixes: list[str] = []
@@ -328,7 +334,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, b'{"error":{"code":400,"message":"Invalid pageToken or maxResults"}}')
             return
         items, prefixes, following = self.server.bucket.page(
-            query.get("prefix", ""), query.get("delimiter", ""), start, max(1, max_results))
+            query.get("prefix", ""), query.get("delimiter", ""), start, max(1, max_results),
+            query.get("startOffset", ""), query.get("endOffset", ""))
         self.server.count("list_requests")
         self.server.count("objects_listed", len(items))
         self.server.count("prefixes_listed", len(prefixes))

@@ -31,12 +31,14 @@ from apache_beam.io.gcp import gcsio
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms import counters
+from transforms.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
 from transforms.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, relative_path, skip_reason
 from transforms.records import FileRef, Rejection
 
 SKIPPED = "skipped"
 FOUND = "found"
 FOLDERS = "folders"
+PARTS = "parts"
 _gcs_clients = threading.local()  # one GCS client a thread, reused for every request it makes
 
 # Reasons of entries the listing cannot use (stage 'rejected': the user meant them as input, probably).
@@ -240,6 +242,39 @@ def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, p
         yield from gcs_list(folder.path, page_size=page_size)
 
 
+def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool = False):
+    """Every entry below a class folder; for a gs:// folder longer than one page, the entries of its first page
+    and, on PARTS, the FolderParts that hold the rest (transforms.folder_parts), for any worker to list."""
+    if is_local(folder.path):
+        yield from list_folder(folder, input_dir, follow_symlinks)
+        return
+    bucket, prefix = _gcs_prefix(folder.path)
+    client = gcs_client(folder.path)
+    blobs = client.list_blobs(bucket, prefix=prefix)
+    names = []
+    for blob in next(blobs.pages, ()):
+        names.append(blob.name)
+        if not blob.name.endswith("/"):
+            yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+    if not names or blobs.next_page_token is None:
+        return
+
+    def names_from(within: str, start: str, count: int) -> list[str]:
+        return [b.name for b in client.list_blobs(bucket, prefix=within, start_offset=start, max_results=count)]
+
+    largest = largest_name_start(names_from, prefix, names[-1][len(prefix):], WIDTH)
+    for part in plan_parts(bucket, prefix, names, largest, names_from):
+        counters.inc("folder_parts")
+        yield beam.pvalue.TaggedOutput(PARTS, part)
+
+
+def list_folder_part(part: FolderPart) -> Iterator[Entry]:
+    """The entries of one part of a large gs:// class folder."""
+    for blob in list_part(gcs_client(f"gs://{part.bucket}/"), part):
+        if not blob.name.endswith("/"):
+            yield Entry(f"gs://{part.bucket}/{blob.name}", blob.size or 0)
+
+
 def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
     """A listed entry as a candidate image (FileRef) or a Rejection: skipped by name, or a problem."""
     relpath = relative_path(entry.path, input_dir)
@@ -296,8 +331,10 @@ class ListImages(beam.PTransform):
     Listing runs inside the graph, so on Dataflow it needs nothing from the
     launcher's machine but the folder name. The input folder's top (one level,
     or two with split folders) is listed in one place; each class folder is
-    then listed whole on whichever worker gets it, so a large input is listed
-    by every worker at once and never held in one place.
+    then listed on whichever worker gets it, and a gs:// class folder longer
+    than one page is cut into parts that other workers list (FolderPart), so a
+    large input, even one huge class folder, is listed by every worker at once
+    and never held in one place.
     """
 
     def __init__(self, input_dir: str, follow_symlinks: bool = False, split_folders: bool = False):
@@ -317,11 +354,19 @@ class ListImages(beam.PTransform):
         deeper = (
             top[FOLDERS]
             | "SpreadFolders" >> beam.Reshuffle()
-            # Entry, streamed from each class folder's walk (or its gs:// listing)
-            | "ListFolders" >> beam.FlatMap(list_folder, self._input_dir, self._follow_symlinks)
+            # Entry, streamed from each class folder's walk (or its gs:// listing: the first page, and on PARTS
+            # the FolderParts of the rest of a large folder)
+            | "ListFolders" >> beam.FlatMap(list_folder_or_parts, self._input_dir, self._follow_symlinks
+                                            ).with_outputs(PARTS, main="entries")
+        )
+        parts = (
+            deeper[PARTS]
+            | "SpreadParts" >> beam.Reshuffle()
+            # Entry of each part of a large gs:// class folder, on whichever worker gets it
+            | "ListParts" >> beam.FlatMap(list_folder_part)
         )
         return (
-            (top.entries, deeper)
+            (top.entries, deeper.entries, parts)
             | "AllEntries" >> beam.Flatten()
             # Entry -> FileRef (images) | Rejection (skipped, or a problem entry)
             | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, FOUND, main="images")

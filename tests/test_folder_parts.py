@@ -1,0 +1,109 @@
+"""A large gs:// class folder is listed in parts by many workers (transforms/folder_parts.py): every name once,
+the parts about even, through the real GCS client against tests/fake_gcs_listing.py and through the graph."""
+
+from __future__ import annotations
+
+import bisect
+import random
+import string
+
+import pytest
+
+from tests.fake_gcs_listing import BUCKET, serve
+from transforms import folder_parts as fp
+
+PREFIX = "in/c/"
+
+
+def _names_from(names):
+    calls = []
+
+    def names_from(within, start, count):
+        calls.append(start)
+        i, out = bisect.bisect_left(names, start), []
+        while i < len(names) and len(out) < count and names[i].startswith(within):
+            out.append(names[i])
+            i += 1
+        return out
+
+    return names_from, calls
+
+
+def _split(names, page=1000, part_names=2000):
+    """(first page + every part's names in order, the parts' sizes, requests made) for sorted `names`."""
+    names_from, calls = _names_from(names)
+    first = names[:page]
+    largest = fp.largest_name_start(names_from, PREFIX, first[-1][len(PREFIX):], fp.WIDTH)
+    parts = fp.plan_parts("b", PREFIX, first, largest, names_from, part_names=part_names)
+    listed, sizes = list(first), []
+    for part in parts:
+        lo = bisect.bisect_left(names, part.start)
+        hi = bisect.bisect_left(names, part.end) if part.end else len(names)
+        chunk = [n for n in names[lo:hi] if n != part.skip]
+        sizes.append(len(chunk))
+        listed += chunk
+    return listed, sizes, len(calls)
+
+
+RNG = random.Random(7)
+KINDS = {
+    "numbered": lambda i: f"img_{i:08d}.jpg",
+    "hashes": lambda i: f"{RNG.getrandbits(64):016x}.jpg",
+    "words": lambda i: "".join(RNG.choice(string.ascii_letters) for _ in range(RNG.randint(3, 12))) + f"_{i}.png",
+    "unicode": lambda i: f"ph\u00f6to_{RNG.randint(0, 10 ** 9)}\u4e00{i}.jpg",
+    "dates": lambda i: f"2024-{RNG.randint(1, 12):02d}-{RNG.randint(1, 28):02d}T{i}.jpg",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_parts_cover_every_name_once_and_about_evenly(kind):
+    names = sorted({PREFIX + KINDS[kind](i) for i in range(40_000)})
+    listed, sizes, requests = _split(names)
+    assert listed == names  # every name once, in order
+    assert len(sizes) >= 8  # 39,000 names after the first page, at 2,000 a part: spread out
+    assert max(sizes) <= 4 * 2000, sorted(sizes)[-5:]
+    assert requests <= 200  # the largest name's search and the probes: not a listing of the folder
+
+
+@pytest.mark.parametrize("names", [
+    [f"{i}.jpg" for i in range(1001)],  # one name after the first page
+    ["a" * i for i in range(1, 1500)],  # every name extends the one before: found by its length alone
+    [f"x{i:05d}" for i in range(2000)] + ["\U0010fffd"],  # the largest name far above the others
+    [f"x{i:05d}" for i in range(2000)] + ["zz\ud7ffz"],  # just below the surrogates
+    [f"x{i:05d}" for i in range(1000)] + ["x99999/", "x99999/a.jpg"],  # a folder placeholder at the end
+])
+def test_odd_names_are_all_listed(names):
+    names = sorted(PREFIX + n for n in names)
+    listed, sizes, requests = _split(names)
+    assert listed == names
+    assert requests <= 700
+
+
+@pytest.mark.timeout(300)
+def test_a_large_folder_is_listed_in_parts_through_the_gcs_client_and_the_graph(monkeypatch, tmp_path):
+    """gs://b/in/ with 2 class folders of 9,000 images: the first page of each on the worker that got it, the rest
+    in parts (startOffset/endOffset on the fake), every image found once by ListImages on the local runner."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipeline.cloud import skip_credential_lookup
+    from transforms.listing import ListImages
+
+    monkeypatch.setattr(fp, "PART_NAMES", 1500)
+    with serve(2, 9000) as server:
+        for name, value in server.client_env(str(tmp_path)).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+        skip_credential_lookup()
+        expected = [f"class_{c:04d}/img_{i:08d}.jpg" for c in range(2) for i in range(9000)]
+        with TestPipeline(options=beam.options.pipeline_options.PipelineOptions(
+                ["--direct_running_mode=in_memory", "--direct_num_workers=1"])) as p:
+            listed = p | ListImages(f"gs://{BUCKET}/in")
+            assert_that(listed.images | beam.Map(lambda ref: ref.relpath), equal_to(expected))
+        stats = server.stats()
+        assert stats["unknown"] == []
+        assert stats["objects_listed"] < 2 * 9000 + 2 * (fp.PROBES + 2) * 1000  # the parts, plus the probes' pages
+    result = p.result
+    parts = result.metrics().query(beam.metrics.MetricsFilter().with_name("folder_parts"))["counters"]
+    assert sum(c.committed for c in parts) >= 2 * 4  # 8,000 names after each first page, at 1,500 a part
