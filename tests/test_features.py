@@ -311,7 +311,7 @@ def test_bad_values_reject_their_rows_with_row_number_column_value_and_type(tmp_
 @pytest.mark.parametrize("range_bytes", [0, 16], ids=["one-range", "16-byte-ranges"])
 def test_metadata_joined_to_folder_images_with_missing_extra_and_bad_rows(tmp_path, monkeypatch, range_bytes):
     """The file is read in byte ranges (cut finely here: rows span ranges), every row keeping its number."""
-    import transforms.manifest as m
+    import transforms.rows as m
 
     if range_bytes:
         monkeypatch.setattr(m, "RANGE_BYTES", range_bytes)

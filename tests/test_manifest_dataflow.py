@@ -65,9 +65,9 @@ EXPECTED_ERRORS = [
 def test_a_gs_manifest_cut_into_many_ranges_reads_every_row_once(gcs_emulator, manifest, tmp_path, monkeypatch):
     """Ranged reads through FileSystems (open + seek) on GCS: 40-byte ranges, the sequential row numbers."""
     from tests.test_manifest import _errors, _run
-    from transforms import manifest as m
+    from transforms import rows
 
-    monkeypatch.setattr(m, "RANGE_BYTES", 40)
+    monkeypatch.setattr(rows, "RANGE_BYTES", 40)
     out = tmp_path / "out"
     assert _run(manifest, out, NO_AUTH) == 0
     assert sorted((e["reason"], e["detail"]) for e in _errors(out)) == EXPECTED_ERRORS

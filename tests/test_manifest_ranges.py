@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from transforms import manifest as m
+from transforms import rows as reading
 from transforms.records import Rejection
 
 
@@ -141,7 +142,7 @@ def test_random_csv_texts_cut_anywhere_match_pythons_csv_reader(tmp_path):
 def test_a_quote_never_closed_is_one_rejected_row_not_a_crash(tmp_path, monkeypatch):
     """A stray quote at a field's start makes the rest of the file one quoted field (as Python's csv reads it):
     one rejected row with a clear reason, never a crash or a field held whole in memory."""
-    monkeypatch.setattr(m, "MAX_RECORD_CHARS", 200)
+    monkeypatch.setattr(reading, "MAX_RECORD_CHARS", 200)
     path = tmp_path / "m.csv"
     path.write_bytes(b'path,label\na.png,x\n"b.png,y\n' + b"".join(b"c%d.png,z\n" % i for i in range(50)))
     rows = assert_every_cut_reads_the_same(path, "csv")
@@ -150,7 +151,7 @@ def test_a_quote_never_closed_is_one_rejected_row_not_a_crash(tmp_path, monkeypa
     assert isinstance(bad, Rejection) and bad.reason == m.BAD_ROW
     assert bad.detail.startswith("row 2: over 0 KiB in 51 lines: a quoted field that is never closed")
     # under the limit, a field larger than the csv module's own limit is a rejected row too
-    monkeypatch.setattr(m, "MAX_RECORD_CHARS", 1 << 20)
+    monkeypatch.setattr(reading, "MAX_RECORD_CHARS", 1 << 20)
     csv.field_size_limit()
     path.write_bytes(b'path,label\n"' + b"b" * 140_000 + b'",y\nc.png,z\n')
     rows = sequential(path, "csv")
@@ -201,7 +202,7 @@ def test_a_manifest_cut_into_many_ranges_in_the_job(tmp_path, monkeypatch):
     lines.append(f"{names[5]},a,again")  # row 61: a duplicate of row 6
     lines.append("bad\tlabel.png,x\ty,")  # row 62: a label labels.txt cannot hold
     (data / "m.csv").write_text("\r\n".join(lines) + "\r\n")
-    monkeypatch.setattr(m, "RANGE_BYTES", 64)
+    monkeypatch.setattr(reading, "RANGE_BYTES", 64)
     out = tmp_path / "out"
     assert _run(data / "m.csv", out) == 0
     errors = {e["reason"]: e["detail"] for e in _errors(out)}

@@ -2,7 +2,7 @@
 
 `--metadata=FILE` has a `path` column (the image's path below --input_dir, as the listing names it: roses/1.jpg)
 and extra columns, typed by --features. The file is read in parallel byte ranges, every row with its number
-(as --manifest is: transforms.manifest.ReadRows); its rows and the listed images are both keyed by that
+(as --manifest is: transforms.rows.ReadRows); its rows and the listed images are both keyed by that
 relative path and joined with a CoGroupByKey: neither the launcher nor one worker ever holds the file, nor
 the listing.
 
@@ -21,8 +21,8 @@ import apache_beam as beam
 
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
-from transforms.manifest import ROWS, ReadRows, group_records, header_of, record_fields
 from transforms.records import Rejection
+from transforms.rows import ROWS, ReadRows, group_records, header_of, record_fields
 
 SKIPPED = "skipped"
 STATS = "stats"
@@ -161,7 +161,7 @@ class JoinMetadata(beam.PTransform):
     def __init__(self, metadata: str, fmt: str, input_dir: str, features: tuple, range_bytes: int = 0):
         super().__init__()
         self._metadata, self._fmt, self._input_dir, self._features = metadata, fmt, input_dir, features
-        self._range_bytes = range_bytes  # 0: transforms.manifest.RANGE_BYTES (tests cut small files finely)
+        self._range_bytes = range_bytes  # 0: transforms.rows.RANGE_BYTES (tests cut small files finely)
 
     def expand(self, images):
         # (relpath, MetadataRow): the file read in parallel byte ranges, every row with its number
