@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -29,6 +31,22 @@ def convert(input_dir, output_dir, *args, fast=True):
 
     argv = [f"--input_dir={input_dir}", f"--output_dir={output_dir}", "--quiet", *args]
     return run(argv + (FAST if fast else []))
+
+
+def doc_examples(doc: str, marker: str = "", section: str = "") -> list[str]:
+    """The ```python blocks of `doc` (a path below the repository) that hold `marker`, dedented; with `section`,
+    only those after that text (a heading)."""
+    text = open(os.path.join(REPO, doc)).read()
+    if section:
+        text = text.split(section, 1)[1]
+    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if marker in b]
+
+
+def doc_example(doc: str, marker: str) -> str:
+    """The one ```python block of `doc` that holds `marker`."""
+    blocks = doc_examples(doc, marker)
+    assert len(blocks) == 1, f"{doc} should have one python example with {marker}"
+    return blocks[0]
 
 
 def cli(*args, timeout=600, env=None):

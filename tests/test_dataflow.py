@@ -21,7 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import pipeline
 from pipeline.errors import UserError
 from pipeline.options import ConvertOptions, check_flags, validate
-from tests.conftest import REPO, convert
+from tests.conftest import REPO, convert, doc_examples
 from tests.gcs_fixtures import NO_AUTH
 
 BUCKET = "dataflow-dry"
@@ -434,15 +434,11 @@ def test_readme_scheduler_body_is_a_valid_launch_request():
 def test_readme_airflow_task_is_a_valid_launch_of_the_template(monkeypatch):
     """The Dataflow guide's DataflowStartFlexTemplateOperator task: its body, rendered for a logical date, launches the
     template with valid parameters, and its run_date makes the dated folder of that date."""
-    import textwrap
     import types
 
     from google.cloud.dataflow_v1beta3.types import templates
 
-    with open(DATAFLOW_GUIDE) as f:
-        readme = f.read()
-    code = next(textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
-                if "DataflowStartFlexTemplateOperator" in block)
+    code = doc_examples(DATAFLOW_GUIDE, "DataflowStartFlexTemplateOperator")[0]
     # Airflow is not installed here: a stand-in operator records what the task is given.
     created = []
     module = types.ModuleType("airflow.providers.google.cloud.operators.dataflow")

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import re
-import textwrap
-
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, convert
+from tests.conftest import REPO, convert, doc_example
 
 DOC = f"{REPO}/docs/splits-and-duplicates.md"
 PATIENT = r"^[^/]+/(patient\d+)_"
 
 
 def _block(marker: str) -> str:
-    text = open(DOC).read()
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if marker in b]
-    assert len(blocks) == 1, f"{DOC} should have one python example with {marker}"
-    assert '"tfrecords/"' in blocks[0]
-    return blocks[0]
+    block = doc_example("docs/splits-and-duplicates.md", marker)
+    assert '"tfrecords/"' in block
+    return block
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import textwrap
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from PIL import Image
 
 from pipeline.errors import UserError
 from pipeline.launcher import run
-from tests.conftest import FAST, REPO, cli
+from tests.conftest import FAST, cli, doc_examples
 from transforms import features as F
 
 SPEC = "score:float,size:int[2],box:float[4],float_data:float_list,source:string,tags:string_list"
@@ -213,9 +212,7 @@ def test_tfds_loads_the_extra_features(csv_dataset):
 
 @pytest.mark.timeout(300)
 def test_doc_examples_read_the_features(csv_dataset, monkeypatch):
-    text = open(f"{REPO}/docs/manifest.md").read()
-    section = text.split("## Typed extra features", 1)[1]
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", section, re.DOTALL)]
+    blocks = doc_examples("docs/manifest.md", section="## Typed extra features")
     assert len(blocks) == 2
     monkeypatch.chdir(csv_dataset.parent)  # the examples read tfrecords/
     namespace: dict = {}

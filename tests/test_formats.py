@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import textwrap
 from collections import Counter
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
-from tests.conftest import REPO, cli, convert
+from tests.conftest import cli, convert, doc_example
 from transforms.outputs import own_outputs
 from transforms.tfrecord import iter_records
 
@@ -345,10 +344,7 @@ def test_kaggle_names_on_gcs(gcs_emulator, tree, kaggle):
 
 
 def _readme_block(marker: str) -> str:
-    readme = open(f"{REPO}/docs/other-readers.md").read()  # the README links to it
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if marker in b]
-    assert len(blocks) == 1, f"the README should have one python example with {marker}"
-    return blocks[0]
+    return doc_example("docs/other-readers.md", marker)  # the README links to it
 
 
 def test_readme_kaggle_example_counts_the_records(kaggle, monkeypatch):

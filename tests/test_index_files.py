@@ -9,7 +9,6 @@ import re
 import struct
 import subprocess
 import sys
-import textwrap
 import types
 
 import pytest
@@ -19,7 +18,7 @@ from pipeline.cli import main_of
 from pipeline.errors import DatasetError
 from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
-from tests.conftest import REPO, cli, convert
+from tests.conftest import cli, convert, doc_example
 from transforms.outputs import TEMP_DIR, index_name
 from transforms.write import index_text
 
@@ -290,10 +289,7 @@ def test_a_malformed_index_entry_in_dataset_info_is_a_dataset_error(indexed):
 
 
 def readme_block(marker: str) -> str:
-    readme = open(os.path.join(REPO, "docs", "dali-pytorch.md")).read()
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if marker in b]
-    assert len(blocks) == 1, f"docs/dali-pytorch.md should have one python example with {marker}"
-    return blocks[0]
+    return doc_example("docs/dali-pytorch.md", marker)
 
 
 def test_readme_dali_example_names_every_shard_with_its_index(indexed, monkeypatch):

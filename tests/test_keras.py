@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import re
-import textwrap
 from collections import Counter
 
 import numpy as np
 import pytest
 
 from pipeline.sample_data import generate_dataset
-from tests.conftest import REPO, convert
+from tests.conftest import convert, doc_example
 
 SIZE = 16
 
@@ -138,9 +136,7 @@ def test_model_fit_trains_on_the_written_dataset(dataset, one_hot):
 def test_readme_model_fit_example_runs(dataset, monkeypatch):
     """The README's model.fit example, run as written in a folder holding its tfrecords/ dataset."""
     out, _ = dataset
-    readme = open(f"{REPO}/README.md").read()
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "model.fit(" in b]
-    assert len(blocks) == 1, "the README should have one python example with model.fit"
+    blocks = [doc_example("README.md", "model.fit(")]
     assert '"tfrecords/"' in blocks[0]
     monkeypatch.chdir(out.parent)
     namespace: dict = {}

@@ -7,7 +7,6 @@ import csv
 import json
 import random
 import re
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from PIL import Image
 
 from pipeline.launcher import run
 from pipeline.report import format_summary
-from tests.conftest import FAST, REPO, cli
+from tests.conftest import FAST, cli, doc_example
 from transforms.layout import hash_split
 
 SIZE = 16
@@ -415,10 +414,7 @@ def test_group_by_applies_to_the_manifest_paths_and_explicit_split_conflicts_are
 def test_docs_manifest_reader_example_runs(converted, monkeypatch):
     """docs/manifest.md's multi-label reader example, run as written in a folder holding its tfrecords/."""
     out, _ = converted
-    text = (Path(REPO) / "docs" / "manifest.md").read_text()
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL)
-              if "binary_crossentropy" in b]
-    assert len(blocks) == 1
+    blocks = [doc_example("docs/manifest.md", "binary_crossentropy")]
     work = out.parent / "docs_example"
     work.mkdir(exist_ok=True)
     if not (work / "tfrecords").exists():

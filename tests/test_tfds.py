@@ -16,7 +16,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.sample_data import generate_dataset
-from tests.conftest import convert
+from tests.conftest import convert, doc_example
 from tests.test_pipeline import write_tiny_tree
 from transforms import tfds_metadata
 
@@ -320,16 +320,10 @@ def test_the_description_step_needs_no_tensorflow():
 
 def test_readme_tfds_example_runs(converted, monkeypatch, capsys):
     """The README's TFDS example, run as written in a folder holding its tfrecords/ dataset."""
-    import re
-    import textwrap
 
-    from tests.conftest import REPO
 
     _, out = converted
-    readme = open(f"{REPO}/docs/other-readers.md").read()  # the README links to it
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
-              if "builder_from_directory" in b]
-    assert len(blocks) == 1, "the README should have one python example with tfds.builder_from_directory"
+    blocks = [doc_example("docs/other-readers.md", "builder_from_directory")]  # the README links to it
     monkeypatch.chdir(out.parent)
     capsys.readouterr()
     exec(compile(blocks[0], "docs/other-readers.md", "exec"), {})
