@@ -53,3 +53,50 @@ def test_a_metadata_job_stages_no_per_row_work_on_one_worker(gcs_emulator, tmp_p
             "JoinMetadata/GroupByRelpath"} <= names
     single = assert_single_element_stages_are_bounded(proto, METADATA_PER_IMAGE_STEPS, METADATA_BOUNDED_SIDE_INPUTS)
     assert any("JoinMetadata/ReadMetadata/Ranges" in x.unique_name for s in single for x in s.transforms)
+
+
+@pytest.mark.timeout(600)
+def test_a_metadata_job_submitted_to_dataflow_writes_the_features(gcs_emulator, dataflow_api, tmp_path):
+    """`python -m pipeline.main --metadata=gs://... --runner=DataflowRunner`: the job is submitted, the stand-in
+    runs its staged graph, and every record holds its row's typed feature; the image without a row is reported."""
+    import json
+
+    from PIL import Image
+
+    from tests.gcs_fixtures import NO_AUTH
+    from tests.test_dataflow_submit import PROJECT, REGION, assert_complete_dataset, job_id_of, launch
+    from transforms.examples import Example
+    from transforms.tfrecord import iter_records
+
+    bucket = gcs_emulator.create_bucket(f"{BUCKET}-job")
+    tree = tmp_path / "photos"
+    for c, cls in enumerate(("cat", "dog")):
+        (tree / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (24, 20), (80 * c, 40 * i, 90)).save(tree / cls / f"{i}.png")
+    gcs_emulator.upload_tree(tree, f"{bucket}/photos")
+    rows = ["path,score"] + [f"{cls}/{i}.png,{c}.{i}" for c, cls in enumerate(("cat", "dog")) for i in range(3)
+                             if (cls, i) != ("dog", 2)]
+    metadata = gcs_emulator.write(f"{bucket}/meta.csv", "\n".join(rows) + "\n")
+    output = f"{bucket}/out"
+    result = launch(gcs_emulator, f"--input_dir={bucket}/photos", f"--output_dir={output}",
+                    f"--metadata={metadata}", "--features=score:float", "--validation_split=0",
+                    "--runner=DataflowRunner", f"--project={PROJECT}", f"--region={REGION}",
+                    f"--temp_location={bucket}/tmp", f"--dataflow_endpoint={dataflow_api.endpoint}",
+                    "--sdk_container_image=europe-docker.pkg.dev/test-project/r/image-tfrecords:1", NO_AUTH,
+                    "--image_size=16")
+    assert result.returncode == 0, result.stderr
+    job = dataflow_api.jobs[job_id_of(result)]
+    assert job.state == "JOB_STATE_DONE" and job.options["metadata"] == metadata
+    assert "Found 6 files: 5 written, 0 rejected, 1 skipped." in result.stdout
+    info = assert_complete_dataset(gcs_emulator, output, images=5)
+    errors = [json.loads(line) for line in gcs_emulator.read(f"{output}/errors.jsonl").decode().splitlines()]
+    assert [(e["relpath"], e["reason"]) for e in errors] == [("dog/2.png", "metadata_missing")]
+    scores = {}
+    for shard in info["splits"]["train"]["shards"]:
+        local = tmp_path / shard["file"]
+        local.write_bytes(gcs_emulator.read(f"{output}/{shard['file']}"))
+        for raw in iter_records(str(local)):
+            feature = Example.FromString(raw).features.feature
+            scores[feature["source_path"].bytes_list.value[0].decode()] = round(feature["score"].float_list.value[0], 3)
+    assert scores == {"cat/0.png": 0.0, "cat/1.png": 0.1, "cat/2.png": 0.2, "dog/0.png": 1.0, "dog/1.png": 1.1}
