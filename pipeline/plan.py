@@ -373,27 +373,8 @@ def plan_manifest(settings: Settings) -> Plan:
     """Plan a --manifest run: check its header, take the class names from --labels_file (without it, the job
     finds them: Plan.class_names is empty) and size shards from its first rows' files."""
     path = settings.manifest
-    try:
-        FileSystems.match([path])[0].metadata_list[0]  # noqa: B018 - exists
-    except Exception:
-        raise UserError(f"--manifest {path} does not exist or cannot be read: give the CSV or JSON Lines "
-                        "file that lists the images") from None
-    with FileSystems.open(path, compression_type="auto") as raw:
-        stream = manifest.text_stream(raw)
-        first = stream.readline()
-        if not first.strip():
-            raise UserError(f"--manifest {path} is empty: write a header line (path,label[,split]) and one row "
-                            "per image, or one JSON object per line")
-        fmt = manifest.manifest_format(path, first)
-        if fmt == "csv":
-            columns = manifest.csv_header(first)
-        else:
-            try:
-                columns = [str(k).lower() for k in json.loads(first)]
-            except (ValueError, TypeError):
-                raise UserError(f"--manifest {path}: its first line is not a JSON object: write one "
-                                '{"path": ..., "label": ...} object per line, or give a .csv') from None
-        check_manifest_columns(path, columns, settings)
+    fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
+    check_manifest_columns(path, columns, settings)
     sample_rows = []
     with FileSystems.open(path, compression_type="auto") as raw:  # again from the start (a .gz cannot seek back)
         for number, row in manifest.read_rows(manifest.text_stream(raw), fmt, settings.input_dir):
@@ -447,16 +428,19 @@ def plan_features(settings: Settings, columns: list[str], where: str, notes: lis
     return found
 
 
-def read_header(path: str, flag: str) -> tuple[str, list[str]]:
-    """(format, column names) of a CSV or JSON Lines file, from its first line."""
+def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"path": ...'
+                ) -> tuple[str, list[str]]:
+    """(format, column names) of a CSV or JSON Lines file, from its first line; `header` and `fields` show the
+    user what the first line should hold."""
     try:
         with FileSystems.open(path, compression_type="auto") as raw:
             stream = manifest.text_stream(raw)
             first = stream.readline()
     except Exception:
-        raise UserError(f"{flag} {path} does not exist or cannot be read: give the CSV or JSON Lines file") from None
+        raise UserError(f"{flag} {path} does not exist or cannot be read: give the CSV or JSON Lines file that "
+                        "lists the images") from None
     if not first.strip():
-        raise UserError(f"{flag} {path} is empty: write a header line (path,...) and one row per image, or one "
+        raise UserError(f"{flag} {path} is empty: write a header line ({header}) and one row per image, or one "
                         "JSON object per line")
     fmt = manifest.manifest_format(path, first)
     if fmt == "csv":
@@ -467,7 +451,7 @@ def read_header(path: str, flag: str) -> tuple[str, list[str]]:
             raise TypeError
     except (ValueError, TypeError):
         raise UserError(f"{flag} {path}: its first line is not a JSON object: write one "
-                        '{"path": ..., ...} object per line, or give a .csv') from None
+                        f"{{{fields}}} object per line, or give a .csv") from None
     return fmt, [str(k).lower() for k in row]
 
 
