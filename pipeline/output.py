@@ -28,6 +28,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
+from transforms import bounded
 from transforms.outputs import (
     BEAM_TEMP_DIR,
     TEMP_DIR,
@@ -59,7 +60,7 @@ def read_existing_info(output_dir: str) -> dict | None:
         return None
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:
-            info = json.loads(f.read().decode("utf-8"))
+            info = bounded.loads(f.read().decode("utf-8"))
     except (ValueError, OSError):
         return {}
     return info if isinstance(info, dict) else {}
@@ -72,7 +73,7 @@ def option_differences(recorded: dict, settings: Settings) -> list[str]:
     """
     from pipeline.options import validate
 
-    current = json.loads(json.dumps(settings.as_dict()))
+    current = bounded.loads(json.dumps(settings.as_dict()))
     defaults = validate(PipelineOptions(["--input_dir=.", "--output_dir=."])).as_dict()
     recorded = {**{name: value for name, value in defaults.items() if name not in recorded}, **recorded}
     names = sorted(set(recorded) | set(current))

@@ -11,7 +11,6 @@ each split's shards from its own totals; on Dataflow it runs on the workers.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import os
 import tempfile
@@ -24,7 +23,7 @@ from pipeline import cloud, estimate
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
-from transforms import features, manifest, metadata
+from transforms import bounded, features, manifest, metadata
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     class_name_problem,
@@ -446,7 +445,7 @@ def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"
     if fmt == "csv":
         return fmt, manifest.csv_header(first)
     try:
-        row = json.loads(first)
+        row = bounded.loads(first)
         if not isinstance(row, dict):
             raise TypeError
     except (ValueError, TypeError):

@@ -22,9 +22,9 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import bounded, tfds_metadata
 from transforms import duplicates as dup
 from transforms import stats as pixel_stats
-from transforms import tfds_metadata
 from transforms.examples import feature_description
 from transforms.features import describe as describe_features
 from transforms.groups import SummariseGroups
@@ -84,7 +84,7 @@ def _published_by(info_path: str, run_id: str) -> dict | None:
     """The dataset description at `info_path` if run `run_id` wrote it, else None."""
     try:
         with FileSystems.open(info_path, compression_type="uncompressed") as f:
-            info = json.loads(f.read().decode("utf-8"))
+            info = bounded.loads(f.read().decode("utf-8"))
     except Exception:  # none there (the usual case), or not readable: not this run's
         return None
     return info if isinstance(info, dict) and info.get("run_id") == run_id else None

@@ -22,6 +22,7 @@ import re
 import struct
 from typing import NamedTuple
 
+from transforms import bounded
 from transforms.examples import SCHEMAS
 
 BAD_VALUE = "manifest_bad_value"
@@ -125,7 +126,7 @@ def parse_spec(text: str) -> tuple[FeatureType, ...]:
     text = text.strip()
     if text.startswith("{"):
         try:
-            pairs = json.loads(text)
+            pairs = bounded.loads(text)
         except ValueError as e:
             raise ValueError(f"is not a JSON object of name: type ({e})") from None
         if not isinstance(pairs, dict) or not all(isinstance(v, str) for v in pairs.values()):
@@ -193,7 +194,7 @@ def _items(feature: FeatureType, raw) -> list:
         text = raw.strip()
         if text.startswith("["):
             try:
-                value = json.loads(text)
+                value = bounded.loads(text)
             except ValueError:
                 raise BadValue("starts with '[' but is not a JSON array") from None
             if not isinstance(value, list):
@@ -225,7 +226,10 @@ def _one(dtype: str, item):
             text = item.strip()
             if not re.fullmatch(r"[+-]?\d+", text):
                 raise BadValue(f"{_shown(item)} is not an int" if text else "an empty value is not an int")
-            item = int(text)
+            try:
+                item = bounded.bounded_int(text)
+            except ValueError:
+                raise BadValue(f"{_shown(item)} is out of the int64 range") from None
         if not INT64_MIN <= item <= INT64_MAX:
             raise BadValue(f"{item} is out of the int64 range")
         return item
@@ -236,7 +240,10 @@ def _one(dtype: str, item):
         except ValueError:
             raise BadValue(f"{_shown(item)} is not a float" if text else "an empty value is not a float") from None
     else:
-        value = float(item)
+        try:
+            value = float(item)
+        except OverflowError:  # a JSON int beyond a double
+            raise BadValue(f"{_shown(item)} is out of the float32 range") from None
     if not math.isfinite(value):
         raise BadValue(f"{_shown(item)} is not a finite number (NaN and infinity are refused)")
     if abs(value) > FLOAT32_MAX:

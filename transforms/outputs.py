@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms import tfds_metadata
+from transforms import bounded, tfds_metadata
 from transforms.examples import SCHEMAS
 from transforms.layout import SPLITS
 from transforms.listing import is_local
@@ -171,7 +171,7 @@ def remove_run_dir(output_dir: str, run_id: str) -> None:
 def _read_json(path: str):
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:
-            return json.loads(f.read().decode("utf-8"))
+            return bounded.loads(f.read().decode("utf-8"))
     except Exception:  # none there, or not readable
         return None
 
@@ -291,7 +291,7 @@ def read_lock(output_dir: str) -> dict | None:
             raise
         return None
     try:
-        holder = json.loads(text)
+        holder = bounded.loads(text)
     except ValueError:
         holder = None
     return holder if isinstance(holder, dict) else {"run_id": None, "unreadable": text[:200]}
@@ -408,7 +408,7 @@ def acquire_lock(output_dir: str, holder: dict, why_stale: Callable[[dict], str 
         if current is None:
             continue  # released meanwhile
         try:
-            other = json.loads(current.decode("utf-8"))
+            other = bounded.loads(current.decode("utf-8"))
         except ValueError:
             other = None
         if not isinstance(other, dict):
@@ -428,7 +428,7 @@ def release_lock(output_dir: str, run_id: str, gcs_client=None) -> bool:
     if current is None:
         return False
     try:
-        if json.loads(current.decode("utf-8")).get("run_id") != run_id:
+        if bounded.loads(current.decode("utf-8")).get("run_id") != run_id:
             return False
     except (ValueError, AttributeError):
         return False
@@ -441,7 +441,7 @@ def update_lock(output_dir: str, run_id: str, gcs_client=None, **fields) -> bool
     current, version = store.read()
     if current is None:
         return False
-    holder = json.loads(current.decode("utf-8"))
+    holder = bounded.loads(current.decode("utf-8"))
     if holder.get("run_id") != run_id:
         return False
     holder.update(fields)

@@ -19,13 +19,14 @@ import codecs
 import csv
 import io
 import itertools
-import json
 import re
 from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+
+from transforms import bounded
 
 
 class _RawReader(io.RawIOBase):
@@ -136,7 +137,7 @@ def record_fields(record: Record, fmt: str, header: list[str]) -> dict | str:
         if not line.strip():
             return "an empty line"
         try:
-            fields = json.loads(line)
+            fields = bounded.loads(line)
         except ValueError as e:
             return f"not JSON ({e})"
         if not isinstance(fields, dict):

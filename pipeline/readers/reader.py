@@ -12,13 +12,13 @@ static shape (`drop_remainder=True`), as a TPU needs.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
 from pipeline.flags import bucket_problem
+from transforms import bounded
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
 from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS
 from transforms.features import from_description
@@ -80,7 +80,7 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
             "none); convert again with python -m pipeline.main"
         )
     try:
-        info = json.loads(text)
+        info = bounded.loads(text)
     except ValueError as e:
         raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
     check_info(info, path)
@@ -89,7 +89,7 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
 
 def _version(text: str):
     try:
-        info = json.loads(text)
+        info = bounded.loads(text)
     except ValueError:
         return None
     return info.get("format_version") if isinstance(info, dict) else None

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import os
 import struct
 import sys
@@ -47,7 +46,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.cli import import_tensorflow, main_of
 from pipeline.errors import DatasetError
 from pipeline.readers import reader
-from transforms import tfds_metadata
+from transforms import bounded, tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
@@ -556,7 +555,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
     report.error_lines = len(lines)
     for number, line in enumerate(lines, 1):
         try:
-            entry = json.loads(line)
+            entry = bounded.loads(line)
             relpath, stage, reason = entry["relpath"], entry["stage"], entry["reason"]
         except (ValueError, KeyError, TypeError):
             report.problems.append(f"{ERRORS_FILE} line {number}: not a JSON object with relpath, stage and reason")
@@ -603,10 +602,10 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
             continue
         if name == tfds_metadata.TFDS_INFO_FILE:
             try:
-                found_info = json.loads(found)
+                found_info = bounded.loads(found)
             except ValueError:
                 found_info = None
-            want = json.loads(text)
+            want = bounded.loads(text)
             differ = ([key for key in want if key != "description" and found_info.get(key) != want[key]]
                       if isinstance(found_info, dict) else ["the whole file"])
             if differ:
