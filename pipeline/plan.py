@@ -27,9 +27,11 @@ from transforms import bounded, features, manifest, metadata
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     class_name_problem,
+    nested_class_folders,
     quoted_name,
     relative_path,
     split_folder_layout,
+    split_folder_note,
 )
 from transforms.listing import Folder, classify, is_local, list_folder, list_top
 from transforms.outputs import SHARD_NAME, own_outputs
@@ -277,6 +279,17 @@ def _name(folder: Folder, input_dir: str) -> str:
     return relative_path(folder.path, input_dir).rstrip("/")
 
 
+def nested_layout_message(input_dir: str, nested: dict[str, set[str]], split_folders: bool) -> str:
+    """The one line that refuses folders of class folders taken as classes (training_set/{cats,dogs}/)."""
+    shown = ", ".join(f"{folder}/{{{','.join(sorted(inner)[:3])}{',...' if len(inner) > 3 else ''}}}/"
+                      for folder, inner in sorted(nested.items())[:3])
+    where = "the class folders inside the split folders" if split_folders else "the folders"
+    return (f"every image found in {input_dir} is inside a folder within {where} ({shown}): they are not "
+            "classes but folders of class folders, most likely split folders under names this tool does not "
+            "know; rename them train/, validation/ (or val/, dev/) and test/, or move their class folders up "
+            "a level, or list the images and labels in a --manifest")
+
+
 def plan_dataset(settings: Settings) -> Plan:
     """Look at the input's top folders and a sample of its images; decide class ids, the layout, shard sizing.
 
@@ -316,6 +329,9 @@ def plan_dataset(settings: Settings) -> Plan:
             folder_classes = sorted({_name(p.folder, input_dir).split("/")[1] for p in probes if _has_images(p)})
         else:
             folder_classes = sorted(top_with_images)
+        nested = nested_class_folders([image[1] for p in probes for image in p.images], split_folders)
+        if nested:
+            raise UserError(nested_layout_message(input_dir, nested, split_folders))
     except UserError:
         raise
     except Exception as e:
@@ -330,7 +346,7 @@ def plan_dataset(settings: Settings) -> Plan:
             f"found {len(loose)} images directly in {where} but no class folders: expected "
             "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
         )
-    notes = []
+    notes = [split_folder_note(top_with_images)] if split_folders else []
     if settings.labels_file:
         class_names = read_labels_file(settings.labels_file)
         unknown = sorted(set(folder_classes) - set(class_names))

@@ -23,15 +23,21 @@ IMAGE_EXTENSIONS = frozenset(
     }
 )
 
+# Split folder names, matched case-insensitively, with '-', '.' and ' ' read as '_' (Training_Set, test-set):
+# the names Kaggle and course datasets ship with.
 SPLIT_FOLDER_NAMES = {
-    "train": "train",
-    "training": "train",
-    "validation": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "test": "test",
-    "testing": "test",
+    **dict.fromkeys(("train", "training", "train_set", "training_set", "trainset", "trainingset", "train_data",
+                     "training_data"), "train"),
+    **dict.fromkeys(("validation", "valid", "val", "dev", "validation_set", "valid_set", "val_set", "dev_set",
+                     "validation_data", "valid_data", "val_data"), "validation"),
+    **dict.fromkeys(("test", "testing", "test_set", "testing_set", "testset", "test_data", "testing_data"), "test"),
 }
+
+
+def split_of_folder(name: str) -> str | None:
+    """The split a top-level folder name stands for ('training_set' -> 'train'), or None for another name."""
+    return SPLIT_FOLDER_NAMES.get(re.sub(r"[-. ]", "_", name.lower()))
+
 
 SPLITS = ("train", "validation", "test")
 
@@ -130,14 +136,15 @@ def skip_reason(relpath: str) -> tuple[str, str] | None:
 
 
 def split_folder_layout(top_level_folders: Iterable[str]) -> bool:
-    """True when the top-level folders are split folders (train/, validation/ or val/, test/).
+    """True when the top-level folders are split folders (train/, validation/ or val/, test/, or another name of
+    SPLIT_FOLDER_NAMES: training_set/, test_set/, dev/, ...).
 
     Raises ValueError when split folders are mixed with other folders, because
     then neither reading of the tree is safe.
     """
     names = set(top_level_folders)
-    split_like = {n for n in names if n.lower() in SPLIT_FOLDER_NAMES}
-    if "train" not in {SPLIT_FOLDER_NAMES[n.lower()] for n in split_like}:
+    split_like = {n for n in names if split_of_folder(n)}
+    if "train" not in {split_of_folder(n) for n in split_like}:
         return False
     others = sorted(names - split_like)
     if others:
@@ -146,12 +153,12 @@ def split_folder_layout(top_level_folders: Iterable[str]) -> bool:
             f"folders ({', '.join(others[:5])}); use either <input>/<split>/<class>/<image> "
             "or <input>/<class>/<image>"
         )
-    canonical = [SPLIT_FOLDER_NAMES[n.lower()] for n in split_like]
+    canonical = [split_of_folder(n) for n in split_like]
     dupes = sorted({c for c in canonical if canonical.count(c) > 1})
     if dupes:
         raise ValueError(
             f"the input folder has more than one folder for the split {dupes[0]!r} "
-            f"({', '.join(sorted(n for n in split_like if SPLIT_FOLDER_NAMES[n.lower()] == dupes[0]))}); keep one"
+            f"({', '.join(sorted(n for n in split_like if split_of_folder(n) == dupes[0]))}); keep one"
         )
     return True
 
@@ -209,9 +216,9 @@ def place(
     """
     parts = relpath.split("/")
     if split_folders:
-        split = SPLIT_FOLDER_NAMES.get(parts[0].lower())
+        split = split_of_folder(parts[0])
         if split is None:
-            return OUTSIDE_SPLIT_FOLDERS, "not inside a train/, validation/ (or val/) or test/ folder"
+            return OUTSIDE_SPLIT_FOLDERS, "not inside a train/, validation/ (or val/, dev/) or test/ folder"
         parts = parts[1:]
     if len(parts) < 2:
         where = "the split folder" if split_folders else "the input folder"
@@ -221,3 +228,25 @@ def place(
     if not split_folders:
         split = hash_split(group or relpath, seed, validation_split, test_split)
     return Placement(split, class_name, group)
+
+
+def split_folder_note(top_level_folders: Iterable[str]) -> str:
+    """The one line that says which folder became which split: 'split folders: test_set/ -> test, ...'."""
+    pairs = sorted((split_of_folder(n) or "", n) for n in top_level_folders)
+    order = {name: i for i, name in enumerate(SPLITS)}
+    pairs.sort(key=lambda pair: order.get(pair[0], len(SPLITS)))
+    return "split folders: " + ", ".join(f"{name}/ -> {split}" for split, name in pairs)
+
+
+def nested_class_folders(image_relpaths: Iterable[str], split_folders: bool) -> dict[str, set[str]] | None:
+    """When every image seen sits in a folder inside its class folder (set_a/cats/1.jpg), the class folders
+    and the folders found in them ({'set_a': {'cats', 'dogs'}}), else None: such "classes" are folders of
+    class folders, most likely split folders under names this tool does not know."""
+    base = 2 if split_folders else 1
+    found: dict[str, set[str]] = {}
+    for relpath in image_relpaths:
+        parts = relpath.split("/")
+        if len(parts) <= base + 1:
+            return None  # an image directly in its class folder: a real class
+        found.setdefault("/".join(parts[:base]), set()).add(parts[base])
+    return found or None
