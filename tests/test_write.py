@@ -110,6 +110,16 @@ def test_assign_shards_sizes_each_split_on_its_own_total_and_never_makes_more_sh
     assert counts == {"train": {4}, "validation": {3}}
 
 
+def test_the_train_split_gets_at_least_8_shards_of_10_mb_for_parallel_reads():
+    sizing = ShardSizing({}, shard_size_mb=150, bytes_per_image=1e6)  # 1 MB a record
+    assert sizing.shard_count("train", 100, 0) == 8  # 100 MB: 8 shards of 12.5 MB, not 1 of 100 MB
+    assert sizing.shard_count("train", 35, 0) == 3  # 35 MB: as many 10 MB shards as fit
+    assert sizing.shard_count("train", 9, 0) == 1
+    assert sizing.shard_count("train", 3000, 0) == 20  # 3 GB: sized by --shard_size_mb alone
+    assert sizing.shard_count("validation", 100, 0) == 1  # evaluation reads are not the bottleneck
+    assert ShardSizing({"train": 2}, 150, 1e6).shard_count("train", 100, 0) == 2  # --num_shards decides
+
+
 def test_lay_out_sizes_shards_from_the_source_bytes_when_the_output_follows_them():
     counts = [(("train", 5), (10, 50_000_000)), (("train", 9), (10, 50_000_000))]
     layout = lay_out(counts, ShardSizing({}, shard_size_mb=10, bytes_per_image=1.0, bytes_per_source_byte=0.5))

@@ -21,7 +21,7 @@ The ranks are found without sorting the dataset in one place:
 
 Shard counts come from the job's own totals: --num_shards, or the estimated
 output bytes over --shard_size_mb (`ShardSizing`, measured by the launcher on a
-small sample).
+small sample), with at least MIN_TRAIN_SHARDS train shards of 10 MB or more.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ import apache_beam as beam
 
 from transforms.records import ImageRef
 
+# The train split gets at least this many shards when each would still hold MIN_SHARD_BYTES: tf.data's
+# num_parallel_reads needs several files to read at once, and a multi-host reader one file per host at least
+# (TensorFlow's performance guide asks for 10 times as many files as hosts, and files of at least 10 MB).
+MIN_TRAIN_SHARDS = 8
+MIN_SHARD_BYTES = 10e6
 BUCKET_BITS = 16
 BUCKETS = 1 << BUCKET_BITS
 STRADDLING = "straddling"
@@ -65,7 +70,10 @@ class ShardSizing(NamedTuple):
         """Shards for a split of `images` images (`source_bytes` in all): never more shards than images."""
         if split in self.explicit:
             return max(1, min(self.explicit[split], images))
-        wanted = round(self.estimated_bytes(images, source_bytes) / (self.shard_size_mb * 1e6))
+        estimated = self.estimated_bytes(images, source_bytes)
+        wanted = round(estimated / (self.shard_size_mb * 1e6))
+        if split == "train":  # enough files for parallel reads and for one per reading host (see MIN_TRAIN_SHARDS)
+            wanted = max(wanted, min(MIN_TRAIN_SHARDS, int(estimated // MIN_SHARD_BYTES)))
         return max(1, min(wanted, images))
 
 
