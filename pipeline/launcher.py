@@ -22,7 +22,7 @@ from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
-from pipeline.options import Settings, check_flags, help_text, validate
+from pipeline.options import Settings, check_flags, help_text, ignored_options, validate
 from pipeline.output import OldOutputs, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset
 from pipeline.report import format_summary, read_info
@@ -73,7 +73,8 @@ def run(argv: list[str] | None = None) -> int:
             print(done)
             return 0
         plan = plan_dataset(settings)  # pipeline/plan.py: the classes, the shard sizes
-        for note in plan.notes:
+        for note in plan.notes + ignored_options(argv, options, settings, dataflow=cloud.is_dataflow(options),
+                                                 split_folders=plan.split_folders):
             _LOG.warning(note)
         run_id = new_run_id()
         old = _prepare_output(options, settings, plan, run_id)  # the folder's lock; leftovers leave

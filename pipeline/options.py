@@ -31,6 +31,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
 )
 from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
+from transforms.listing import is_local
 
 NAMED_COLOURS = {
     "white": (255, 255, 255),
@@ -375,6 +376,44 @@ def validate(options: PipelineOptions) -> Settings:
         metadata=metadata,
         multi_label=bool(o.multi_label),
     )
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The names of the options `argv` gives (`--jpeg_quality=90` and `--jpeg_quality 90` both name it)."""
+    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
+def ignored_options(argv: list[str], options: PipelineOptions, settings: Settings, *, dataflow: bool,
+                    split_folders: bool) -> list[str]:
+    """One warning line for each option `argv` gives that has no effect in this run, with why and what to do
+    (`split_folders`: the plan found split folders, which decide the splits)."""
+    given, o, image = given_flags(argv), options.view_as(ConvertOptions), settings.image
+    notes = []
+
+    def note(flag: str, why: str, fix: str) -> None:
+        if flag in given:
+            notes.append(f"--{flag} has no effect: {why}; {fix}")
+
+    if split_folders:
+        for flag in ("validation_split", "test_split"):
+            note(flag, "the input's split folders decide every image's split",
+                 f"drop --{flag}, or put the images in class folders at the top to let it split them")
+    if "{date}" not in (o.output_dir or ""):
+        note("run_date", "--output_dir holds no {date} placeholder for it to fill",
+             "put {date} in --output_dir (e.g. gs://bucket/datasets/{date}) or drop --run_date")
+    if image.image_format == "png":
+        for flag in ("jpeg_quality", "chroma_subsampling"):
+            note(flag, "--image_format=png stores lossless PNG", f"drop --{flag}, or store JPEG")
+    if image.resize_mode == "none":
+        for flag in ("image_size", "resample"):
+            note(flag, "--resize_mode=none keeps every image at its own size", f"drop --{flag}, or pick a resize mode")
+    if not dataflow:
+        note("no_wait", "it only stops the launcher waiting for a Dataflow job, and this run is local", "drop it")
+    if not is_local(settings.input_dir) and not settings.manifest:
+        note("follow_symlinks", "Cloud Storage has no symbolic links", "drop it")
+    if {"train", "validation", "test"} <= set(settings.num_shards):
+        note("shard_size_mb", "--num_shards sets the shard count of every split", "drop one of the two")
+    return notes
 
 
 def check_flags(argv: list[str]) -> None:

@@ -55,14 +55,16 @@ def test_cats_dogs_layout_gets_its_labels_and_splits(tmp_path):
             assert r["label"] == ["cats", "dogs"].index(r["class_name"])
 
 
-def test_the_run_prints_which_folder_became_which_split(tmp_path):
+def test_the_run_prints_which_folder_became_which_split_and_that_validation_split_is_unused(tmp_path):
     src = tmp_path / "in"
     write_tiny_tree(src / "Train", {"a": 2, "b": 2})
     write_tiny_tree(src / "dev", {"a": 1, "b": 1})
-    result = cli("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}",
+    result = cli("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}", "--validation_split=0.3",
                  "--direct_running_mode=in_memory", "--direct_num_workers=1")
     assert result.returncode == 0, result.stderr
-    assert "split folders: Train/ -> train, dev/ -> validation" in result.stdout + result.stderr
+    printed = result.stdout + result.stderr
+    assert "split folders: Train/ -> train, dev/ -> validation" in printed
+    assert "--validation_split has no effect: the input's split folders decide every image's split" in printed
 
 
 @pytest.mark.parametrize("layout", [
