@@ -15,8 +15,10 @@ import calendar
 import io
 import logging
 import os
+import socket
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 
 from apache_beam.io.filesystems import FileSystems
@@ -86,6 +88,53 @@ def configure(options: PipelineOptions, input_dir: str, output_dir: str) -> None
                         "without submitting it; leave it out for a local run")
     if is_dataflow(options):
         check_dataflow_options(options, input_dir, output_dir)
+
+
+NETWORK_TIMEOUT_S = 5.0  # to connect to Cloud Storage or Dataflow: a reachable endpoint answers in well under 1 s
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _endpoint(url: str, default_port: int) -> tuple[str, int]:
+    """(host, port) of an endpoint URL or host[:port]."""
+    parsed = urllib.parse.urlsplit(url if "://" in url else f"//{url}")
+    port = parsed.port or (80 if parsed.scheme == "http" else default_port)
+    return parsed.hostname or "", port
+
+
+def check_network(options: PipelineOptions, paths: list[str | None]) -> None:
+    """Before the first call to Cloud Storage or Dataflow, see within seconds that each can be reached, so that a
+    machine without network gets one line instead of the client libraries' two minutes of retries.
+
+    A proxy (HTTPS_PROXY, ALL_PROXY) is what gets reached then; STORAGE_EMULATOR_HOST replaces Cloud Storage.
+
+    Raises:
+        UserError: naming what could not be reached, why, and what to check.
+    """
+    reach = []
+    temp = options.view_as(GoogleCloudOptions).temp_location
+    if any(is_gcs(path) for path in [*paths, temp]):
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        reach.append(("Cloud Storage", *_endpoint(emulator or "https://storage.googleapis.com", 443)))
+    if is_dataflow(options) and not is_dry_run(options):
+        endpoint = options.view_as(GoogleCloudOptions).dataflow_endpoint or "https://dataflow.googleapis.com"
+        reach.append(("the Dataflow service", *_endpoint(endpoint, 443)))
+    proxy = next((os.environ[name] for name in PROXY_VARIABLES if os.environ.get(name)), None)
+    for what, host, port in reach:
+        local = host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+        via = "" if proxy is None or local else f" through the proxy {proxy}"
+        target = (host, port) if not via else _endpoint(proxy, 8080)
+        try:
+            socket.create_connection(target, timeout=NETWORK_TIMEOUT_S).close()
+        except OSError as e:
+            if isinstance(e, TimeoutError):
+                reason = f"no answer in {NETWORK_TIMEOUT_S:g} s"
+            else:
+                reason = e.strerror or type(e).__name__
+            raise UserError(
+                f"{what} cannot be reached at {host}:{port}{via} ({reason}): check this machine's network "
+                "connection, DNS and firewall (and HTTPS_PROXY if you need a proxy); a dry run reaches Cloud "
+                "Storage too, to check the folders"
+            ) from None
 
 
 def skip_credential_lookup() -> None:

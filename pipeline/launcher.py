@@ -66,6 +66,8 @@ def run(argv: list[str] | None = None) -> int:
         raise UserError(f"--metadata {settings.metadata} is not a gs:// path, and Dataflow workers read it: "
                         "copy it to a bucket (gcloud storage cp) and give its gs:// path")
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
+    cloud.check_network(options, [settings.input_dir, settings.output_dir, settings.manifest, settings.metadata,
+                                  settings.labels_file])  # seconds, not minutes, to say there is no network
     start_time = time.time()
     with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan
         done = existing_dataset(settings)  # --if_exists: refuse, overwrite or skip
