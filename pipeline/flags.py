@@ -164,8 +164,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "outside Python's lock, so two keep a core busy while the other waits, and let busy workers use "
              "the cores of idle ones. Default: 2.")
     add("--schema", default="default", choices=tuple(SCHEMAS),
-        help="Example keys: default (image, label, class_name, height, width, source_path, sha256) or tf_slim "
-             "(image/encoded, image/class/label, ...). Default: default.")
+        help="Example keys: default (image, label, class_name, height, width, source_path, sha256), tf_slim "
+             "(image/encoded, image/class/label, ...) or kaggle (image, class, id: the keys Kaggle's TPU notebooks "
+             "read, and the default ones but label). Default: default.")
     add("--num_shards", default="0",
         help="Shards of each split: per split as train=64,validation=8 (a split not named is sized by "
              "--shard_size_mb), or one number N for train alone, the validation and test splits then sized "

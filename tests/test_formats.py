@@ -8,6 +8,7 @@ records, labels and counts against what was written.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections import Counter
@@ -18,6 +19,7 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
 from tests.conftest import cli, convert, doc_example
+from transforms.examples import Example
 from transforms.outputs import own_outputs
 from transforms.tfrecord import iter_records
 
@@ -422,3 +424,48 @@ def test_tfds_opens_the_array_record_output_as_a_random_access_data_source(array
         assert labels == expected
         last = source[len(source) - 1]  # random access to the last record
         assert last["image"].shape[-1] == 3
+
+
+@pytest.fixture(scope="module")
+def kaggle_keys(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("kaggle_keys") / "tfrecords"
+    return out, _convert(tree, out, "--schema=kaggle", "--shard_names=kaggle")
+
+
+def test_kaggle_schema_is_read_by_the_notebooks_parsing_code_unchanged(kaggle_keys, monkeypatch):
+    import tensorflow as tf
+
+    out, info = kaggle_keys
+    assert info["schema"] == "kaggle"
+    stored = {}
+    for raw in _records(out, info)["train"]:
+        feature = Example.FromString(raw).features.feature
+        assert {"image", "class", "id"} <= set(feature) and "label" not in feature
+        relpath = feature["source_path"].bytes_list.value[0].decode()
+        record_id = feature["id"].bytes_list.value[0].decode()
+        assert record_id == os.path.splitext(os.path.basename(relpath))[0]
+        assert info["class_names"][feature["class"].int64_list.value[0]] == relpath.split("/")[0]
+        stored[record_id] = feature["class"].int64_list.value[0]
+    block = _readme_block("read_labeled_tfrecord")
+    assert "IMAGE_SIZE = [512, 512]" in block and '"tfrecords/train*.tfrec"' in block
+    block = block.replace("IMAGE_SIZE = [512, 512]", f"IMAGE_SIZE = [{SIZE}, {SIZE}]")  # the notebook's setting
+    monkeypatch.chdir(out.parent)
+    namespace: dict = {}
+    exec(compile(block, "docs/other-readers.md", "exec"), namespace)
+    images, labels = next(iter(namespace["train"]))
+    assert images.shape == (16, SIZE, SIZE, 3) and images.dtype == tf.float32
+    assert set(labels.numpy().tolist()) <= set(range(info["num_classes"]))
+    by_id = {record_id.decode(): image for image, record_id in namespace["ids"].as_numpy_iterator()}
+    assert set(by_id) == set(stored)  # every record, each id once
+    assert all(0.0 <= image.min() and image.max() <= 1.0 for image in by_id.values())
+
+
+def test_kaggle_schema_reads_back_with_the_reader_and_verify(kaggle_keys):
+    from pipeline.readers import reader
+    from pipeline.readers.verify import verify_dataset
+
+    out, info = kaggle_keys
+    report = verify_dataset(str(out))
+    assert report.ok, report.format()
+    images, labels = next(iter(reader.make_dataset(str(out), "train", batch_size=4, supervised=True)))
+    assert images.shape[1:] == (SIZE, SIZE, 3) and labels.shape == (4,)

@@ -176,6 +176,23 @@ def test_tf_slim_schema_loads_as_nested_features(tmp_path):
         assert e["image"]["encoded"].shape == (e["image"]["height"], e["image"]["width"], 3) == (12, 8, 3)
 
 
+def test_kaggle_schema_loads_with_class_and_id(tmp_path):
+    import tensorflow_datasets as tfds
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    write_tiny_tree(src, {"a": 4, "b": 3})
+    assert convert(src, out, "--schema=kaggle", "--image_size=8", "--validation_split=0") == 0
+    assert _info(out)["tfds"]["files"] == ["class.labels.txt", "features.json", "dataset_info.json"]
+    builder = tfds.builder_from_directory(str(out))
+    assert builder.info.features["class"].names == ["a", "b"]
+    examples = list(tfds.as_numpy(builder.as_dataset(split="train")))
+    assert len(examples) == 7
+    for e in examples:
+        assert e["class"] == ["a", "b"].index(e["class_name"].decode())
+        assert e["id"].decode() == os.path.splitext(os.path.basename(e["source_path"].decode()))[0]
+        assert e["image"].shape == (8, 8, 3)
+
+
 def test_gzip_shards_get_no_tfds_files_and_say_why(tmp_path, capsys):
     """TFDS 4.9 reads TFRecord shards uncompressed only: no TFDS files, and image_tfrecords.json says why."""
     import tensorflow_datasets as tfds

@@ -10,6 +10,7 @@ Tests parse the bytes with TensorFlow to prove the equivalence.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -38,6 +39,18 @@ SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
         "width": ("image/width", "int64"),
         "source_path": ("image/filename", "string"),
         "sha256": ("image/key/sha256", "string"),
+    },
+    # The keys Kaggle's TPU notebooks parse (Flower Classification with TPUs and its forks): `image`, `class`
+    # and `id` (the file name without its extension), plus this tool's own keys for verify and the reader.
+    "kaggle": {
+        "image": ("image", "bytes"),
+        "label": ("class", "int64"),
+        "id": ("id", "string"),
+        "class_name": ("class_name", "string"),
+        "height": ("height", "int64"),
+        "width": ("width", "int64"),
+        "source_path": ("source_path", "string"),
+        "sha256": ("sha256", "string"),
     },
 }
 
@@ -103,6 +116,11 @@ def _example_classes():
 Example = _example_classes()
 
 
+def record_id(source_path: str) -> str:
+    """A record's `id` (the kaggle schema's key): its file's name without the extension ('cats/0042.jpg' -> '0042')."""
+    return posixpath.splitext(posixpath.basename(source_path))[0]
+
+
 def build_example(
     *,
     image: bytes,
@@ -134,6 +152,7 @@ def build_example(
         "width": width,
         "source_path": source_path,
         "sha256": sha256,
+        "id": record_id(source_path),
     }
     example = Example()
     features = example.features.feature
