@@ -20,6 +20,7 @@ def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
     assert len(figures["runs"]) == 3
     for run in figures["runs"]:
         assert run["floor"]["images"] == 12
+        assert run["fast_floor"]["images"] == 12 and run["fast_floor"]["output_bytes"] > 0
         assert run["pipeline"]["images"] == 12  # every generated photo written
         assert run["pipeline"]["peak_rss_bytes"] > 0
         assert run["pipeline"]["cpu_seconds"] > 0  # the workers' CPU reaches the benchmark through the launcher
@@ -35,6 +36,10 @@ def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
     floor_seconds, graph_seconds = figures["floor"]["seconds"], figures["graph_only"]["seconds"]
     assert figures["additive_vs_floor"] == floor_seconds / (floor_seconds + graph_seconds)
     assert "(d) graph only" in result.stdout
+    fasts = sorted(run["fast_floor"]["images_per_second"] for run in figures["runs"])
+    assert figures["pipeline_vs_fast_floor"] == figures["pipeline"]["images_per_second"] / fasts[1]
+    assert figures["startup"]["images"] == 8  # the fixed start-up, measured on 8 small photos
+    assert "pipeline / fast floor" in result.stdout
 
 
 @pytest.mark.slow
