@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 
 from pipeline.readers.reader import load_info
+from transforms import duplicates
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -124,12 +125,9 @@ def duplicates_line(info: dict) -> str:
     found = info.get("duplicates") or {}
     if not found.get("groups"):
         return ""
-    kinds = [f"{found['within_split']} within a split", f"{found['across_splits']} across splits (leakage)",
-             f"{found['conflicting_labels']} with different labels (conflict)"]
     dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
                "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
-    return (f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): "
-            f"{', '.join(kinds)}; see \"duplicates\" in image_tfrecords.json.{dropped}")
+    return f"{duplicates.summary_line(found)}; see \"duplicates\" in image_tfrecords.json.{dropped}"
 
 
 def _size_bucket(edges: list, index: int) -> str:

@@ -442,8 +442,9 @@ def _name_in_split(folder: str, stem: str, extension: str, split: str) -> str:
     raise AssertionError("no name found")
 
 
-def test_the_same_image_in_train_and_validation_is_caught(tmp_path):
-    """Two copies of one photo under different names: converted twice, they give identical records."""
+def test_the_same_picture_from_two_different_files_is_a_warning_not_a_duplicate(tmp_path):
+    """Two copies of one photo in different formats: equal pixels, but not identical files, which is what the
+    converter counts as duplicates; verify says so apart, as a warning."""
     source = tmp_path / "in"
     for c, name in enumerate(("cat", "dog")):
         (source / name).mkdir(parents=True)
@@ -451,17 +452,14 @@ def test_the_same_image_in_train_and_validation_is_caught(tmp_path):
             Image.new("RGB", (30, 20), (40 * c, 30 * i, 90)).save(source / name / f"{name}_{i}.jpg", quality=90)
     photo = Image.new("RGB", (40, 30), (200, 100, 50))
     photo.paste((10, 10, 10), (5, 5, 20, 20))
-    in_train = _name_in_split("cat", "photo", "png", "train")
-    in_validation = _name_in_split("cat", "copy", "bmp", "validation")
-    photo.save(source / in_train)
-    photo.save(source / in_validation)  # the same pixels in another format
+    photo.save(source / _name_in_split("cat", "photo", "png", "train"))
+    photo.save(source / _name_in_split("cat", "copy", "bmp", "validation"))  # the same pixels in another format
     assert convert(source, tmp_path / "out", "--image_size=32") == 0
-    for decode in (True, False):
-        problems = _problems(tmp_path / "out", decode=decode)
-        assert len(problems) == 1, problems
-        assert problems[0].startswith("validation-00000-of-00001.tfrecord record ")
-        assert problems[0].endswith(f"{in_validation!r} in validation and {in_train!r} in train (leakage between "
-                                    "splits)")
+    report = verify.verify_dataset(str(tmp_path / "out"))
+    assert report.ok, report.problems
+    assert report.warnings == ["1 stored images are equal pixel for pixel to another's from a different source "
+                               "file (a picture saved twice, e.g. as PNG and BMP); the duplicates above count "
+                               "identical files only"]
 
 
 def test_the_same_image_twice_in_one_split_is_only_a_warning(tmp_path):
@@ -469,29 +467,71 @@ def test_the_same_image_twice_in_one_split_is_only_a_warning(tmp_path):
                                                                                             (1, 2, 3))]]})
     report = verify.verify_dataset(str(root))
     assert report.ok
-    assert report.warnings == ["train-00000-of-00001.tfrecord record 1: the same image as "
-                               "train-00000-of-00001.tfrecord record 0 in split 'train' ('cat/b.jpg' and "
-                               "'cat/a.jpg')"]
+    assert report.warnings == [
+        "Duplicates: 1 groups of identical source files (2 files): 1 within a split, 0 across splits (leakage), "
+        "0 with different labels (conflict); --fail_on_duplicates makes leakage and conflicts fail verify",
+        "identical source files within a split: 'cat/a.jpg' (train, cat), 'cat/b.jpg' (train, cat)"]
 
 
-def test_copies_under_two_labels_are_named_as_a_conflict(tmp_path):
-    """Issue 18: identical files filed as rose and as tulip; verify said only 'leakage between splits'."""
-    root = craft_dataset(tmp_path / "ds", {
+def _copies_dataset(tmp_path):
+    return craft_dataset(tmp_path / "ds", {
         "train": [[rec(0, "cat/a.jpg", (1, 2, 3)), rec(1, "dog/b.jpg", (1, 2, 3)), rec(1, "dog/c.jpg", (9, 9, 200))]],
         "validation": [[rec(0, "cat/d.jpg", (9, 9, 200)), rec(1, "dog/e.jpg", (200, 9, 9))]],
         "test": [[rec(1, "dog/f.jpg", (200, 9, 9))]],
     })
-    report = verify.verify_dataset(str(root))
-    assert report.warnings == ["train-00000-of-00001.tfrecord record 1: the same image as "
-                               "train-00000-of-00001.tfrecord record 0 in split 'train' ('dog/b.jpg' and "
-                               "'cat/a.jpg'; the same image under two labels, 'dog' and 'cat')"]
-    assert sorted(report.problems) == sorted([
-        "test-00000-of-00001.tfrecord record 0: the same image as validation-00000-of-00001.tfrecord record 1: "
-        "'dog/f.jpg' in test and 'dog/e.jpg' in validation (leakage between splits)",
-        "validation-00000-of-00001.tfrecord record 0: the same image as train-00000-of-00001.tfrecord record 2: "
-        "'cat/d.jpg' in validation and 'dog/c.jpg' in train (the same image under two labels, 'cat' and 'dog', "
-        "and leakage between splits)",
-    ])
+
+
+def test_copies_are_counted_in_three_kinds_and_named_as_the_converter_names_them(tmp_path):
+    """Issue 18: identical files filed as rose and as tulip; verify said only 'leakage between splits'. Issue 30:
+    the kinds are the converter's (a conflict is a conflict wherever its copies are), and only warnings."""
+    report = verify.verify_dataset(str(_copies_dataset(tmp_path)))
+    assert report.ok
+    assert report.warnings == [
+        "Duplicates: 3 groups of identical source files (6 files): 0 within a split, 1 across splits (leakage), "
+        "2 with different labels (conflict); --fail_on_duplicates makes leakage and conflicts fail verify",
+        "identical source files with different labels (conflict): 'cat/a.jpg' (train, cat), 'dog/b.jpg' (train, "
+        "dog)",
+        "identical source files with different labels (conflict): 'cat/d.jpg' (validation, cat), 'dog/c.jpg' "
+        "(train, dog)",
+        "identical source files across splits (leakage): 'dog/e.jpg' (validation, dog), 'dog/f.jpg' (test, dog)",
+    ]
+    failing = verify.verify_dataset(str(tmp_path / "ds"), fail_on_duplicates=True)
+    assert not failing.ok and failing.warnings == []
+    assert failing.problems[0].startswith("Duplicates: 3 groups of identical source files (6 files): 0 within a "
+                                          "split, 1 across splits (leakage), 2 with different labels (conflict)")
+    assert len(failing.problems) == 4
+
+
+def test_verify_and_the_converter_report_the_same_duplicates(tmp_path, capsys):
+    """Issue 30: on a flowers-like folder (files stored under both rose and tulip) the run said '0 across splits'
+    and verify reported leakage and failed. Now both count by the source files' SHA-256, in the same words."""
+    source = tmp_path / "in"
+    for c, name in enumerate(("rose", "tulip")):
+        (source / name).mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (30, 20), (90 * c, 25 * i, 60)).save(source / name / f"{name}_{i}.jpg", quality=90)
+    for i in range(4):  # the same files under both classes, in whatever splits their paths hash to
+        (source / "tulip" / f"copy_{i}.jpg").write_bytes((source / "rose" / f"rose_{i}.jpg").read_bytes())
+    (source / "rose" / "again.jpg").write_bytes((source / "rose" / "rose_5.jpg").read_bytes())
+    out = tmp_path / "out"
+    assert convert(source, out, "--image_size=16", "--validation_split=0.5") == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    from pipeline.report import duplicates_line
+
+    converter = duplicates_line(info)
+    assert converter.startswith("Duplicates: 5 groups of identical source files (10 files): ")
+    assert "4 with different labels (conflict)" in converter
+    report = verify.verify_dataset(str(out))
+    assert report.ok, report.problems
+    assert report.warnings[0].startswith(converter.split(";")[0] + ";")  # the same counts, the same words
+    assert main_of(verify.run, [str(out)]) == 0
+    assert main_of(verify.run, [str(out), "--fail_on_duplicates"]) == 1
+    assert converter.split(";")[0] in capsys.readouterr().out
+    info["duplicates"]["conflicting_labels"] = 3  # a description that disagrees with its records is damage
+    info["duplicates"]["within_split"] += 1
+    (out / "image_tfrecords.json").write_text(json.dumps(info))
+    problems = verify.verify_dataset(str(out)).problems
+    assert len(problems) == 1 and problems[0].startswith("image_tfrecords.json: its duplicates say Duplicates: 5 ")
 
 
 def test_a_record_length_no_example_can_have_is_caught_without_reading_it(tmp_path):

@@ -28,6 +28,9 @@ ACROSS_SPLITS = "across_splits"
 CONFLICTING_LABELS = "conflicting_labels"
 KINDS = (WITHIN_SPLIT, ACROSS_SPLITS, CONFLICTING_LABELS)
 MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json; the counts cover every group
+# How the converter's summary and pipeline.verify name each kind: one set of words for both.
+KIND_WORDS = {WITHIN_SPLIT: "within a split", ACROSS_SPLITS: "across splits (leakage)",
+              CONFLICTING_LABELS: "with different labels (conflict)"}
 
 
 class DuplicateGroup(NamedTuple):
@@ -66,6 +69,23 @@ def duplicate_groups(sha256: str, copies: Iterable[tuple[str, int, str]]) -> lis
     if not sha256 or len(copies) < 2:
         return []
     return [DuplicateGroup(sha256, tuple(copies))]
+
+
+def summary_line(found: dict) -> str:
+    """'Duplicates: N groups of identical source files (M files): a within a split, b across splits (leakage),
+    c with different labels (conflict)': the words of the converter's summary and of pipeline.verify."""
+    kinds = ", ".join(f"{found.get(k, 0)} {KIND_WORDS[k]}" for k in KINDS)
+    return f"Duplicates: {found['groups']} groups of identical source files ({found['copies']} files): {kinds}"
+
+
+def count_groups(groups: Iterable[DuplicateGroup]) -> dict:
+    """The counts of `groups` as image_tfrecords.json's "duplicates" holds them (groups, copies, each kind)."""
+    counts = {"groups": 0, "copies": 0, **dict.fromkeys(KINDS, 0)}
+    for group in groups:
+        counts["groups"] += 1
+        counts["copies"] += len(group.copies)
+        counts[kind(group)] += 1
+    return counts
 
 
 def empty_summary() -> dict:

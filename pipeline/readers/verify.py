@@ -46,7 +46,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.cli import import_tensorflow, main_of
 from pipeline.errors import DatasetError
 from pipeline.readers import reader
-from transforms import bounded, tfds_metadata
+from transforms import bounded, duplicates, tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
@@ -73,8 +73,9 @@ class _ShardResult:
     without_labels: int = 0  # --multi_label: records of no class
     problems: list[str] = field(default_factory=list)
     omitted: int = 0
-    # (record index, source path, content key or None when the image cannot be read, class name)
-    entries: list[tuple[int, str, bytes | None, str]] = field(default_factory=list)
+    # (record index, source path, content key or None when the image cannot be read, class name, the source
+    # file's SHA-256 or '' in a dataset written before records carried it)
+    entries: list[tuple[int, str, bytes | None, str, str]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
 
     def problem(self, index: int | None, text: str) -> None:
@@ -114,7 +115,7 @@ class _RecordChecker:
 
         def summarise(index, serialized, decode):
             fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi, extras=extras)
-            facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width")}
+            facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width", "sha256")}
             if multi:  # lists of any length, as one string each so that a chunk batches
                 facts["label"] = tf.strings.reduce_join(tf.strings.as_string(fields["label"]), separator=",")
                 facts["class_name"] = tf.strings.reduce_join(fields["class_name"], separator=_UNIT)
@@ -259,7 +260,7 @@ class _RecordChecker:
             result.problem(index, f"the decoded image is {shape[0]}x{shape[1]} but the record says {height}x{width}")
         # The same key for the same content: the decoded pixels' shape and fingerprint, or the bytes'.
         key = struct.pack("<3q", *shape) + row["fingerprint"].tobytes() if content else None
-        result.entries.append((index, source_path, key, class_name))
+        result.entries.append((index, source_path, key, class_name, row["sha256"].decode("ascii", "replace")))
 
 
 @dataclass
@@ -300,7 +301,7 @@ class Report:
                          f" + {f.get('skipped')} skipped; {ERRORS_FILE} has {self.error_lines} line(s).")
         if self.ok:
             lines.append("OK: checksums, Examples, labels, images, counts and accounting match "
-                         f"{INFO_FILE}; no record is written twice and no image is in two splits.")
+                         f"{INFO_FILE}; no record is written twice.")
         else:
             lines.append(f"FAILED: {len(self.problems)} problem(s) in {self.dataset_dir}.")
         return "\n".join(lines)
@@ -484,42 +485,62 @@ def _nothing_written(info: dict) -> str:
     return f"{INFO_FILE}: the dataset holds no records: {why} and convert again"
 
 
-def _check_duplicates(results: list[tuple[dict, _ShardResult]], report: Report) -> set[str]:
-    """Report source paths written twice and images in two splits; returns every source path read."""
+def _label(class_name) -> str | tuple[str, ...]:
+    """A record's label to compare copies by: its class name, or (--multi_label) its set of names."""
+    return tuple(sorted(set(class_name))) if isinstance(class_name, list | tuple) else class_name
+
+
+def _check_duplicates(info: dict, results: list[tuple[dict, _ShardResult]], report: Report,
+                      fail_on_duplicates: bool = False) -> set[str]:
+    """Report source paths written twice (damage), and identical source files as the converter does: groups by
+    the SHA-256 each record stores (by the stored image's content in a dataset written before records carried
+    it), of three kinds, in the converter's words, compared with image_tfrecords.json's "duplicates". They are
+    warnings unless `fail_on_duplicates`, which fails on leakage and conflicts. Returns every source path read."""
     first_path: dict[str, str] = {}
-    first_image: dict[bytes, tuple[str, str, str, str]] = {}
-    same_split = Counter()
+    copies: dict[object, list[tuple[str, object, str]]] = defaultdict(list)
+    sources_of_content: dict[bytes, set[str]] = defaultdict(set)
+    unhashed = 0
     for _, result in results:
-        for index, source_path, digest, class_name in result.entries:
+        for index, source_path, content, class_name, sha256 in result.entries:
             where = f"{result.name} record {index}"
             if source_path in first_path:
                 report.problems.append(f"{where}: source path {source_path!r} is written twice (also in "
                                        f"{first_path[source_path]})")
-            else:
-                first_path[source_path] = where
-            if digest is None:
                 continue
-            seen = first_image.get(digest)
-            if seen is None:
-                first_image[digest] = (result.split, where, source_path, class_name)
+            first_path[source_path] = where
+            if not sha256:
+                unhashed += 1
+            key = sha256 or content
+            if key is None:
                 continue
-            # Copies under different labels: no label is right for both, wherever they are.
-            conflict = (f"the same image under two labels, {class_name!r} and {seen[3]!r}"
-                        if class_name != seen[3] else "")
-            if seen[0] != result.split:
-                why = f"{conflict}, and leakage between splits" if conflict else "leakage between splits"
-                report.problems.append(
-                    f"{where}: the same image as {seen[1]}: {source_path!r} in {result.split} and {seen[2]!r} in "
-                    f"{seen[0]} ({why})")
-            else:
-                same_split[result.split] += 1
-                if same_split[result.split] <= 10:
-                    report.warnings.append(f"{where}: the same image as {seen[1]} in split {result.split!r} "
-                                           f"({source_path!r} and {seen[2]!r}" + (f"; {conflict})" if conflict
-                                                                                 else ")"))
-    for split, count in same_split.items():
-        if count > 10:
-            report.warnings.append(f"split {split!r}: {count} records in all repeat an image of the same split")
+            copies[key].append((result.split, _label(class_name), source_path))
+            if sha256 and content is not None:
+                sources_of_content[content].add(sha256)
+    groups = [duplicates.DuplicateGroup(str(key), tuple(sorted(found, key=lambda c: (c[2], c))))
+              for key, found in copies.items() if len(found) > 1]
+    counts = duplicates.count_groups(groups)
+    recorded = info.get("duplicates")
+    if (isinstance(recorded, dict) and not unhashed and (info.get("options") or {}).get("duplicates", "keep") ==
+            "keep" and any(recorded.get(k) != counts[k] for k in counts)):
+        report.problems.append(
+            f"{INFO_FILE}: its duplicates say {duplicates.summary_line(recorded)}; but the records hold "
+            f"{duplicates.summary_line(counts)[len('Duplicates: '):]} (records were added, removed or changed)")
+    if counts["groups"]:
+        serious = counts[duplicates.ACROSS_SPLITS] + counts[duplicates.CONFLICTING_LABELS]
+        where = report.problems if fail_on_duplicates and serious else report.warnings
+        where.append(duplicates.summary_line(counts) + (
+            "" if fail_on_duplicates else "; --fail_on_duplicates makes leakage and conflicts fail verify"))
+        shown = sorted(groups, key=lambda g: (duplicates.KINDS.index(duplicates.kind(g)) * -1, g.copies[0][2]))
+        for group in shown[:10]:
+            names = ", ".join(f"{path!r} ({split}, {label if isinstance(label, str) else ';'.join(label)})"
+                              for split, label, path in group.copies[:4])
+            more = f" and {len(group.copies) - 4} more" if len(group.copies) > 4 else ""
+            where.append(f"identical source files {duplicates.KIND_WORDS[duplicates.kind(group)]}: {names}{more}")
+    same_pixels = sum(1 for sources in sources_of_content.values() if len(sources) > 1)
+    if same_pixels:
+        report.warnings.append(f"{same_pixels} stored images are equal pixel for pixel to another's from a "
+                               "different source file (a picture saved twice, e.g. as PNG and BMP); the "
+                               "duplicates above count identical files only")
     return set(first_path)
 
 
@@ -619,7 +640,8 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
                                    f"{redo}")
 
 
-def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None) -> Report:
+def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None,
+                   fail_on_duplicates: bool = False) -> Report:
     """Read a whole dataset back and compare it with its image_tfrecords.json.
 
     Raises:
@@ -647,7 +669,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     _check_counts(info, results, report)
     if not any(split_info["records"] for split_info in info["splits"].values()):
         report.problems.insert(0, _nothing_written(info))
-    written_paths = _check_duplicates(results, report)
+    written_paths = _check_duplicates(info, results, report, fail_on_duplicates)
     _check_accounting(dataset_dir, info, written_paths, report)
     return report
 
@@ -663,10 +685,14 @@ def run(argv: list[str]) -> int:
                              "duplicates (by encoded bytes) and accounting are still checked. Default: off.")
     parser.add_argument("--max_problems", type=int, default=100,
                         help="Print at most this many problem lines, and as many warnings. Default: 100.")
+    parser.add_argument("--fail_on_duplicates", action="store_true",
+                        help="Fail (exit code 1) when identical source files are in two splits (leakage) or under "
+                             "different labels (conflict); otherwise they are reported as the conversion reported "
+                             "them, as warnings. Default: off.")
     args = parser.parse_args(argv)
     load_info(args.dataset_dir)  # refuse a folder that is no dataset before TensorFlow's slow import
     import_tensorflow()  # quietly: TensorFlow's native start-up messages are not problems
-    report = verify_dataset(args.dataset_dir, decode=not args.no_decode)
+    report = verify_dataset(args.dataset_dir, decode=not args.no_decode, fail_on_duplicates=args.fail_on_duplicates)
     print(report.format(args.max_problems))
     return 0 if report.ok else 1
 
