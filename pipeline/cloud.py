@@ -324,7 +324,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
 
     from pipeline.options import ConvertOptions
     from pipeline.report import format_summary, read_info
-    from transforms.outputs import update_lock
+    from transforms.lock import update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
     try:

@@ -26,7 +26,8 @@ from pipeline.options import Settings, check_flags, help_text, validate
 from pipeline.output import OldOutputs, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset
 from pipeline.report import format_summary, read_info
-from transforms.outputs import holder_record, new_run_id
+from transforms.lock import holder_record
+from transforms.outputs import new_run_id
 
 __all__ = ["format_summary", "read_info", "run"]
 

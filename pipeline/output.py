@@ -29,18 +29,14 @@ from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from transforms import bounded
+from transforms.lock import LockHeld, acquire_lock, local_holder_alive, lock_path, release_lock
 from transforms.outputs import (
     BEAM_TEMP_DIR,
     TEMP_DIR,
-    LockHeld,
-    acquire_lock,
     completion_marker,
     final_outputs,
     is_local,
-    local_holder_alive,
-    lock_path,
     own_outputs,
-    release_lock,
     run_dir,
 )
 

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from transforms.outputs import LOCK_FILE, LockHeld, acquire_lock, holder_record, read_lock, release_lock, update_lock
+from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock, release_lock, update_lock
+from transforms.outputs import LOCK_FILE
 
 
 @pytest.fixture(params=["local", "gcs"])
