@@ -69,7 +69,7 @@ def run(argv: list[str] | None = None) -> int:
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
     start_time = time.time()
     with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan
-        done = existing_dataset(settings)  # --if_exists: refuse, overwrite or skip
+        done = existing_dataset(settings, options)  # --if_exists: refuse, overwrite or skip
         if done:
             print(done)
             return 0
