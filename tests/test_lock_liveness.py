@@ -92,6 +92,36 @@ def test_a_live_lock_of_a_process_not_visible_here_is_not_taken_over(tmp_path, c
 
 
 @pytest.mark.timeout(120)
+def test_the_lock_message_names_only_what_the_lock_file_says(tmp_path):
+    """Finding 21: a lock file that says little (written by hand, or by another tool) never reads "run None ... on
+    None"; what to do follows from what is known."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).write_text(json.dumps({"run_id": "20261201-120000-0000dddd"}))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(out / LOCK_FILE)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        settings, options = settings_options(out)
+        with pytest.raises(UserError) as refused:
+            take_lock(settings, holder_record("20261201-120500-0000eeee", "local"), options)
+        assert str(refused.value) == (
+            f"--output_dir {out} is being written by run 20261201-120000-0000dddd: two runs must not write one "
+            "folder; wait for it to finish, or stop it on its machine, then run again, or choose another folder")
+        (out / LOCK_FILE).write_text("\x00 not json")
+        with pytest.raises(UserError) as refused:
+            take_lock(settings, holder_record("20261201-120500-0000eeee", "local"), options)
+        assert str(refused.value) == (
+            f"--output_dir {out} is being written by a run whose lock file does not say which (it reads "
+            "'\\x00 not json'): two runs must not write one folder; wait for that run to finish, then run again, "
+            "or choose another folder")
+        assert "None" not in str(refused.value)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+
+
+@pytest.mark.timeout(120)
 def test_on_gcs_a_lock_of_a_process_in_another_pid_namespace_is_not_taken_over(gcs_emulator, tmp_path):
     """Finding 5 on gs:// (no kernel): a pid is looked up only in the holder's own PID namespace and kernel boot."""
     gcs_emulator.create_bucket("liveness")
