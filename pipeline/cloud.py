@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from pipeline.errors import UserError
+from pipeline.errors import Terminated, UserError
 
 _LOG = logging.getLogger("pipeline")
 
@@ -365,10 +365,10 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     try:
         result.wait_until_finish()
         state = result.state
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the job, which holds the lock, goes on
         print(f"Stopped waiting; the job goes on. Cancel it with: gcloud dataflow jobs cancel {job_id} "
               f"--region={cloud.region}", file=sys.stderr)
-        return 130
+        return e.exit_code if isinstance(e, Terminated) else 130
     except Exception:  # DataflowRuntimeException: the job failed or was cancelled
         state = getattr(result, "state", None)
     if state != PipelineState.DONE:

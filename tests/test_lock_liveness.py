@@ -10,19 +10,23 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.errors import UserError
 from pipeline.options import validate
 from pipeline.output import take_lock, why_stale
+from pipeline.readers import verify
 from tests.conftest import REPO, convert
 from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock
-from transforms.outputs import LOCK_FILE
+from transforms.outputs import LOCK_FILE, TEMP_DIR
 
 # Holds the flock of the lock file argv[1] until its stdin closes: a run in another PID namespace, as the kernel
 # sees it (the lock file names a process that does not exist here).
@@ -214,3 +218,36 @@ def test_if_exists_skip_refuses_while_another_run_writes_the_folder(small_tree, 
     assert "nothing to do (--if_exists=skip)" in capsys.readouterr().out
     assert read_lock(str(out))["run_id"] == writer["run_id"]
 
+
+@pytest.mark.timeout(300)
+def test_sigterm_releases_the_lock_prints_one_line_and_exits_143(small_tree, tmp_path):
+    """Finding 17: a scheduler stops an --overwrite run with SIGTERM while its workers are busy (held before it
+    publishes): the lock goes, the earlier dataset stays whole, and a retry can start at once."""
+    out, go = tmp_path / "out", tmp_path / "go"
+    args = [f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet"]
+    assert convert(small_tree, out, "--image_size=16") == 0
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    run = subprocess.Popen([sys.executable, "-m", "tests.held_run_main", *args, "--overwrite"], cwd=REPO, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, HOLD_UNTIL=str(go)))
+    try:
+        while run.poll() is None and not any((out / TEMP_DIR).glob("*/shards/train-*")):
+            time.sleep(0.05)  # until its shards are being written
+        assert run.poll() is None, run.communicate()
+        assert read_lock(str(out))["pid"] == run.pid
+        workers = psutil.Process(run.pid).children(recursive=True)
+        run.send_signal(signal.SIGTERM)  # to the launcher alone, as Kubernetes and Airflow send it
+        stdout, stderr = run.communicate(timeout=120)
+        _, alive = psutil.wait_procs(workers, timeout=60)
+    finally:
+        go.touch()
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 143
+    assert stderr.splitlines() == [
+        "error: terminated (SIGTERM); no image_tfrecords.json was written, so run the same command again"]
+    assert stdout == ""
+    assert alive == [], "a worker process outlived the run"
+    assert not (out / LOCK_FILE).exists()
+    assert {name: (out / name).read_bytes() for name in os.listdir(out) if name != TEMP_DIR} == before
+    assert verify.verify_dataset(str(out), decode=True).problems == []
