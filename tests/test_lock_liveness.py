@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -219,35 +220,61 @@ def test_if_exists_skip_refuses_while_another_run_writes_the_folder(small_tree, 
     assert read_lock(str(out))["run_id"] == writer["run_id"]
 
 
+STOPPED = "error: terminated (SIGTERM); no image_tfrecords.json was written, so run the same command again"
+
+
+def sigterm_mid_run(args: list[str], env: dict, writing: Callable[[], bool]) -> tuple[subprocess.Popen, str, str]:
+    """Run the converter, held before it publishes; once `writing()`, SIGTERM the launcher alone (as Kubernetes
+    and Airflow send it). Returns the process, its stdout and its stderr, once it and its workers have ended."""
+    go = env["HOLD_UNTIL"]
+    run = subprocess.Popen([sys.executable, "-m", "tests.held_run_main", *args], cwd=REPO, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        while run.poll() is None and not writing():
+            time.sleep(0.05)
+        assert run.poll() is None, run.communicate()
+        workers = psutil.Process(run.pid).children(recursive=True)
+        run.send_signal(signal.SIGTERM)
+        stdout, stderr = run.communicate(timeout=120)
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert alive == [], "a worker process outlived the run"
+    finally:
+        open(go, "w").close()
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    return run, stdout, stderr
+
+
 @pytest.mark.timeout(300)
 def test_sigterm_releases_the_lock_prints_one_line_and_exits_143(small_tree, tmp_path):
     """Finding 17: a scheduler stops an --overwrite run with SIGTERM while its workers are busy (held before it
     publishes): the lock goes, the earlier dataset stays whole, and a retry can start at once."""
-    out, go = tmp_path / "out", tmp_path / "go"
-    args = [f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet"]
+    out = tmp_path / "out"
     assert convert(small_tree, out, "--image_size=16") == 0
     before = {name: (out / name).read_bytes() for name in os.listdir(out)}
-    run = subprocess.Popen([sys.executable, "-m", "tests.held_run_main", *args, "--overwrite"], cwd=REPO, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, HOLD_UNTIL=str(go)))
-    try:
-        while run.poll() is None and not any((out / TEMP_DIR).glob("*/shards/train-*")):
-            time.sleep(0.05)  # until its shards are being written
-        assert run.poll() is None, run.communicate()
-        assert read_lock(str(out))["pid"] == run.pid
-        workers = psutil.Process(run.pid).children(recursive=True)
-        run.send_signal(signal.SIGTERM)  # to the launcher alone, as Kubernetes and Airflow send it
-        stdout, stderr = run.communicate(timeout=120)
-        _, alive = psutil.wait_procs(workers, timeout=60)
-    finally:
-        go.touch()
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert run.returncode == 143
-    assert stderr.splitlines() == [
-        "error: terminated (SIGTERM); no image_tfrecords.json was written, so run the same command again"]
-    assert stdout == ""
-    assert alive == [], "a worker process outlived the run"
+    args = [f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet", "--overwrite"]
+    run, stdout, stderr = sigterm_mid_run(args, dict(os.environ, HOLD_UNTIL=str(tmp_path / "go")),
+                                          lambda: any((out / TEMP_DIR).glob("*/shards/train-*")))
+    assert (run.returncode, stderr.splitlines(), stdout) == (143, [STOPPED], "")
     assert not (out / LOCK_FILE).exists()
     assert {name: (out / name).read_bytes() for name in os.listdir(out) if name != TEMP_DIR} == before
     assert verify.verify_dataset(str(out), decode=True).problems == []
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_releases_a_gcs_lock(small_tree, tmp_path, gcs_emulator):
+    """Finding 17 on gs://: a retry from another host is not refused by the lock of a run stopped with SIGTERM."""
+    gcs_emulator.create_bucket("sigterm")
+    out = "gs://sigterm/out"
+    args = [f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet", "--no_auth"]
+
+    def writing() -> bool:
+        names = gcs_emulator.list_names(out)
+        return LOCK_FILE in names and any(name.startswith(f"{TEMP_DIR}/") for name in names)
+
+    run, stdout, stderr = sigterm_mid_run(args, dict(os.environ, **gcs_emulator.env, HOLD_UNTIL=str(tmp_path / "go")),
+                                          writing)
+    assert (run.returncode, stderr.splitlines(), stdout) == (143, [STOPPED], "")
+    names = gcs_emulator.list_names(out)
+    assert LOCK_FILE not in names and "image_tfrecords.json" not in names
