@@ -127,6 +127,44 @@ def test_the_lock_message_names_only_what_the_lock_file_says(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_another_users_lock_file_is_judged_and_a_stale_one_replaced(tmp_path, monkeypatch):
+    """A shared folder: the lock file is another user's, so it opens read-only here (simulated: this test runs as
+    root, whom permissions do not stop). A live one is refused as any other; a stale one is replaced by a new file."""
+    out = tmp_path / "out"
+    other = write_lock(out, "20261201-130000-0000ffff", pid_not_running_here())
+    lock = str(out / LOCK_FILE)
+    real_open, real_unlink, removed = os.open, os.unlink, []
+
+    def as_another_user(path, flags, *args):
+        if os.fspath(path) == lock and flags & (os.O_RDWR | os.O_WRONLY) and not removed:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    def unlink(path, *args, **kwargs):
+        removed.append(os.fspath(path))
+        return real_unlink(path, *args, **kwargs)
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, lock], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    settings, options = settings_options(out)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "open", as_another_user)
+            with pytest.raises(UserError, match=f"is being written by run {other['run_id']} "):
+                take_lock(settings, holder_record("20261201-130500-00001111", "local"), options)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "open", as_another_user)
+        patch.setattr(os, "unlink", unlink)
+        take_lock(settings, holder_record("20261201-130500-00001111", "local"), options)
+    assert removed == [lock]  # theirs removed, under its flock; the lock file now is a new one, this run's
+    assert read_lock(str(out))["run_id"] == "20261201-130500-00001111"
+
+
+@pytest.mark.timeout(120)
 def test_on_gcs_a_lock_of_a_process_in_another_pid_namespace_is_not_taken_over(gcs_emulator, tmp_path):
     """Finding 5 on gs:// (no kernel): a pid is looked up only in the holder's own PID namespace and kernel boot."""
     gcs_emulator.create_bucket("liveness")

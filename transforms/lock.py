@@ -40,7 +40,7 @@ HELD_WITH = "flock"
 # How often, and how long apart, a taker tries a flock that is held before it reports the holder: a takeover
 # in progress, or a --if_exists=skip run looking, holds it for a moment only.
 _FLOCK_TRIES, _FLOCK_PAUSE_S = 10, 0.02
-_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)  # EBADF: NFS, read-only
 
 
 class LockHeld(RuntimeError):
@@ -228,17 +228,31 @@ def _live_holder(path: str) -> dict:
     return holder
 
 
+def _open_lock_file(path: str) -> tuple[int, bool] | None:
+    """The lock file, open (made if missing), and whether this process may write it; None if it just went."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), True
+    except PermissionError:  # another user's lock file (a shared folder): judged, and replaced by a new file
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+        except FileNotFoundError:
+            return None
+
+
 def _acquire_local(path: str, holder: dict, why_stale: Callable[[dict], str | None]) -> str | None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     data = (json.dumps({**holder, "held_with": HELD_WITH}, indent=2) + "\n").encode("utf-8")
+    taken_over = None
     for _ in range(10):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        opened = _open_lock_file(path)
+        if opened is None:
+            continue
+        fd, writable = opened
         try:
             if not _flock(fd, path):
                 raise LockHeld(path, _live_holder(path))
             if not _same_file(fd, path):
                 continue  # its holder released it (removed the file) before we took the flock: take the new one
-            taken_over = None
             previous = _read_fd(fd)
             if previous.strip():  # a holder that has ended without releasing the lock (killed)
                 other = _parse_holder(previous)
@@ -248,6 +262,9 @@ def _acquire_local(path: str, holder: dict, why_stale: Callable[[dict], str | No
                     taken_over = why_stale(other)
                     if taken_over is None:
                         raise LockHeld(path, other)
+            if not writable:
+                os.unlink(path)  # under its flock, so no other taker judges it again: the next try makes ours
+                continue
             _rewrite(fd, data)
             _HELD[path], fd = fd, None
             return taken_over
@@ -308,6 +325,8 @@ def lock_holder(output_dir: str, why_stale: Callable[[dict], str | None], gcs_cl
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _live_holder(path)
+        except OSError:  # a file system without flock: taking the lock will say so
+            return None
         other = _parse_holder(_read_fd(fd))
         if other.get("held_with") == HELD_WITH or not (other.get("run_id") or other.get("unreadable")):
             return None
