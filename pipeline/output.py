@@ -157,8 +157,7 @@ def take_lock(settings: Settings, holder: dict, options: PipelineOptions) -> Non
                         f"runs must not write one folder; {_lock_advice(settings.output_dir, held)}, or choose "
                         "another folder") from None
     except LockUnsupported as e:
-        raise UserError(f"--output_dir {settings.output_dir} cannot be locked against a second run: {e}; choose a "
-                        "folder on a local disk (or NFS with locking)") from None
+        raise UserError(f"--output_dir {settings.output_dir} cannot be locked against a second run: {e}") from None
     except PermissionError as e:  # a shared folder: another user's stale lock file, which this user may not delete
         raise UserError(f"--output_dir {settings.output_dir}: the lock file {lock_path(settings.output_dir)} of a run "
                         f"that has ended belongs to another user and cannot be replaced ({e.strerror}): ask its owner "

@@ -25,6 +25,7 @@ from pipeline.errors import UserError
 from pipeline.options import validate
 from pipeline.output import take_lock, why_stale
 from pipeline.readers import verify
+from tests import hostile_files as hostile
 from tests.conftest import REPO, convert
 from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock
 from transforms.outputs import LOCK_FILE, TEMP_DIR
@@ -316,3 +317,27 @@ def test_sigterm_releases_a_gcs_lock(small_tree, tmp_path, gcs_emulator):
     assert (run.returncode, stderr.splitlines(), stdout) == (143, [STOPPED], "")
     names = gcs_emulator.list_names(out)
     assert LOCK_FILE not in names and "image_tfrecords.json" not in names
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+def test_a_lock_name_that_is_not_a_regular_file_is_refused_and_nothing_is_written_through_it(small_tree, tmp_path,
+                                                                                              kind):
+    """Hostile: a link planted under the lock's name (a shared folder), a FIFO or a folder. The lock is never
+    written through a link, never opened so that it blocks; one line, nothing outside the output folder touched."""
+    out, precious = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    precious.write_text("my thesis")
+    lock = out / LOCK_FILE
+    {"symlink": lambda: lock.symlink_to(precious), "fifo": lambda: hostile.fifo(lock),
+     "folder": lambda: lock.mkdir()}[kind]()
+    run = hostile.run_bounded([f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet"],
+                              2000)
+    hostile.release_fifos([str(lock)] if kind == "fifo" else [])
+    assert not run.killed, run.killed
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.splitlines() == [
+        f"error: --output_dir {out} cannot be locked against a second run: {lock} is not a regular file (a symbolic "
+        "link, folder, FIFO or device), and this tool never makes one there: remove it, or choose another folder"]
+    assert precious.read_text() == "my thesis"
+    assert sorted(os.listdir(out)) == [LOCK_FILE]

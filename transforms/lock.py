@@ -25,6 +25,7 @@ import getpass
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 
@@ -53,7 +54,10 @@ class LockHeld(RuntimeError):
 
 
 class LockUnsupported(RuntimeError):
-    """The output folder's file system cannot lock a file (flock)."""
+    """The output folder cannot be locked: its file system has no flock, or the lock's name is not a file of ours.
+
+    The message says what to do.
+    """
 
 
 def lock_path(output_dir: str) -> str:
@@ -191,6 +195,14 @@ def _read_fd(fd: int) -> bytes:
     return os.pread(fd, 1 << 16, 0)
 
 
+def _read_path(path: str) -> bytes:
+    fd = _open_regular(path, os.O_RDONLY)
+    try:
+        return _read_fd(fd)
+    finally:
+        os.close(fd)
+
+
 def _rewrite(fd: int, data: bytes) -> None:
     """The lock file's record replaced in place (its inode, which the flock is on, stays)."""
     os.pwrite(fd, data, 0)
@@ -208,7 +220,8 @@ def _flock(fd: int, path: str) -> bool:
                 time.sleep(_FLOCK_PAUSE_S)
         except OSError as e:
             if e.errno in _NO_FLOCK:
-                raise LockUnsupported(f"the file system of {path} cannot lock a file (flock: {e.strerror})") from None
+                raise LockUnsupported(f"the file system of {path} cannot lock a file (flock: {e.strerror}): write "
+                                      "to a local disk, or an NFS mount with locking") from None
             raise
     return False
 
@@ -218,9 +231,8 @@ def _live_holder(path: str) -> dict:
     holder = {"run_id": None}
     for _ in range(_FLOCK_TRIES):
         try:
-            with open(path, "rb") as f:
-                holder = _parse_holder(f.read(1 << 16))
-        except FileNotFoundError:
+            holder = _parse_holder(_read_path(path))
+        except (FileNotFoundError, LockUnsupported):
             return {"run_id": None, "note": "it was released just now"}
         if holder.get("run_id"):
             break
@@ -228,13 +240,34 @@ def _live_holder(path: str) -> dict:
     return holder
 
 
+def _open_regular(path: str, flags: int, mode: int = 0o644) -> int:
+    """Open the lock file itself: never through a symbolic link, never a FIFO, device or folder in its place.
+
+    Raises:
+        LockUnsupported: something else has the lock's name.
+        FileNotFoundError: there is none (without O_CREAT).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        fd = None
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    if fd is not None:
+        os.close(fd)
+    raise LockUnsupported(f"{path} is not a regular file (a symbolic link, folder, FIFO or device), and this tool "
+                          "never makes one there: remove it, or choose another folder")
+
+
 def _open_lock_file(path: str) -> tuple[int, bool] | None:
     """The lock file, open (made if missing), and whether this process may write it; None if it just went."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), True
+        return _open_regular(path, os.O_RDWR | os.O_CREAT), True
     except PermissionError:  # another user's lock file (a shared folder): judged, and replaced by a new file
         try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+            return _open_regular(path, os.O_RDONLY), False
         except FileNotFoundError:
             return None
 
@@ -283,11 +316,10 @@ def _release_local(path: str, run_id: str) -> bool:
     fd = _HELD.get(path)
     if fd is None:
         try:
-            with open(path, "rb") as f:
-                if _parse_holder(f.read(1 << 16)).get("run_id") != run_id:
-                    return False
+            if _parse_holder(_read_path(path)).get("run_id") != run_id:
+                return False
             os.unlink(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, LockUnsupported):
             return False
         return True
     if _parse_holder(_read_fd(fd)).get("run_id") != run_id:
@@ -307,18 +339,18 @@ def lock_holder(output_dir: str, why_stale: Callable[[dict], str | None], gcs_cl
 
     Changes nothing: a stale lock stays for the next run to take over.
     """
-    path = lock_path(output_dir)
     if not is_local(output_dir):
         current, _ = _lock_store(output_dir, gcs_client).read()
         if current is None:
             return None
         other = _parse_holder(current)
         return other if why_stale(other) is None else None
+    path = os.path.abspath(lock_path(output_dir))
     if path in _HELD:
         return _parse_holder(_read_fd(_HELD[path]))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = _open_regular(path, os.O_RDONLY)
+    except (FileNotFoundError, LockUnsupported):  # none; or not a file of ours, which taking the lock reports
         return None
     try:
         try:
