@@ -1,5 +1,8 @@
 """Shared by the command-line tools: user errors become one line on stderr and exit code 2; a quiet TensorFlow.
 
+SIGTERM (Airflow, Kubernetes, systemd) stops a tool as Ctrl-C does: the same
+clean-up (a converter's lock goes back), one line, and exit code 143.
+
     from pipeline.cli import import_tensorflow
     tf = import_tensorflow(verbose=False)
 
@@ -14,23 +17,64 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
-from pipeline.errors import UserError
+from pipeline.errors import Terminated, UserError
+
+_STOPPED = "no image_tfrecords.json was written, so run the same command again"
 
 
 def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
-    """Call `run(argv)` and turn a UserError into `error: <message>` and its exit code."""
+    """Call `run(argv)` and turn a UserError into `error: <message>` and its exit code.
+
+    Ctrl-C ends it with exit code 130, SIGTERM with 143, each after the same clean-up and with one line.
+    """
     try:
-        return run(sys.argv[1:] if argv is None else argv)
+        with sigterm_as_interrupt():
+            return run(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except Terminated as e:
+        print(f"error: terminated (SIGTERM); {_STOPPED}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; no image_tfrecords.json was written, so run the same command again",
-              file=sys.stderr)
+        print(f"error: interrupted; {_STOPPED}", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """For the block, SIGTERM raises Terminated in the main thread, as Ctrl-C raises KeyboardInterrupt.
+
+    Only where SIGTERM has its default action (an embedding program's own
+    handler stays), and only in this process: a process forked from it inside
+    the block (a local worker) still ends at once on SIGTERM. The clean-up that
+    follows the first SIGTERM is not interrupted by a second.
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    here = os.getpid()
+
+    def on_sigterm(signum, frame):
+        if os.getpid() != here:  # a forked worker: end as SIGTERM ends a process
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) in (on_sigterm, signal.SIG_IGN):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

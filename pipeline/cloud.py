@@ -31,7 +31,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from pipeline.errors import UserError
+from pipeline.errors import Terminated, UserError
 
 _LOG = logging.getLogger("pipeline")
 
@@ -373,7 +373,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
 
     from pipeline.options import ConvertOptions
     from pipeline.report import format_summary, read_info
-    from transforms.outputs import update_lock
+    from transforms.lock import update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
     try:
@@ -414,10 +414,10 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     try:
         result.wait_until_finish()
         state = result.state
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the job, which holds the lock, goes on
         print(f"Stopped waiting; the job goes on. Cancel it with: gcloud dataflow jobs cancel {job_id} "
               f"--region={cloud.region}", file=sys.stderr)
-        return 130
+        return e.exit_code if isinstance(e, Terminated) else 130
     except Exception:  # DataflowRuntimeException: the job failed or was cancelled
         state = getattr(result, "state", None)
     if state != PipelineState.DONE:

@@ -30,3 +30,13 @@ class TransientReadFailed(UserError):
     """A read kept failing with transient errors (429, 5xx, resets) after every retry during a local run."""
 
     exit_code = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, Kubernetes or systemd stopping the run): handled as Ctrl-C is, exit code 143.
+
+    A KeyboardInterrupt, so that every clean-up of an interrupted run (its lock,
+    its worker processes, its quiet logs) applies to it unchanged.
+    """
+
+    exit_code = 128 + 15

@@ -26,7 +26,8 @@ from pipeline.options import Settings, check_flags, help_text, ignored_options, 
 from pipeline.output import OldOutputs, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset
 from pipeline.report import format_summary, read_info
-from transforms.outputs import holder_record, new_run_id
+from transforms.lock import holder_record
+from transforms.outputs import new_run_id
 
 __all__ = ["format_summary", "read_info", "run"]
 
@@ -70,7 +71,7 @@ def run(argv: list[str] | None = None) -> int:
                                   settings.labels_file])  # seconds, not minutes, to say there is no network
     start_time = time.time()
     with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan
-        done = existing_dataset(settings)  # --if_exists: refuse, overwrite or skip
+        done = existing_dataset(settings, options)  # --if_exists: refuse, overwrite or skip
         if done:
             print(done)
             return 0

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import threading
 import uuid
 from dataclasses import dataclass
@@ -29,18 +30,23 @@ from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from transforms import bounded
+from transforms.lock import (
+    LockHeld,
+    LockUnsupported,
+    acquire_lock,
+    describe_holder,
+    local_holder_alive,
+    lock_holder,
+    lock_path,
+    release_lock,
+)
 from transforms.outputs import (
     BEAM_TEMP_DIR,
     TEMP_DIR,
-    LockHeld,
-    acquire_lock,
     completion_marker,
     final_outputs,
     is_local,
-    local_holder_alive,
-    lock_path,
     own_outputs,
-    release_lock,
     run_dir,
 )
 
@@ -81,14 +87,15 @@ def option_differences(recorded: dict, settings: Settings) -> list[str]:
             if recorded.get(name) != current.get(name)]
 
 
-def existing_dataset(settings: Settings) -> str | None:
+def existing_dataset(settings: Settings, options: PipelineOptions | None = None) -> str | None:
     """Apply --if_exists to a complete dataset already in the output folder.
 
-    Returns a message when there is nothing to do (`skip`, same options),
-    None when this run goes ahead.
+    Returns a message when there is nothing to do (`skip`, same options, and no
+    live run holds the folder's lock), None when this run goes ahead.
 
     Raises:
-        UserError: a dataset is there and --if_exists says refuse, or says skip but its options differ.
+        UserError: a dataset is there and --if_exists says refuse, or says skip but its options differ or another
+            run is writing the folder (an --overwrite may be replacing the dataset).
     """
     info = read_existing_info(settings.output_dir)
     if info is None or settings.if_exists == "overwrite":
@@ -103,6 +110,13 @@ def existing_dataset(settings: Settings) -> str | None:
         shown = "; ".join(differences[:3]) + ("; ..." if len(differences) > 3 else "")
         raise UserError(f"{where}, made with other options ({shown}): --if_exists=skip accepts only a dataset of "
                         "the same options; pass --if_exists=overwrite to replace it, or choose another folder")
+    options = options if options is not None else PipelineOptions([])
+    gcs_client = cloud.gcs_client() if cloud.is_gcs(settings.output_dir) else None
+    writer = lock_holder(settings.output_dir, lambda other: why_stale(other, options), gcs_client)
+    if writer is not None:
+        raise UserError(f"{where} made with the same options, but it is being written by {describe_holder(writer)}, "
+                        "which may replace it: --if_exists=skip accepts a dataset only while no run writes the "
+                        "folder; run the same command again once that run has finished")
     files = info.get("files") or {}
     return (f"{settings.output_dir} already holds a complete dataset made with the same options "
             f"({files.get('written', '?')} images, created {info.get('created', '?')}); nothing to do "
@@ -129,16 +143,6 @@ def why_stale(holder: dict, options: PipelineOptions) -> str | None:
     return None
 
 
-def describe_holder(holder: dict) -> str:
-    if holder.get("runner") == "dataflow":
-        job = f"Dataflow job {holder['job_id']}" if holder.get("job_id") else (
-            f"a Dataflow launch (job name {holder.get('job_name') or '?'})")
-        where = f" in project {holder.get('project')}, region {holder.get('region')}"
-        return f"{job}{where}, run {holder.get('run_id')} started {holder.get('created')} by {holder.get('user')}"
-    return (f"run {holder.get('run_id')} (process {holder.get('pid')} on {holder.get('host')}, started "
-            f"{holder.get('created')} by {holder.get('user')})")
-
-
 def take_lock(settings: Settings, holder: dict, options: PipelineOptions) -> None:
     """Take the output folder's lock for this run, or stop with one line naming the run that has it.
 
@@ -149,19 +153,39 @@ def take_lock(settings: Settings, holder: dict, options: PipelineOptions) -> Non
     try:
         taken_over = acquire_lock(settings.output_dir, holder, lambda other: why_stale(other, options), gcs_client)
     except LockHeld as held:
-        other = held.holder
-        if other.get("runner") == "dataflow":
-            advice = ("wait for that job to finish (a finished job releases the lock), or cancel it with gcloud "
-                      "dataflow jobs cancel")
-        elif local_holder_alive(other) is None:
-            advice = (f"wait for it to finish; if it is no longer running on {other.get('host')}, delete "
-                      f"{held.path} and run again")
-        else:
-            advice = "wait for it to finish, or stop it (Ctrl-C), then run again"
-        raise UserError(f"--output_dir {settings.output_dir} is being written by {describe_holder(other)}: two "
-                        f"runs must not write one folder; {advice}, or choose another folder") from None
+        raise UserError(f"--output_dir {settings.output_dir} is being written by {describe_holder(held.holder)}: two "
+                        f"runs must not write one folder; {_lock_advice(settings.output_dir, held)}, or choose "
+                        "another folder") from None
+    except LockUnsupported as e:
+        raise UserError(f"--output_dir {settings.output_dir} cannot be locked against a second run: {e}") from None
+    except PermissionError as e:  # a shared folder: another user's stale lock file, which this user may not delete
+        raise UserError(f"--output_dir {settings.output_dir}: the lock file {lock_path(settings.output_dir)} of a run "
+                        f"that has ended belongs to another user and cannot be replaced ({e.strerror}): ask its owner "
+                        "to delete it, or choose another folder") from None
     if taken_over:
         _LOG.warning("Took over the lock of %s: %s", settings.output_dir, taken_over)
+
+
+def _lock_advice(output_dir: str, held: LockHeld) -> str:
+    """What to do about the live run that holds the lock."""
+    other = held.holder
+    if other.get("runner") == "dataflow":
+        return ("wait for that job to finish (a finished job releases the lock), or cancel it with gcloud dataflow "
+                "jobs cancel")
+    if not other.get("run_id"):
+        return "wait for that run to finish, then run again"
+    alive = local_holder_alive(other)
+    if is_local(output_dir):  # the kernel says that its process runs, wherever that is
+        if alive:
+            return "wait for it to finish, or stop it (Ctrl-C), then run again"
+        if other.get("host") == socket.gethostname():
+            return ("that process is not visible from here (another container or PID namespace): wait for it to "
+                    "finish or stop it there, then run again")
+        return f"wait for it to finish, or stop it on {other.get('host') or 'its machine'}, then run again"
+    if alive:
+        return "wait for it to finish, or stop it (Ctrl-C), then run again"
+    where = f"on {other['host']}" if other.get("host") else "anywhere"
+    return f"wait for it to finish; if it is no longer running {where}, delete {held.path} and run again"
 
 
 def give_back_lock(settings: Settings, run_id: str) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import re
 import threading
 
 import pytest
 
-from transforms.outputs import LOCK_FILE, LockHeld, acquire_lock, holder_record, read_lock, release_lock, update_lock
+from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock, release_lock, update_lock
+from transforms.outputs import LOCK_FILE
 
 
 @pytest.fixture(params=["local", "gcs"])
@@ -38,11 +42,25 @@ def test_one_holder_at_a_time_and_only_the_holder_releases(folder):
     assert acquire_lock(folder, second, never_stale) is None  # free again
 
 
-def test_a_stale_lock_is_taken_over_and_says_why(folder):
+def _take_and_end(folder):
     acquire_lock(folder, holder_record("dead-run", "local"), never_stale)
+    os._exit(0)  # killed: no release
+
+
+def test_a_stale_lock_is_taken_over_and_says_why(folder):
+    if folder.startswith("gs://"):
+        acquire_lock(folder, holder_record("dead-run", "local"), never_stale)
+    else:  # a local lock is held by its process's flock: its process has to end
+        ended = multiprocessing.get_context("fork").Process(target=_take_and_end, args=(folder,))
+        ended.start()
+        ended.join(60)
+        assert ended.exitcode == 0
     reason = acquire_lock(folder, holder_record("run-2", "local"),
                           lambda other: "its process ended" if other["run_id"] == "dead-run" else None)
-    assert reason == "its process ended"
+    if folder.startswith("gs://"):
+        assert reason == "its process ended"
+    else:  # judged by the kernel: nobody holds its flock
+        assert re.fullmatch(r"run dead-run \(process \d+ on .+\) no longer holds it: its process has ended", reason)
     assert read_lock(folder)["run_id"] == "run-2"
 
 

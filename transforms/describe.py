@@ -29,6 +29,7 @@ from transforms.examples import feature_description
 from transforms.features import describe as describe_features
 from transforms.groups import SummariseGroups
 from transforms.layout import SPLITS
+from transforms.lock import release_lock
 from transforms.outputs import (
     ERRORS_FILE,
     FEATURES_FILE,
@@ -36,7 +37,6 @@ from transforms.outputs import (
     LABELS_FILE,
     index_name,
     publish_shards,
-    release_lock,
     remove_run_dir,
 )
 
