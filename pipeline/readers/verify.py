@@ -601,10 +601,7 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
             report.problems.append(f"{name}: missing, but {INFO_FILE} lists it among TFDS's files; {redo}")
             continue
         if name == tfds_metadata.TFDS_INFO_FILE:
-            try:
-                found_info = bounded.loads(found)
-            except ValueError:
-                found_info = None
+            found_info = _parsed(found)
             want = bounded.loads(text)
             differ = ([key for key in want if key != "description" and found_info.get(key) != want[key]]
                       if isinstance(found_info, dict) else ["the whole file"])
@@ -614,9 +611,17 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         elif name.endswith(tfds_metadata.LABELS_SUFFIX):
             if found.splitlines() != text.splitlines():
                 report.problems.append(f"{name}: TFDS's class names differ from {LABELS_FILE}; {redo}")
-        elif found != text:
+        elif _parsed(found) != bounded.loads(text):  # TFDS reads it as JSON: its layout and line ends are free
             report.problems.append(f"{name}: TFDS's features differ from the keys and image size in {INFO_FILE}; "
                                    f"{redo}")
+
+
+def _parsed(text: str):
+    """A JSON file's value, or None when it is no (bounded) JSON."""
+    try:
+        return bounded.loads(text)
+    except ValueError:
+        return None
 
 
 def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None) -> Report:
