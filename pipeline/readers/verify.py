@@ -73,8 +73,9 @@ class _ShardResult:
     without_labels: int = 0  # --multi_label: records of no class
     problems: list[str] = field(default_factory=list)
     omitted: int = 0
-    # (record index, source path, content key or None when the image cannot be read, class name)
-    entries: list[tuple[int, str, bytes | None, str]] = field(default_factory=list)
+    # (record index, source path, content key or None when the image cannot be read, class name or, with
+    # --multi_label, the list of them)
+    entries: list[tuple[int, str, bytes | None, str | list[str]]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
 
     def problem(self, index: int | None, text: str) -> None:
@@ -218,8 +219,8 @@ class _RecordChecker:
             result.class_counts[f"<label {label}>"] += 1
         return class_name
 
-    def _check_labels(self, result: _ShardResult, index: int, row: dict) -> str:
-        """--multi_label: the record's class ids (sorted, no repeats, in range) and names; its label set as text."""
+    def _check_labels(self, result: _ShardResult, index: int, row: dict) -> list[str]:
+        """--multi_label: the record's class ids (sorted, no repeats, in range) and names; returns its class names."""
         text = row["label"].decode("ascii")
         ids = [int(i) for i in text.split(",")] if text else []
         names = row["class_name"].decode("utf-8", "replace").split(_UNIT) if ids or row["class_name"] else []
@@ -237,13 +238,13 @@ class _RecordChecker:
             result.class_counts[name] += 1
         if not ids:
             result.without_labels += 1
-        return ";".join(expected)
+        return expected  # a list, not the names joined: ['a;b'] and ['a', 'b'] are two label sets
 
     def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
         index = int(row["index"])
         source_path = row["source_path"].decode("utf-8", "replace")
         if self._multi:
-            class_name = self._check_labels(result, index, row)  # the names joined by ';'
+            class_name = self._check_labels(result, index, row)  # the list of names
         else:
             class_name = self._check_label(result, index, row)
         stored_format = row["format"].decode("utf-8", "replace")
