@@ -106,6 +106,8 @@ class _RecordChecker:
         self._tf = tf
         self._labels = labels
         self._decode = decode
+        self._budget = reader.decode_budget(info)  # an image is measured from its header before it is decoded
+        self._image_key = reader.image_label_keys(info["schema"])[0]
         image = info["image"]
         self._format = image.get("format")
         self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
@@ -147,6 +149,10 @@ class _RecordChecker:
                     result.unread += 1
                     result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
                     continue
+                too_large = self._decode and reader.record_too_large(data, self._image_key, self._budget)
+                if too_large:  # checked without decoding, as --no_decode checks every record
+                    self._check_one(result, index, data, too_large)
+                    continue
                 chunk.append((index, data))
                 if len(chunk) == _CHUNK:
                     self._check_chunk(result, chunk)
@@ -182,12 +188,13 @@ class _RecordChecker:
             if index not in checked:
                 self._check_one(result, index, data)
 
-    def _check_one(self, result: _ShardResult, index: int, data: bytes) -> None:
+    def _check_one(self, result: _ShardResult, index: int, data: bytes, too_large: str | None = None) -> None:
+        """One record, parsed and (unless --no_decode or `too_large`, why its image must not be decoded) decoded."""
         tf = self._tf
         args = (tf.constant(index, tf.int64), tf.constant(data))
         decode_error = None
         errors = (tf.errors.OpError, UnicodeDecodeError)  # see reader.error_text
-        if self._decode:
+        if self._decode and not too_large:
             try:
                 row = {k: v.numpy() for k, v in self._one_decoded(*args).items()}
                 self._check_facts(result, row, decoded=True)
@@ -202,7 +209,9 @@ class _RecordChecker:
             return
         if decode_error:
             result.problem(index, f"the image cannot be decoded: {decode_error}")
-        self._check_facts(result, row, decoded=False, content=not decode_error)
+        if too_large:
+            result.problem(index, too_large)
+        self._check_facts(result, row, decoded=False, content=not (decode_error or too_large))
 
     def _check_label(self, result: _ShardResult, index: int, row: dict) -> str:
         """The record's class id (in range) and name; its class name."""
