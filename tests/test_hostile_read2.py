@@ -219,3 +219,45 @@ def test_the_budget_is_the_conversions_and_a_header_it_cannot_read_is_left_to_th
 
     Image.new("RGB", (64, 64)).save(out, "JPEG")
     assert "64x64 = 4,096 pixels" in reader.image_too_large(out.getvalue(), budget)
+
+
+# ---- a hostile image_tfrecords.json: the reader helper, and --overwrite over it (issue 26 #7) ---------------------
+
+HOSTILE_JSON = [case for case in hostile.MALFORMED_INFO
+                if case[0] in ("nested_10000_deep", "int_of_5000_digits", "int_beyond_a_double",
+                               "number_beyond_a_double")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case, change, fragment", HOSTILE_JSON, ids=[c[0] for c in HOSTILE_JSON])
+def test_the_reader_refuses_a_hostile_description_with_one_message(tmp_path, case, change, fragment):
+    from pipeline.errors import DatasetError
+    from pipeline.readers import reader
+
+    root = hostile.malformed_info(tmp_path / "ds", change)
+    with pytest.raises(DatasetError) as raised:
+        reader.make_dataset(str(root), "train", batch_size=2)
+    assert str(raised.value) == f"{root}/image_tfrecords.json {fragment}; convert again"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case, change, fragment", HOSTILE_JSON[:2], ids=[c[0] for c in HOSTILE_JSON[:2]])
+def test_overwrite_replaces_a_hostile_description(tmp_path, case, change, fragment):
+    from PIL import Image
+
+    from pipeline.readers.verify import verify_dataset
+    from tests.conftest import cli
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    for n, name in enumerate(("cat/a.png", "cat/b.png", "dog/c.png")):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (n * 90, 0, 0)).save(src / name)
+    args = [f"--input_dir={src}", f"--output_dir={out}", "--image_size=8", "--validation_split=0", "--quiet"]
+    assert cli("pipeline.main", *args, timeout=280).returncode == 0
+    description = out / "image_tfrecords.json"
+    description.write_text(change(json.loads(description.read_text())))
+    result = cli("pipeline.main", *args, "--overwrite", timeout=280)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 0  # the unreadable description is replaced by the new run's
+    assert verify_dataset(str(out)).problems == []
+    assert json.loads(description.read_text())["files"]["written"] == 3

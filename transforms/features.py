@@ -195,8 +195,8 @@ def _items(feature: FeatureType, raw) -> list:
         if text.startswith("["):
             try:
                 value = bounded.loads(text)
-            except ValueError:
-                raise BadValue("starts with '[' but is not a JSON array") from None
+            except ValueError as e:  # not JSON, or beyond its bounds (nested too deep, an int of 5,000 digits)
+                raise BadValue(f"starts with '[' but is not a JSON array within bounds ({str(e)[:80]})") from None
             if not isinstance(value, list):
                 raise BadValue("is not a JSON array")
             return value
