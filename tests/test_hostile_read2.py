@@ -261,3 +261,21 @@ def test_overwrite_replaces_a_hostile_description(tmp_path, case, change, fragme
     assert result.returncode == 0  # the unreadable description is replaced by the new run's
     assert verify_dataset(str(out)).problems == []
     assert json.loads(description.read_text())["files"]["written"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_verify_names_shard_names_of_5000_digits_as_problems(tmp_path, capsys):
+    """Digits in a listed shard name are read as a number only when one can be: int() refuses 4,300 digits."""
+    root = hostile.sound(tmp_path / "ds")
+    info = json.loads((root / "image_tfrecords.json").read_text())
+    standard, kaggle = "train-" + "0" * 5000 + "-of-00001.tfrecord", "validation" + "0" * 5000 + "-2.tfrec"
+    info["splits"]["train"]["shards"][0]["file"] = standard
+    info["splits"]["validation"]["shards"][0]["file"] = kaggle
+    (root / "image_tfrecords.json").write_text(json.dumps(info))
+    code, out, err = _run(capsys, "verify", root, "--no_decode")
+    assert "Traceback" not in err and code == 1
+    problems = [line for line in out.splitlines() if line.startswith("problem: ")]
+    for name, split in ((standard, "train"), (kaggle, "validation")):
+        assert (f"problem: {name}: listed as shard 0 of 1 of split {split!r} in image_tfrecords.json, but its name "
+                "does not say so") in problems
+        assert f"problem: {name}: listed in image_tfrecords.json but missing" in problems

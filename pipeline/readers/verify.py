@@ -342,6 +342,11 @@ def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
     return labels
 
 
+def _number(digits: str) -> int | None:
+    """The number a shard name's digits give, or None for more digits than any count (int() refuses 4,300)."""
+    return int(digits) if len(digits) <= bounded.MAX_INT_DIGITS else None
+
+
 def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tuple[str, str, dict]]:
     """The listed shards that exist, as (split, path, listed entry); missing, misnamed and stale ones are problems."""
     present = {}  # every file directly in the folder
@@ -358,10 +363,10 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
             match = SHARD_NAME.fullmatch(name)
             kaggle = KAGGLE_NAME.fullmatch(name)  # --shard_names=kaggle: no shard count, but the record count
             if match:
-                says_so = match["split"] == split and int(match["index"]) == number \
-                    and int(match["count"]) == len(shards)
+                says_so = match["split"] == split and _number(match["index"]) == number \
+                    and _number(match["count"]) == len(shards)
             else:
-                says_so = bool(kaggle) and kaggle["split"] == split and int(kaggle["index"]) == number
+                says_so = bool(kaggle) and kaggle["split"] == split and _number(kaggle["index"]) == number
             if not says_so:
                 report.problems.append(f"{name}: listed as shard {number} of {len(shards)} of split {split!r} in "
                                        f"{INFO_FILE}, but its name does not say so")
@@ -446,9 +451,9 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             report.problems.append(f"{result.name}: holds {result.records} records, but {INFO_FILE} says "
                                    f"{listed.get('records')}")
         kaggle = KAGGLE_NAME.fullmatch(result.name)
-        if kaggle and result.readable and int(kaggle["records"]) != result.records:
+        if kaggle and result.readable and _number(kaggle["records"]) != result.records:
             report.problems.append(f"{result.name}: holds {result.records} records, but its name says "
-                                   f"{int(kaggle['records'])}, and Kaggle's notebooks count the records from the "
+                                   f"{kaggle['records']}, and Kaggle's notebooks count the records from the "
                                    "names: convert again")
     for split, split_info in info["splits"].items():
         expected = split_info.get("records")
