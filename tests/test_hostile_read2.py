@@ -279,3 +279,19 @@ def test_verify_names_shard_names_of_5000_digits_as_problems(tmp_path, capsys):
         assert (f"problem: {name}: listed as shard 0 of 1 of split {split!r} in image_tfrecords.json, but its name "
                 "does not say so") in problems
         assert f"problem: {name}: listed in image_tfrecords.json but missing" in problems
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind, why", [
+    (5, "the type of 'x' is 5, not a type name"),
+    ("float[" + "9" * 5000 + "]", "N in float[N] must be 1 to 1000000"),
+])
+def test_a_hostile_extra_feature_type_is_one_error_line(tmp_path, capsys, kind, why):
+    root = hostile.sound(tmp_path / "ds")
+    info = json.loads((root / "image_tfrecords.json").read_text())
+    info["features"]["x"] = {"extra": True, "type": kind, "dtype": "float32", "shape": [1]}
+    (root / "image_tfrecords.json").write_text(json.dumps(info))
+    code, _, err = _run(capsys, "verify", root)
+    line = _error_line(err)
+    assert code == 2 and line.startswith("error: image_tfrecords.json describes an extra feature this reader cannot "
+                                         "read (") and why in line, line
