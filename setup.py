@@ -26,6 +26,7 @@ setuptools.setup(
         "google-cloud-storage>=3.0,<4",
         "google-crc32c>=1.5,<2",
         "tqdm>=4.66,<5",
+        "regex>=2026.11,<2027",  # --group_by: re's syntax, with a time limit per match (a pattern that backtracks)
         "array-record>=0.8,<0.9",  # --file_format=array_record on the workers: a 3.8 MB wheel, absl-py and etils
     ],
     extras_require={

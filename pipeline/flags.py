@@ -108,8 +108,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "group lands in the same split, by a hash of the group and --seed. An image whose path it does not "
              "match is its own group (the split it has without --group_by) and is counted in the summary. With "
              "split folders, images keep their folder's split and groups found in two splits are reported. With "
-             "--manifest it is searched in each row's path as written (a group column instead gives the groups). "
-             "Default: none, each image's split comes from its own path.")
+             "--manifest it is searched in each row's path as written (a group column instead gives the groups). A "
+             "search that takes over 1 s on one path (a pattern that backtracks) rejects that image "
+             "(group_by_timeout). Default: none, each image's split comes from its own path.")
     add("--duplicates", default="keep", choices=DUPLICATES,
         help="What to do with byte-identical source files (found by the SHA-256 every record stores): keep "
              "writes every copy and reports the groups in the summary and image_tfrecords.json (same label in one "

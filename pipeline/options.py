@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 
+import regex
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.errors import UserError
@@ -31,6 +32,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
 )
 from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
+from transforms.layout import compile_group_by
 from transforms.listing import is_local
 
 NAMED_COLOURS = {
@@ -209,8 +211,8 @@ def parse_group_by(text: str | None) -> str | None:
     if text is None or text == "":
         return None
     try:
-        re.compile(text)  # compiled again on the workers
-    except re.error as e:
+        compile_group_by(text)  # compiled again on the workers
+    except regex.error as e:
         raise UserError(f"--group_by='{text}' is not a regular expression ({e}): give a Python regular expression "
                         r"whose first group is the group, such as '^[^/]+/(patient\d+)_'") from None
     return text

@@ -159,17 +159,28 @@ MALFORMED_INFO = [
     ("class_names_a_string", lambda info: _set(info, ("class_names",), "cat,dog"), "class_names"),
     ("image_size_missing", lambda info: _set(info, ("image", "height"), _DELETE), "image.height"),
     ("not_json", None, "is not readable JSON"),
+    # One hostile value (issue 26 #7): text, as json.dumps would not write it (or would recurse to write it).
+    ("nested_10000_deep", lambda info: json.dumps(info)[:-1] + ', "x": ' + "[" * 10000 + "]" * 10000 + "}",
+     "is not readable JSON (nested more than 64 levels deep)"),
+    ("int_of_5000_digits", lambda info: json.dumps(info).replace('"records": 6', '"records": ' + "7" * 5000, 1),
+     "is not readable JSON (an integer of 5000 digits (at most 40))"),
+    ("int_beyond_a_double", lambda info: json.dumps(info).replace('"found": 8', '"found": ' + "9" * 400, 1),
+     "is not readable JSON (an integer of 400 digits (at most 40))"),
+    ("number_beyond_a_double", lambda info: json.dumps(info).replace('"records": 6', '"records": 1e999', 1),
+     "is not readable JSON (the number 1e999 is beyond a double's range)"),
 ]
 
 
 def malformed_info(root: Path, change) -> Path:
-    """A sound dataset whose image_tfrecords.json is changed by `change(info)`, or is not JSON when it is None."""
+    """A sound dataset whose image_tfrecords.json is changed by `change(info)` (a value, or the file's text), or is
+    not JSON when it is None."""
     sound(root)
     path = root / "image_tfrecords.json"
     if change is None:
         path.write_text('{"format_version": 1, "splits": ')
     else:
-        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+        changed = change(json.loads(path.read_text()))
+        path.write_text(changed if isinstance(changed, str) else json.dumps(changed))
     return root
 
 

@@ -180,3 +180,55 @@ def test_the_hashing_pass_of_drop_leaves_odd_files_to_the_conversion(tmp_path):
     os.mkfifo(tmp_path / "fifo.jpg")
     assert dup.hash_file(str(tmp_path / "fifo.jpg"), 1 << 20) == ""
     assert dup.hash_file(str(tmp_path / "gone.jpg"), 1 << 20) == ""
+
+
+@pytest.mark.timeout(300)
+def test_multi_label_copies_report_and_drop_agree_on_one_label_set(tmp_path):
+    """["a;b"] (one class named 'a;b') and ["a", "b"] (two classes) are different label sets, though both read
+    'a;b' joined: the report calls the copies a conflict, so --duplicates=drop writes neither."""
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+
+    src = tmp_path / "in"
+    src.mkdir()
+    Image.new("RGB", (16, 16), (10, 20, 30)).save(src / "one.png")
+    (src / "two.png").write_bytes((src / "one.png").read_bytes())
+    Image.new("RGB", (16, 16), (200, 20, 30)).save(src / "other.png")
+    rows = [{"path": "one.png", "labels": ["a;b"]}, {"path": "two.png", "labels": ["a", "b"]},
+            {"path": "other.png", "labels": ["a"]}]
+    (src / "list.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reports = {}
+    for mode in ("keep", "drop"):
+        out = tmp_path / mode
+        assert run([f"--manifest={src / 'list.jsonl'}", f"--output_dir={out}", "--quiet", "--image_size=16",
+                    "--multi_label", f"--duplicates={mode}", "--validation_split=0", *FAST]) == 0
+        info, rows_written = _records(out)
+        reports[mode] = info["duplicates"]
+        errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+        if mode == "keep":
+            assert set(rows_written) == {"one.png", "two.png", "other.png"} and errors == []
+            from pipeline.readers.verify import verify_dataset
+
+            warnings = verify_dataset(str(out)).warnings
+            assert len(warnings) == 1 and "the same image under two labels, ['a', 'b'] and ['a;b']" in warnings[0]
+        else:
+            assert set(rows_written) == {"other.png"}
+            assert {e["relpath"]: e["reason"] for e in errors} == {"one.png": dup.DUPLICATE_CONFLICT,
+                                                                    "two.png": dup.DUPLICATE_CONFLICT}
+            assert "under the classes ['a', 'b'], ['a;b']" in errors[0]["detail"], errors[0]["detail"]
+            assert info["files"]["rejected"] == 2 and info["rejected_by_reason"] == {dup.DUPLICATE_CONFLICT: 2}
+    for mode in ("keep", "drop"):
+        assert reports[mode][dup.CONFLICTING_LABELS] == 1 and reports[mode]["groups"] == 1, reports[mode]
+
+
+def test_resolve_compares_label_sets_not_their_joined_names():
+    from transforms.records import ImageRef, Rejection
+
+    joined = ImageRef("/x/1.png", "1.png", 9, "train", "a;b", -1, 1, labels=(0,), label_names=("a;b",))
+    pair = ImageRef("/x/2.png", "2.png", 9, "train", "a;b", -1, 2, labels=(1, 2), label_names=("a", "b"))
+    again = ImageRef("/x/3.png", "3.png", 9, "train", "a;b", -1, 3, labels=(1, 2), label_names=("a", "b"))
+    out = list(dup.resolve("f" * 64, [joined, pair]))
+    assert [(o.value.relpath, o.value.reason) for o in out] == [("1.png", dup.DUPLICATE_CONFLICT),
+                                                                ("2.png", dup.DUPLICATE_CONFLICT)]
+    out = list(dup.resolve("f" * 64, [again, pair]))
+    assert out[0] == pair and isinstance(out[1].value, Rejection) and out[1].value.reason == dup.DUPLICATE

@@ -13,7 +13,7 @@ from pipeline.errors import UserError
 from pipeline.report import format_summary
 from tests.conftest import cli, convert
 from transforms.examples import Example
-from transforms.layout import group_of, hash_split, place
+from transforms.layout import GROUP_BY_TIMEOUT, GroupByTimeout, compile_group_by, group_of, hash_split, place
 from transforms.tfrecord import iter_records
 
 PATIENT = r"^[^/]+/(patient\d+)_"
@@ -31,15 +31,15 @@ def _splits_of(out) -> dict[str, str]:
 
 
 def test_the_group_is_the_first_capture_group_or_the_whole_match():
-    assert group_of("xray/patient042_1.png", re.compile(PATIENT)) == "patient042"
-    assert group_of("xray/patient042_1.png", re.compile(r"patient\d+")) == "patient042"
-    assert group_of("xray/notes_1.png", re.compile(PATIENT)) == ""  # not found: no group
-    assert group_of("xray/x_1.png", re.compile(r"(patient)?x")) == ""  # the group took no part: no group
+    assert group_of("xray/patient042_1.png", compile_group_by(PATIENT)) == "patient042"
+    assert group_of("xray/patient042_1.png", compile_group_by(r"patient\d+")) == "patient042"
+    assert group_of("xray/notes_1.png", compile_group_by(PATIENT)) == ""  # not found: no group
+    assert group_of("xray/x_1.png", compile_group_by(r"(patient)?x")) == ""  # the group took no part: no group
     assert group_of("xray/x_1.png", None) == ""
 
 
 def test_images_of_a_group_share_a_split_and_the_shares_follow_the_asked_ones_over_many_groups():
-    pattern = re.compile(PATIENT)
+    pattern = compile_group_by(PATIENT)
     split_of_group = defaultdict(set)
     spans_without = 0
     for g in range(3000):
@@ -59,7 +59,7 @@ def test_images_of_a_group_share_a_split_and_the_shares_follow_the_asked_ones_ov
 
 
 def test_a_path_without_a_group_keeps_the_split_of_its_own_path():
-    pattern = re.compile(PATIENT)
+    pattern = compile_group_by(PATIENT)
     for i in range(200):
         path = f"benign/scan_{i}.png"
         placed = place(path, split_folders=False, seed=42, validation_split=0.3, test_split=0.0, group_by=pattern)
@@ -162,3 +162,56 @@ def test_names_that_are_not_utf8_are_grouped_reported_and_deduplicated(tmp_path)
     errors = {e["relpath"]: e["reason"] for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
     assert errors == {"benign/patient00_0.png": "duplicate_conflict", "benign/patient\\xe9_0.png": "duplicate_conflict",
                       "malign/caf\\xe9.png": "duplicate_conflict"}
+
+
+# --- a --group_by that backtracks: a time limit per path, and a rejection --------------------------------------------
+
+BACKTRACKS = r"(a|aa)+$"  # tries every split of a run of a's into ones and twos: 10**12 ways for 60 a's
+HOSTILE_NAME = "a" * 60 + "1!.jpg"
+
+
+def test_a_match_that_backtracks_is_stopped_and_the_path_rejected():
+    with pytest.raises(GroupByTimeout, match=r"found no answer on this path within 1 s: the pattern backtracks"):
+        group_of(f"cls/{HOSTILE_NAME}", compile_group_by(BACKTRACKS))
+    placed = place(f"cls/{HOSTILE_NAME}", split_folders=False, seed=42, validation_split=0.2, test_split=0.0,
+                   group_by=compile_group_by(BACKTRACKS))
+    assert placed[0] == GROUP_BY_TIMEOUT and "simplify it" in placed[1]
+    # The ((a+)+)$ is no trouble for the engine: it finds no group, at once.
+    assert group_of(f"cls/{HOSTILE_NAME}", compile_group_by(r"((a+)+)$")) == ""
+
+
+def _hostile_tree(root) -> None:
+    for n, path in enumerate(("cls/ok_1.png", "cls/ok_2.png", f"cls/{HOSTILE_NAME}", f"other/b{HOSTILE_NAME}")):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (n, 0, 0)).save(root / path, format="PNG")
+
+
+def _errors(out) -> dict:
+    return {e["relpath"]: e for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source", ["folders", "manifest"])
+def test_a_backtracking_group_by_rejects_those_images_and_the_job_ends(tmp_path, source):
+    src, out = tmp_path / "in", tmp_path / "out"
+    _hostile_tree(src)
+    if source == "folders":
+        code = convert(src, out, f"--group_by={BACKTRACKS}", "--image_size=8")
+    else:
+        from pipeline.launcher import run
+        from tests.conftest import FAST
+
+        rows = ["path,label", *(f"{p.relative_to(src)},{p.parent.name}" for p in sorted(src.rglob("*.*")))]
+        (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+        code = run([f"--manifest={tmp_path / 'list.csv'}", f"--input_dir={src}", f"--output_dir={out}", "--quiet",
+                    f"--group_by={BACKTRACKS}", "--image_size=8", *FAST])
+    assert code == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["files"]["found"] == 4 and info["files"]["written"] == 2 and info["files"]["rejected"] == 2
+    assert info["rejected_by_reason"] == {GROUP_BY_TIMEOUT: 2}
+    errors = _errors(out)
+    assert set(errors) == {f"cls/{HOSTILE_NAME}", f"other/b{HOSTILE_NAME}"}
+    for entry in errors.values():
+        assert entry["stage"] == "rejected" and entry["reason"] == GROUP_BY_TIMEOUT
+        assert f"--group_by='{BACKTRACKS}' found no answer on this path within 1 s" in entry["detail"]
+    assert set(_splits_of(out)) == {"cls/ok_1.png", "cls/ok_2.png"}

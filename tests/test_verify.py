@@ -554,3 +554,18 @@ def test_a_dataset_info_not_written_by_the_tool_is_refused(damaged, capsys):
     assert main_of(verify.run, [str(damaged)]) == 2
     assert capsys.readouterr().err == (f"error: {damaged}/image_tfrecords.json lacks splits: it was not written by "
                                        "this tool; convert again\n")
+
+
+def test_a_re_serialised_or_crlf_features_json_still_verifies(damaged):
+    """TFDS reads features.json as JSON: other indentation, key order or CRLF line ends say the same thing."""
+    path = damaged / "features.json"
+    features = json.loads(path.read_text())
+    path.write_bytes(json.dumps(features, indent=4, sort_keys=True).replace("\n", "\r\n").encode())
+    assert _problems(damaged, decode=False) == []
+    path.write_text(json.dumps(features, separators=(",", ":")))
+    assert _problems(damaged, decode=False) == []
+    features["featuresDict"]["features"]["image"]["pythonClassName"] = "something.Else"
+    path.write_text(json.dumps(features))
+    assert _problems(damaged, decode=False) == [
+        "features.json: TFDS's features differ from the keys and image size in image_tfrecords.json; "
+        "tfds.builder_from_directory would not load the folder as it is; convert again"]

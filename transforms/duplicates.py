@@ -196,13 +196,17 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
     """One group of byte-identical files -> the ImageRef to write (the first path) and a Rejection (DROPPED) of
     each other copy; copies under different labels are all rejected (no label is picked). A lone file is kept."""
     from transforms import counters
-    from transforms.records import Rejection
+    from transforms.records import Rejection, label_of
 
     refs = sorted(refs, key=lambda r: r.relpath)
     if len(refs) == 1:
         yield refs[0]
         return
-    labels = sorted({r.class_name for r in refs})
+    # The report's test (`kind`): the same normalised label (a class id, or a set of ids), not the same text.
+    shown = {label_value(label_of(ref)): ref.class_name for ref in refs}
+    if len(set(shown.values())) < len(shown):  # different sets whose names join alike: ['a;b'] and ['a', 'b']
+        shown = {label_value(label_of(ref)): list(ref.label_names) for ref in refs}
+    labels = sorted(map(repr, shown.values()))
     if len(labels) > 1:
         for ref in refs:
             counters.inc(f"rejected_{DUPLICATE_CONFLICT}")
@@ -210,7 +214,7 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
             yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
                 ref.relpath, "rejected", DUPLICATE_CONFLICT,
                 f"the same bytes as {', '.join(repr(o) for o in others[:3])}{' ...' if len(others) > 3 else ''} "
-                f"under the classes {', '.join(repr(n) for n in labels)}: no copy is written "
+                f"under the classes {', '.join(labels)}: no copy is written "
                 f"(--duplicates=drop; SHA-256 {sha256})"))
         return
     keeper, *copies = refs

@@ -96,7 +96,8 @@ def parse_type(name: str, text: str) -> FeatureType:
     if match.group(3):
         return FeatureType(name, dtype, None)
     if match.group(2) is not None:
-        length = int(match.group(2))
+        digits = match.group(2)  # int() refuses 4,300 digits; any length of over 7 is out of range anyway
+        length = int(digits) if len(digits) <= len(str(MAX_FIXED_LENGTH)) else MAX_FIXED_LENGTH + 1
         if not 1 <= length <= MAX_FIXED_LENGTH:
             raise ValueError(f"gives {name!r} the type {text.strip()!r}: N in {match.group(1)}[N] must be 1 to "
                              f"{MAX_FIXED_LENGTH} (use {match.group(1)} for one value, {match.group(1)}_list "
@@ -195,8 +196,8 @@ def _items(feature: FeatureType, raw) -> list:
         if text.startswith("["):
             try:
                 value = bounded.loads(text)
-            except ValueError:
-                raise BadValue("starts with '[' but is not a JSON array") from None
+            except ValueError as e:  # not JSON, or beyond its bounds (nested too deep, an int of 5,000 digits)
+                raise BadValue(f"starts with '[' but is not a JSON array within bounds ({str(e)[:80]})") from None
             if not isinstance(value, list):
                 raise BadValue("is not a JSON array")
             return value
@@ -324,5 +325,7 @@ def from_description(features: dict) -> tuple[FeatureType, ...]:
     for key, entry in (features or {}).items():
         if not isinstance(entry, dict) or not entry.get("extra"):
             continue
+        if not isinstance(entry.get("type"), str):
+            raise ValueError(f"the type of {key!r} is {json.dumps(entry.get('type'))[:40]}, not a type name")
         out.append(parse_type(key, entry["type"]))
     return tuple(out)

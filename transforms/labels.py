@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 import apache_beam as beam
 
 from transforms import counters
-from transforms.layout import UNKNOWN_CLASS, Placement, display_path, place, shuffle_key
+from transforms.layout import (
+    GROUP_BY_TIMEOUT,
+    UNKNOWN_CLASS,
+    Placement,
+    compile_group_by,
+    display_path,
+    place,
+    shuffle_key,
+)
 from transforms.records import FileRef, ImageRef, Rejection
 
 UNLABELED = "unlabeled"
@@ -24,13 +30,14 @@ class _AssignLabel(beam.DoFn):
         self._group_by = group_by
 
     def setup(self):
-        self._placement["group_by"] = re.compile(self._group_by) if self._group_by else None
+        self._placement["group_by"] = compile_group_by(self._group_by) if self._group_by else None
 
     def process(self, ref: FileRef):
         placed = place(ref.relpath, **self._placement)
         if not isinstance(placed, Placement):
-            counters.inc("files_unlabeled")
-            yield beam.pvalue.TaggedOutput(UNLABELED, Rejection(ref.relpath, "skipped", *placed))
+            stage = "rejected" if placed[0] == GROUP_BY_TIMEOUT else "skipped"
+            counters.inc("files_unlabeled" if stage == "skipped" else f"rejected_{GROUP_BY_TIMEOUT}")
+            yield beam.pvalue.TaggedOutput(UNLABELED, Rejection(ref.relpath, stage, *placed))
             return
         label = self._class_ids.get(placed.class_name)
         if label is None:

@@ -14,6 +14,8 @@ import unicodedata
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import regex
+
 # Extensions recognised as images (case-insensitive). Decoding goes by content,
 # so a PNG behind a .jpg name is fine; a file with another extension is skipped.
 IMAGE_EXTENSIONS = frozenset(
@@ -47,6 +49,11 @@ NOT_AN_IMAGE_EXTENSION = "not_an_image_extension"
 NO_CLASS_FOLDER = "no_class_folder"
 UNKNOWN_CLASS = "unknown_class"
 OUTSIDE_SPLIT_FOLDERS = "outside_split_folders"
+# Rejection reason (stage 'rejected'): --group_by found no answer on this path within its time limit.
+GROUP_BY_TIMEOUT = "group_by_timeout"
+# A match on one path takes microseconds; a pattern that backtracks (nested repeats such as (a|aa)+$) can take
+# longer than the age of the universe. The `regex` engine (re's syntax) stops a match at this limit.
+GROUP_BY_TIMEOUT_S = 1.0
 
 
 class Placement(NamedTuple):
@@ -188,12 +195,34 @@ def hash_split(relpath: str, seed: int, validation_split: float, test_split: flo
     return "train"
 
 
-def group_of(relpath: str, group_by: re.Pattern | None) -> str:
+class GroupByTimeout(ValueError):
+    """--group_by did not finish on one path within GROUP_BY_TIMEOUT_S; str() says so, for errors.jsonl."""
+
+
+def compile_group_by(pattern: str) -> regex.Pattern:
+    """--group_by compiled for `group_of`, by the `regex` engine (re's syntax, matches with a time limit).
+
+    Raises:
+        regex.error: `pattern` is not a regular expression.
+    """
+    return regex.compile(pattern)
+
+
+def group_of(relpath: str, group_by: regex.Pattern | None) -> str:
     """The --group_by group of `relpath`: the regex's first capture group where it is found in the path (the
-    whole match when it has no group), or '' when it is not found or captures nothing."""
+    whole match when it has no group), or '' when it is not found or captures nothing.
+
+    Raises:
+        GroupByTimeout: the match took over GROUP_BY_TIMEOUT_S (a pattern that backtracks on this path).
+    """
     if group_by is None:
         return ""
-    match = group_by.search(relpath)
+    try:
+        match = group_by.search(relpath, timeout=GROUP_BY_TIMEOUT_S)
+    except TimeoutError:
+        raise GroupByTimeout(
+            f"--group_by={group_by.pattern!r} found no answer on this path within {GROUP_BY_TIMEOUT_S:g} s: the "
+            "pattern backtracks (nested repeats such as (a+)+ or (a|aa)+); simplify it") from None
     if match is None:
         return ""
     return (match.group(1) if group_by.groups else match.group(0)) or ""
@@ -206,9 +235,10 @@ def place(
     seed: int,
     validation_split: float,
     test_split: float,
-    group_by: re.Pattern | None = None,
+    group_by: regex.Pattern | None = None,
 ) -> Placement | tuple[str, str]:
-    """The split and class of an image from its relative path, or a (reason, detail) skip.
+    """The split and class of an image from its relative path, or a (reason, detail) skip (GROUP_BY_TIMEOUT: a
+    rejection).
 
     With `group_by`, the split hash takes the image's group instead of its path, so every image of a group
     lands in the same split; a path without a group is its own group (its split is the one it has without
@@ -224,7 +254,10 @@ def place(
         where = "the split folder" if split_folders else "the input folder"
         return NO_CLASS_FOLDER, f"image directly in {where}, not in a class folder"
     class_name = parts[0]
-    group = group_of(relpath, group_by)
+    try:
+        group = group_of(relpath, group_by)
+    except GroupByTimeout as e:
+        return GROUP_BY_TIMEOUT, str(e)
     if not split_folders:
         split = hash_split(group or relpath, seed, validation_split, test_split)
     return Placement(split, class_name, group)

@@ -81,6 +81,21 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
+def regular_file_problem(path: str) -> str | None:
+    """Why the local file at `path` (links followed) must not be opened: a FIFO (the read would block for ever),
+    a device (it might never end), a socket or a folder. None for a regular file, for a path that cannot be
+    looked at (its open says why) and for a gs:// object."""
+    if not is_local(path):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return f"it is {file_kind(mode)}, not a regular file: it is not opened"
+
+
 def gcs_client(path: str):
     """The GCS client of this thread, made once from Beam's GCS file system (as its open() makes one per call).
 

@@ -17,7 +17,6 @@ import csv
 import io
 import json
 import posixpath
-import re
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -25,9 +24,12 @@ import apache_beam as beam
 from transforms import counters
 from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.layout import (
+    GROUP_BY_TIMEOUT,
     SPLIT_FOLDER_NAMES,
     UNKNOWN_CLASS,
+    GroupByTimeout,
     class_name_problem,
+    compile_group_by,
     display_path,
     group_of,
     hash_split,
@@ -247,7 +249,7 @@ class _Label(beam.DoFn):
         self._features = features
 
     def setup(self):
-        self._group_re = re.compile(self._group_by) if self._group_by else None
+        self._group_re = compile_group_by(self._group_by) if self._group_by else None
 
     def process(self, row: ManifestRow, class_names=None):
         if class_names is not None and self._found_names is not class_names:  # found in the job: a side input
@@ -265,9 +267,14 @@ class _Label(beam.DoFn):
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_VALUE,
                                                               f"row {row.row}: {e}"))
             return
+        try:  # a group column, else --group_by's match in the path as written; a row without one is its own group
+            group = row.group or group_of(row.relpath, self._group_re)
+        except GroupByTimeout as e:
+            counters.inc("manifest_rows_rejected")
+            yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", GROUP_BY_TIMEOUT,
+                                                              f"row {row.row}: {e}"))
+            return
         counters.inc("images_to_convert")
-        # A group column, else --group_by's match in the path as written; a row without one is its own group.
-        group = row.group or group_of(row.relpath, self._group_re)
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
         ref = ref._replace(split=split, extras=extras)
         if group:  # its split is settled with the rest of its group (SettleGroups)

@@ -25,8 +25,8 @@ import tempfile
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.listing import is_local
-from transforms.tfrecord import frame_record, scan_records
+from transforms.listing import is_local, regular_file_problem
+from transforms.tfrecord import CorruptRecord, frame_record, scan_records
 
 TFRECORD, ARRAY_RECORD = "tfrecord", "array_record"
 FILE_FORMATS = (TFRECORD, ARRAY_RECORD)
@@ -175,8 +175,12 @@ def scan_shard(path: str):
     by its name (.array_record).
 
     Raises:
-        CorruptRecord: a TFRecord shard whose framing breaks; for ArrayRecord, whatever its reader raises.
+        CorruptRecord: a local shard that is no regular file (a FIFO would block the read for ever), checked at
+            once; a TFRecord shard whose framing breaks; for ArrayRecord, whatever its reader raises.
     """
+    problem = regular_file_problem(path)
+    if problem:
+        raise CorruptRecord(problem)
     if path.endswith(".array_record"):
         return scan_array_records(path)
     return scan_records(path)

@@ -8,6 +8,8 @@ import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.listing import regular_file_problem
+
 
 def masked_crc(data: bytes) -> int:
     """TFRecord's masked CRC-32C of `data`."""
@@ -77,7 +79,15 @@ def frame_record(data: bytes) -> bytes:
 
 
 def record_offsets(path: str) -> list[int]:
-    """Byte offsets of every record start in an uncompressed TFRecord file, plus its end (framing only)."""
+    """Byte offsets of every record start in an uncompressed TFRecord file, plus its end (framing only).
+
+    Raises:
+        ValueError: a local path that is no regular file (a FIFO would block the read for ever), or a file that
+            ends inside a record header.
+    """
+    problem = regular_file_problem(path)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     offsets = [0]
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         position = 0

@@ -87,6 +87,8 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     """
     info = reader.load_info(dataset_dir)
     files = reader.shard_paths(dataset_dir, split, info)
+    for path in files:
+        reader.refuse_unless_regular(path)
     file_format = (info.get("options") or {}).get("file_format", "tfrecord")
     if file_format != "tfrecord":
         raise DatasetError(f"{dataset_dir} holds {file_format} shards: the benchmark reads TFRecord shards with "
@@ -123,6 +125,8 @@ def pattern_source(pattern: str, image_key: str, label_key: str | None,
     except tf.errors.OpError as e:
         raise DatasetError(f"cannot list --file_pattern {pattern} ({tf_message(e)})") from None
     files = [path for path in matches if not tf.io.gfile.isdir(path)]
+    for path in files:
+        reader.refuse_unless_regular(path, "give a --file_pattern that matches TFRecord files only")
     if not files:
         raise DatasetError(f"no files match --file_pattern {pattern}; check the path, and quote the pattern so "
                            "that the shell does not expand it")

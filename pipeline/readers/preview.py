@@ -29,7 +29,6 @@ from PIL import Image, ImageDraw, ImageFont
 from pipeline.cli import import_tensorflow, main_of
 from pipeline.errors import DatasetError, UserError
 from transforms.describe import INFO_FILE
-from transforms.examples import SCHEMAS
 
 _LOG = logging.getLogger("pipeline.preview")
 _CHECK = "check the dataset with python -m pipeline.verify"
@@ -136,7 +135,8 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     problems = [] if problems is None else problems
     paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
     schema = info["schema"]
-    label_key = SCHEMAS[schema]["label"][0]
+    image_key, label_key = reader.image_label_keys(schema)
+    budget = reader.decode_budget(info)  # an image is measured from its header before it is decoded
     multi_label = bool(info.get("multi_label"))  # a record goes in the row of each of its classes
     # image_tfrecords.json says how many images each class has here: stop as soon as all of them are found.
     counts = info["splits"][split].get("class_counts", {})
@@ -159,6 +159,10 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                     continue
                 rows = [k for k in (label if multi_label else (label,)) if wanted.get(k, 0) > 0]
                 if not rows:
+                    continue
+                too_large = reader.record_too_large(data, image_key, budget)
+                if too_large:
+                    problems.append(f"{name} record {index}: cannot be shown ({too_large}); skipped")
                     continue
                 try:
                     example = reader.parse_example(data, schema, decode=True, multi_label=multi_label)

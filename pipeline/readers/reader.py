@@ -22,6 +22,7 @@ from transforms import bounded
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
 from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS
 from transforms.features import from_description
+from transforms.listing import regular_file_problem
 from transforms.outputs import LEGACY_INFO_FILE
 
 if TYPE_CHECKING:
@@ -46,8 +47,75 @@ def read_file_text(path: str) -> str | None:
 
     if not FileSystems.exists(path):
         return None
+    refuse_unless_regular(path)
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read().decode("utf-8")
+
+
+def refuse_unless_regular(path: str, action: str = "convert again") -> None:
+    """Refuse a local `path` that is no regular file before anything opens it: a FIFO would block the read for
+    ever, a device might never end.
+
+    Raises:
+        DatasetError: naming the file, what it is, and `action`.
+    """
+    problem = regular_file_problem(path)
+    if problem:
+        raise DatasetError(f"{path}: {problem}; {action}")
+
+
+def decode_budget(info: dict) -> tuple[int, int]:
+    """(pixels, bytes) an image of the dataset may take decoded: the --max_pixels and --max_image_mb of the
+    conversion that wrote it, as image_tfrecords.json records them (the converter's defaults when it does not).
+    No record the conversion wrote is larger, so a larger one is damage, or a decode bomb."""
+    from transforms.imaging import ImageSettings
+
+    options = info.get("options") if isinstance(info.get("options"), dict) else {}
+    defaults = ImageSettings()
+
+    def positive(name: str, default: int) -> int:
+        value = options.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    return positive("max_pixels", defaults.max_pixels), positive("max_image_mb", defaults.max_image_mb) * 1_000_000
+
+
+def image_too_large(image: bytes, budget: tuple[int, int]) -> str | None:
+    """Why an encoded image must not be decoded: its header declares more pixels, or more bytes as the uint8 RGB
+    tensor the reader decodes, than `budget` (`decode_budget`) allows. None when it fits, and when the header
+    cannot be read (the decoder then says what is wrong with it). Reads the header only."""
+    import io
+
+    from PIL import Image
+
+    from transforms import imaging  # noqa: F401  (it lifts Pillow's own bomb limit, which would hide the size)
+
+    try:
+        with Image.open(io.BytesIO(image)) as opened:
+            width, height = opened.size
+    except Exception:  # noqa: BLE001 - no header Pillow reads: TensorFlow's decoder names the damage
+        return None
+    max_pixels, max_bytes = budget
+    pixels = width * height
+    if pixels > max_pixels:
+        return (f"the image is {width}x{height} = {pixels:,} pixels, over the --max_pixels={max_pixels:,} of the "
+                "conversion: it is not decoded")
+    if 3 * pixels > max_bytes:
+        return (f"the image is {width}x{height} = {pixels:,} pixels, {3 * pixels / 1e6:,.1f} MB decoded, over the "
+                f"--max_image_mb={max_bytes // 1_000_000} of the conversion: it is not decoded")
+    return None
+
+
+def record_too_large(serialized: bytes, image_key: str, budget: tuple[int, int]) -> str | None:
+    """`image_too_large` of the image in a serialized Example (None when there is no one image to measure)."""
+    from transforms.examples import Example
+
+    try:
+        feature = Example.FromString(serialized).features.feature
+    except Exception:  # noqa: BLE001 - not an Example: the parse names it
+        return None
+    values = feature[image_key].bytes_list.value if image_key in feature else ()
+    return image_too_large(values[0], budget) if len(values) == 1 else None
 
 
 def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = None) -> dict:
@@ -98,6 +166,8 @@ def _version(text: str):
 def _read_info_text(path: str, read_text: Callable[[str], str | None] | None) -> str | None:
     try:
         return (read_text or read_file_text)(path)
+    except DatasetError:  # a FIFO or a device in its place
+        raise
     except ValueError as e:  # not UTF-8
         raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
     except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says
@@ -347,6 +417,8 @@ def make_dataset(
         raise ValueError("scale=True needs decode=True: only decoded pixels can be scaled to [0, 1]")
     info = load_info(dataset_dir)
     files = shard_paths(dataset_dir, split, info)
+    for path in files:
+        refuse_unless_regular(path)
     if (info.get("options") or {}).get("file_format", "tfrecord") != "tfrecord":
         raise DatasetError(f"{dataset_dir} holds {info['options']['file_format']} shards, which tf.data does not "
                            "read: open them with Grain (README: Random access with Grain), or convert again "

@@ -73,9 +73,10 @@ class _ShardResult:
     without_labels: int = 0  # --multi_label: records of no class
     problems: list[str] = field(default_factory=list)
     omitted: int = 0
-    # (record index, source path, content key or None when the image cannot be read, class name, the source
-    # file's SHA-256 or '' in a dataset written before records carried it)
-    entries: list[tuple[int, str, bytes | None, str, str]] = field(default_factory=list)
+    # (record index, source path, content key or None when the image cannot be read, class name or, with
+    # --multi_label, the list of them, the source file's SHA-256 or '' in a dataset written before records
+    # carried it)
+    entries: list[tuple[int, str, bytes | None, str | list[str], str]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
 
     def problem(self, index: int | None, text: str) -> None:
@@ -106,6 +107,8 @@ class _RecordChecker:
         self._tf = tf
         self._labels = labels
         self._decode = decode
+        self._budget = reader.decode_budget(info)  # an image is measured from its header before it is decoded
+        self._image_key = reader.image_label_keys(info["schema"])[0]
         image = info["image"]
         self._format = image.get("format")
         self._fixed = (image["height"], image["width"]) if image.get("fixed_size") else None
@@ -147,6 +150,10 @@ class _RecordChecker:
                     result.unread += 1
                     result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
                     continue
+                too_large = self._decode and reader.record_too_large(data, self._image_key, self._budget)
+                if too_large:  # checked without decoding, as --no_decode checks every record
+                    self._check_one(result, index, data, too_large)
+                    continue
                 chunk.append((index, data))
                 if len(chunk) == _CHUNK:
                     self._check_chunk(result, chunk)
@@ -182,12 +189,13 @@ class _RecordChecker:
             if index not in checked:
                 self._check_one(result, index, data)
 
-    def _check_one(self, result: _ShardResult, index: int, data: bytes) -> None:
+    def _check_one(self, result: _ShardResult, index: int, data: bytes, too_large: str | None = None) -> None:
+        """One record, parsed and (unless --no_decode or `too_large`, why its image must not be decoded) decoded."""
         tf = self._tf
         args = (tf.constant(index, tf.int64), tf.constant(data))
         decode_error = None
         errors = (tf.errors.OpError, UnicodeDecodeError)  # see reader.error_text
-        if self._decode:
+        if self._decode and not too_large:
             try:
                 row = {k: v.numpy() for k, v in self._one_decoded(*args).items()}
                 self._check_facts(result, row, decoded=True)
@@ -202,7 +210,9 @@ class _RecordChecker:
             return
         if decode_error:
             result.problem(index, f"the image cannot be decoded: {decode_error}")
-        self._check_facts(result, row, decoded=False, content=not decode_error)
+        if too_large:
+            result.problem(index, too_large)
+        self._check_facts(result, row, decoded=False, content=not (decode_error or too_large))
 
     def _check_label(self, result: _ShardResult, index: int, row: dict) -> str:
         """The record's class id (in range) and name; its class name."""
@@ -219,8 +229,8 @@ class _RecordChecker:
             result.class_counts[f"<label {label}>"] += 1
         return class_name
 
-    def _check_labels(self, result: _ShardResult, index: int, row: dict) -> str:
-        """--multi_label: the record's class ids (sorted, no repeats, in range) and names; its label set as text."""
+    def _check_labels(self, result: _ShardResult, index: int, row: dict) -> list[str]:
+        """--multi_label: the record's class ids (sorted, no repeats, in range) and names; returns its class names."""
         text = row["label"].decode("ascii")
         ids = [int(i) for i in text.split(",")] if text else []
         names = row["class_name"].decode("utf-8", "replace").split(_UNIT) if ids or row["class_name"] else []
@@ -238,13 +248,13 @@ class _RecordChecker:
             result.class_counts[name] += 1
         if not ids:
             result.without_labels += 1
-        return ";".join(expected)
+        return expected  # a list, not the names joined: ['a;b'] and ['a', 'b'] are two label sets
 
     def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
         index = int(row["index"])
         source_path = row["source_path"].decode("utf-8", "replace")
         if self._multi:
-            class_name = self._check_labels(result, index, row)  # the names joined by ';'
+            class_name = self._check_labels(result, index, row)  # the list of names
         else:
             class_name = self._check_label(result, index, row)
         stored_format = row["format"].decode("utf-8", "replace")
@@ -333,6 +343,11 @@ def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
     return labels
 
 
+def _number(digits: str) -> int | None:
+    """The number a shard name's digits give, or None for more digits than any count (int() refuses 4,300)."""
+    return int(digits) if len(digits) <= bounded.MAX_INT_DIGITS else None
+
+
 def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tuple[str, str, dict]]:
     """The listed shards that exist, as (split, path, listed entry); missing, misnamed and stale ones are problems."""
     present = {}  # every file directly in the folder
@@ -349,10 +364,10 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
             match = SHARD_NAME.fullmatch(name)
             kaggle = KAGGLE_NAME.fullmatch(name)  # --shard_names=kaggle: no shard count, but the record count
             if match:
-                says_so = match["split"] == split and int(match["index"]) == number \
-                    and int(match["count"]) == len(shards)
+                says_so = match["split"] == split and _number(match["index"]) == number \
+                    and _number(match["count"]) == len(shards)
             else:
-                says_so = bool(kaggle) and kaggle["split"] == split and int(kaggle["index"]) == number
+                says_so = bool(kaggle) and kaggle["split"] == split and _number(kaggle["index"]) == number
             if not says_so:
                 report.problems.append(f"{name}: listed as shard {number} of {len(shards)} of split {split!r} in "
                                        f"{INFO_FILE}, but its name does not say so")
@@ -437,9 +452,9 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             report.problems.append(f"{result.name}: holds {result.records} records, but {INFO_FILE} says "
                                    f"{listed.get('records')}")
         kaggle = KAGGLE_NAME.fullmatch(result.name)
-        if kaggle and result.readable and int(kaggle["records"]) != result.records:
+        if kaggle and result.readable and _number(kaggle["records"]) != result.records:
             report.problems.append(f"{result.name}: holds {result.records} records, but its name says "
-                                   f"{int(kaggle['records'])}, and Kaggle's notebooks count the records from the "
+                                   f"{kaggle['records']}, and Kaggle's notebooks count the records from the "
                                    "names: convert again")
     for split, split_info in info["splits"].items():
         expected = split_info.get("records")
@@ -622,10 +637,7 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
             report.problems.append(f"{name}: missing, but {INFO_FILE} lists it among TFDS's files; {redo}")
             continue
         if name == tfds_metadata.TFDS_INFO_FILE:
-            try:
-                found_info = bounded.loads(found)
-            except ValueError:
-                found_info = None
+            found_info = _parsed(found)
             want = bounded.loads(text)
             differ = ([key for key in want if key != "description" and found_info.get(key) != want[key]]
                       if isinstance(found_info, dict) else ["the whole file"])
@@ -635,9 +647,17 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         elif name.endswith(tfds_metadata.LABELS_SUFFIX):
             if found.splitlines() != text.splitlines():
                 report.problems.append(f"{name}: TFDS's class names differ from {LABELS_FILE}; {redo}")
-        elif found != text:
+        elif _parsed(found) != bounded.loads(text):  # TFDS reads it as JSON: its layout and line ends are free
             report.problems.append(f"{name}: TFDS's features differ from the keys and image size in {INFO_FILE}; "
                                    f"{redo}")
+
+
+def _parsed(text: str):
+    """A JSON file's value, or None when it is no (bounded) JSON."""
+    try:
+        return bounded.loads(text)
+    except ValueError:
+        return None
 
 
 def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = None,
