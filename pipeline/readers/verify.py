@@ -547,7 +547,7 @@ def _check_duplicates(info: dict, results: list[tuple[dict, _ShardResult]], repo
             "" if fail_on_duplicates else "; --fail_on_duplicates makes leakage and conflicts fail verify"))
         shown = sorted(groups, key=lambda g: (duplicates.KINDS.index(duplicates.kind(g)) * -1, g.copies[0][2]))
         for group in shown[:10]:
-            names = ", ".join(f"{path!r} ({split}, {label if isinstance(label, str) else ';'.join(label)})"
+            names = ", ".join(f"{path!r} ({split}, {label if isinstance(label, str) else list(label)})"
                               for split, label, path in group.copies[:4])
             more = f" and {len(group.copies) - 4} more" if len(group.copies) > 4 else ""
             where.append(f"identical source files {duplicates.KIND_WORDS[duplicates.kind(group)]}: {names}{more}")
