@@ -30,3 +30,9 @@ class TransientReadFailed(UserError):
     """A read kept failing with transient errors (429, 5xx, resets) after every retry during a local run."""
 
     exit_code = 1
+
+
+class InputDamaged(UserError):
+    """A compressed manifest or metadata file found cut short or damaged during a run."""
+
+    exit_code = 1

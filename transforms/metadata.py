@@ -14,7 +14,6 @@ with the first few as examples: image_tfrecords.json's "metadata", and the summa
 
 from __future__ import annotations
 
-import io
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -22,7 +21,7 @@ import apache_beam as beam
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.records import Rejection
-from transforms.rows import ROWS, ReadRows, group_records, header_of, record_fields
+from transforms.rows import ROWS, ReadRows, RowFields, read_records
 
 SKIPPED = "skipped"
 STATS = "stats"
@@ -58,18 +57,17 @@ def metadata_row(row: int, fields: dict | str, input_dir: str):
     return key_of(path, input_dir), MetadataRow(row, columns)
 
 
-def read_metadata(stream: io.TextIOBase, fmt: str, input_dir: str):
+def read_metadata(lines, fmt: str, input_dir: str):
     """(relpath, MetadataRow) for every usable row, or (None, (row, why)) for one that cannot be read; streamed
-    (the launcher's sample; the job reads the file in ranges, with the same parser: transforms.manifest)."""
-    records = group_records(stream, fmt)
-    header = header_of(next(records, None)) if fmt == "csv" else []
-    for row, record in enumerate(records, start=1):
-        yield metadata_row(row, record_fields(record, fmt, header), input_dir)
+    (the launcher's sample; the job reads the file in ranges, with the same parser: transforms.rows)."""
+    _, rows = read_records(lines, fmt)
+    for fields in rows:
+        yield metadata_row(fields.row, fields.fields, input_dir)
 
 
-def _keyed(item, input_dir: str):
-    """(row, fields or why not) -> (relpath, MetadataRow), or STATS: ('bad_rows', row, why)."""
-    row, fields = item
+def _keyed(item: RowFields, input_dir: str):
+    """RowFields -> (relpath, MetadataRow), or STATS: ('bad_rows', row, why)."""
+    row, fields = item.row, item.fields
     key, value = metadata_row(row, fields, input_dir)
     if key is None:
         yield beam.pvalue.TaggedOutput(STATS, ("bad_rows", value[0], value[1]))
