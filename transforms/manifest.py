@@ -67,6 +67,7 @@ from transforms.rows import (  # noqa: F401  (the reading's names stay importabl
 
 SKIPPED = "skipped"
 FOUND = "found"
+STATS = "stats"  # one dict: {"spanning_rows": n, "examples": ...}, what the reading found (transforms.rows)
 
 BAD_ROW = "manifest_bad_row"
 OPEN_QUOTE = "manifest_open_quote"  # a CSV quoted field never closed, or taking lines that read as rows
@@ -399,8 +400,9 @@ def _settle(item):
 
 
 class ReadManifest(beam.PTransform):
-    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts) and
-    without given class names, CLASS_NAMES (one sorted list: the class names found in the job).
+    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts), STATS
+    (one dict: the rows that span lines) and without given class names, CLASS_NAMES (one sorted list: the class
+    names found in the job).
 
     The manifest is cut into byte ranges (`range_bytes`, default transforms.rows.RANGE_BYTES), each read by any
     worker: the records of every range but the last are counted first, so that each range knows its first row
@@ -426,6 +428,10 @@ class ReadManifest(beam.PTransform):
         parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._base).with_outputs(
             SKIPPED, main="rows")
         found = read[ROWS] | "CountManifestRows" >> beam.Map(_count_rows)
+        # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each)
+        stats = (read[SPANNING]
+                 | "SpanningRows" >> beam.Map(reading.spanned)
+                 | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
                   | "ByPath" >> beam.Map(lambda r: (r.path, r))
                   | "GroupByPath" >> beam.GroupByKey()
@@ -451,5 +457,5 @@ class ReadManifest(beam.PTransform):
         images = (labeled.images, settled.images) | "AllImages" >> beam.Flatten()
         groups = (labeled[GROUPS], settled[GROUPS]) | "AllGroups" >> beam.Flatten()
         skipped = ((parsed[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        out = {"images": images, SKIPPED: skipped, FOUND: found, GROUPS: groups}
+        out = {"images": images, SKIPPED: skipped, FOUND: found, GROUPS: groups, STATS: stats}
         return out if names is None else {**out, CLASS_NAMES: names}

@@ -21,12 +21,11 @@ import apache_beam as beam
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.records import Rejection
-from transforms.rows import ROWS, ReadRows, RowFields, read_records
+from transforms.rows import ROWS, SPANNING, SPANNING_ROWS, ReadRows, RowFields, SummariseRows, read_records, spanned
 
 SKIPPED = "skipped"
 STATS = "stats"
 METADATA_MISSING = "metadata_missing"
-EXAMPLES = 10
 
 
 class MetadataRow(NamedTuple):
@@ -118,38 +117,12 @@ class _Join(beam.DoFn):
             yield beam.pvalue.TaggedOutput(STATS, ("joined", joined, ""))
 
 
-class SummariseMetadata(beam.CombineFn):
-    """(kind, row, detail) events -> {"rows", "joined", "bad_rows", "duplicate_rows", "unmatched_rows", "examples"}:
-    counts, and the first EXAMPLES rows of each kind (by row number)."""
+class SummariseMetadata(SummariseRows):
+    """(kind, row, detail) events -> {"rows", "joined", "bad_rows", "duplicate_rows", "unmatched_rows",
+    "spanning_rows", "examples"}: counts, and the first EXAMPLES rows of each kind (by row number)."""
 
-    KINDS = ("bad_rows", "duplicate_rows", "unmatched_rows")
-
-    def create_accumulator(self):
-        return {"rows": 0, "joined": 0, **{k: 0 for k in self.KINDS}}, {k: [] for k in self.KINDS}
-
-    def add_input(self, acc, event):
-        counts, examples = acc
-        kind, number, detail = event
-        if kind in ("rows", "joined"):
-            counts[kind] += number
-        else:
-            counts[kind] += 1
-            examples[kind] = sorted([*examples[kind], (number, detail)])[:EXAMPLES]
-        return acc
-
-    def merge_accumulators(self, accumulators):
-        counts, examples = self.create_accumulator()
-        for c, e in accumulators:
-            for k, v in c.items():
-                counts[k] += v
-            for k, v in e.items():
-                examples[k] = sorted([*examples[k], *v])[:EXAMPLES]
-        return counts, examples
-
-    def extract_output(self, acc):
-        counts, examples = acc
-        return {**counts, "examples": {k: [{"row": row, "detail": detail} for row, detail in v]
-                                       for k, v in examples.items() if v}}
+    def __init__(self):
+        super().__init__(("bad_rows", "duplicate_rows", "unmatched_rows", SPANNING_ROWS), ("rows", "joined"))
 
 
 class JoinMetadata(beam.PTransform):
@@ -170,7 +143,8 @@ class JoinMetadata(beam.PTransform):
         joined = ({"images": keyed, "rows": rows.rows}
                   | "GroupByRelpath" >> beam.CoGroupByKey()
                   | "Join" >> beam.ParDo(_Join(self._features)).with_outputs(SKIPPED, STATS, main="images"))
-        stats = ((counted, rows[STATS], joined[STATS]) | "MetadataEvents" >> beam.Flatten()
+        spanning = read[SPANNING] | "SpanningRows" >> beam.Map(spanned)
+        stats = ((counted, rows[STATS], joined[STATS], spanning) | "MetadataEvents" >> beam.Flatten()
                  | "SummariseMetadata" >> beam.CombineGlobally(SummariseMetadata()))
         return {"images": joined.images, SKIPPED: joined[SKIPPED], STATS: stats}
 

@@ -318,7 +318,7 @@ def group_records(lines, fmt: str, state: int = START, more=()):
             state = csv_line_state(line, QUOTED)
             continue
         first = index
-        parts, size, count = [line], _size(line), 1
+        parts, size, count, long = [line], _size(line), 1, isinstance(line, LongLine)
         state = csv_line_state(line, START)
         if state == QUOTED:
             rest = itertools.chain(lines, more)
@@ -326,12 +326,13 @@ def group_records(lines, fmt: str, state: int = START, more=()):
                 index += 1
                 count += 1
                 size += _size(line)
+                long = long or isinstance(line, LongLine)
                 if size <= MAX_RECORD_CHARS:
                     parts.append(line)
                 state = csv_line_state(line, QUOTED)
                 if state == START:
                     break
-        too_long = size > MAX_RECORD_CHARS or isinstance(line, LongLine)
+        too_long = size > MAX_RECORD_CHARS or long
         yield Record("" if too_long else "".join(parts), count, too_long, first, state == START, size)
         state = START
 
@@ -646,6 +647,51 @@ class _RangeRows(beam.DoFn):
 
 ROWS = "row_counts"
 SPANNING = "spanning_rows"  # (row, first line, lines) of a usable row that spans lines (a quoted line break)
+SPANNING_ROWS = "spanning_rows"  # its kind in a SummariseRows dict
+EXAMPLES = 10
+
+
+def spanned(item: tuple) -> tuple:
+    """SPANNING's (row, first line, lines) -> a SummariseRows event: (SPANNING_ROWS, row, 'lines a-b')."""
+    row, line, lines = item
+    return SPANNING_ROWS, row, _lines(line, lines)
+
+
+class SummariseRows(beam.CombineFn):
+    """(kind, row, detail) events -> {total: sum, ..., kind: count, ..., "examples": {kind: [{"row", "detail"}]}}:
+    for each of `totals` the sum of its events' numbers, for each of `kinds` its count and first EXAMPLES rows
+    (by row number)."""
+
+    def __init__(self, kinds: tuple, totals: tuple = ()):
+        super().__init__()
+        self._kinds, self._totals = tuple(kinds), tuple(totals)
+
+    def create_accumulator(self):
+        return {**{k: 0 for k in self._totals}, **{k: 0 for k in self._kinds}}, {k: [] for k in self._kinds}
+
+    def add_input(self, acc, event):
+        counts, examples = acc
+        kind, number, detail = event
+        if kind in self._totals:
+            counts[kind] += number
+        else:
+            counts[kind] += 1
+            examples[kind] = sorted([*examples[kind], (number, detail)])[:EXAMPLES]
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        counts, examples = self.create_accumulator()
+        for c, e in accumulators:
+            for k, v in c.items():
+                counts[k] += v
+            for k, v in e.items():
+                examples[k] = sorted([*examples[k], *v])[:EXAMPLES]
+        return counts, examples
+
+    def extract_output(self, acc):
+        counts, examples = acc
+        return {**counts, "examples": {k: [{"row": row, "detail": detail} for row, detail in v]
+                                       for k, v in examples.items() if v}}
 
 
 class ReadRows(beam.PTransform):
