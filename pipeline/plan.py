@@ -11,6 +11,7 @@ each split's shards from its own totals; on Dataflow it runs on the workers.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import tempfile
@@ -376,7 +377,7 @@ def plan_manifest(settings: Settings) -> Plan:
     fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
     check_manifest_columns(path, columns, settings)
     sample_rows = []
-    with manifest.open_file(path) as raw:  # again from the start (a .gz cannot seek back)
+    with _damaged_is_an_error("--manifest"), manifest.open_file(path) as raw:  # from the start (a .gz cannot seek)
         for number, row in manifest.read_rows(manifest.file_lines(raw), fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
                 sample_rows.append(row)
@@ -428,6 +429,15 @@ def plan_features(settings: Settings, columns: list[str], where: str, notes: lis
     return found
 
 
+@contextlib.contextmanager
+def _damaged_is_an_error(flag: str):
+    """A compressed file found cut short or damaged while the launcher reads its first rows: one line."""
+    try:
+        yield
+    except manifest.TruncatedFile as e:
+        raise UserError(f"{flag}: {e}") from None
+
+
 def shown(text: str, limit: int = 60) -> str:
     """A safe excerpt of a user's text for a terminal line: as it is when printable, else its ascii() (control
     characters, terminal escape sequences and bytes that are not UTF-8 are never echoed raw); cut to about
@@ -454,10 +464,10 @@ def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"
     what = "CSV or JSON Lines file that lists the images" if flag == "--manifest" else "CSV or JSON Lines file"
     inputs.check_file(flag, path, what)
     try:
-        with manifest.open_file(path) as raw:
+        with _damaged_is_an_error(flag), manifest.open_file(path) as raw:
             first = next(manifest.file_lines(raw), "")
-    except manifest.TruncatedFile as e:
-        raise UserError(f"{flag} {e}") from None
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - what the file system says, named
         missing = False
         try:
@@ -506,7 +516,7 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
     plan.metadata_format = fmt
     # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
     rows = []
-    with manifest.open_file(settings.metadata) as raw:
+    with _damaged_is_an_error("--metadata"), manifest.open_file(settings.metadata) as raw:
         lines = manifest.file_lines(raw)
         for seen, (key, row) in enumerate(metadata.read_metadata(lines, fmt, settings.input_dir), start=1):
             if key is not None:

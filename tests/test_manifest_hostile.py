@@ -165,6 +165,10 @@ def test_a_truncated_gz_manifest_is_one_error_line_and_no_dataset(tmp_path):
     assert caught.value.exit_code == 1 and "\n" not in message
     assert message.startswith(f"the compressed file {data / 'm.csv.gz'} ends before its compressed stream does")
     assert not (out / "image_tfrecords.json").exists()
+    (data / "m.csv.gz").write_bytes(packed[:40])  # cut inside the rows the launcher reads: its one line
+    assert _error_of(f"--manifest={data / 'm.csv.gz'}", f"--output_dir={out}").startswith(
+        f"--manifest: the compressed file {data / 'm.csv.gz'} ends before its compressed stream does (it is cut "
+        "short): an interrupted copy? Copy it again, or give the file uncompressed")
 
 
 def test_compressed_reads_check_the_end_and_read_every_member(tmp_path):

@@ -14,6 +14,7 @@ with the first few as examples: image_tfrecords.json's "metadata", and the summa
 
 from __future__ import annotations
 
+import posixpath
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -39,9 +40,8 @@ def key_of(path: str, input_dir: str) -> str:
     base = input_dir.rstrip("/") + "/"
     if path.startswith(base):
         path = path[len(base):]
-    while path.startswith("./"):
-        path = path[2:]
-    return path
+    # one spelling of the file, as the listing names it: a/./b.jpg, a//b.jpg and a/../a/b.jpg are a/b.jpg
+    return posixpath.normpath(path) if "://" not in path and path else path
 
 
 def metadata_row(row: int, fields: dict | str, input_dir: str):
