@@ -421,10 +421,10 @@ def plan_features(settings: Settings, columns: list[str], where: str, notes: lis
     found, stored, left_out = features.with_columns(settings.features, columns)
     if stored:
         notes.append(f"{len(stored)} extra column(s) without a --features type, stored as string: "
-                     f"{', '.join(stored[:10])}{' ...' if len(stored) > 10 else ''}")
+                     f"{shown_columns(stored, 10)}")
     if left_out:
         notes.append(f"{len(left_out)} extra column(s) ignored, their names cannot be feature keys: "
-                     f"{', '.join(left_out[:10])} (rename them to lower-case letters, digits and _, not a stored "
+                     f"{shown_columns(left_out, 10)} (rename them to lower-case letters, digits and _, not a stored "
                      "key, to keep them)")
     return found
 
@@ -446,10 +446,9 @@ def shown(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def shown_columns(columns: list[str]) -> str:
-    """The column names of a header, each a safe excerpt, the first 20 of them."""
-    return ", ".join(shown(c, 40) for c in columns[:20]) + (f" ... ({len(columns)} columns)" if len(columns) > 20
-                                                           else "")
+def shown_columns(columns: list[str], first: int = 20) -> str:
+    """Column names, each a safe excerpt (`shown`), the first `first` of them."""
+    return ", ".join(shown(c, 40) for c in columns[:first]) + (" ..." if len(columns) > first else "")
 
 
 def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"path": ...'
