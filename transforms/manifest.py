@@ -129,8 +129,8 @@ def normal_path(path: str) -> str:
     """A manifest path as one spelling of its file: `a/./b.jpg`, `a//b.jpg` and `a/../a/b.jpg` are `a/b.jpg`
     (posixpath.normpath). A gs:// URL is kept as written: object names are not folders (`a//b` is an object of
     its own). Raises RowProblem for a relative path that leads out of its base with '..', or names no file."""
-    if "://" in path:
-        return path
+    if "://" in path or not (path.startswith(".") or "/." in path or "//" in path or path.endswith("/")):
+        return path  # already one spelling (the common case: no '.', '..' or empty part)
     normal = posixpath.normpath(path)
     if normal.startswith("//"):  # normpath keeps a leading '//'
         normal = "/" + normal.lstrip("/")

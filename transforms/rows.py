@@ -389,8 +389,8 @@ def _lines(first: int, count: int) -> str:
 def record_fields(record: Record, fmt: str, header: list[str], line: int = 0) -> dict | str:
     """The {column: value} of a data row's record (columns lower case), or why it cannot be read. `line`: the
     record's first physical line (1 = the file's first)."""
-    where = _lines(line, record.lines)
     if record.too_long:
+        where = _lines(line, record.lines)
         if record.lines == 1:
             return Problem(LONG_LINE, f"{where} is over {MAX_LINE_BYTES // 1024} KiB ({record.size} bytes), read "
                            "through and not held: a row is a path, a label and a few values; check the file")
@@ -411,6 +411,7 @@ def record_fields(record: Record, fmt: str, header: list[str], line: int = 0) ->
         if not isinstance(fields, dict):
             return "not a JSON object"
         return {str(k).lower(): v for k, v in fields.items()}
+    where = _lines(line, record.lines) if record.lines > 1 else ""
     if not record.closed:
         return Problem(OPEN_QUOTE, f"{where}: a quoted field opened in line {line} is never closed, and takes the "
                        f"{record.lines - 1} line(s) after it to the end of the file (a stray \" ?): close the quote, "
@@ -486,20 +487,24 @@ def range_lines(raw, item: Range):
         offset = item.start - 1 + next(items, (b"", 1))[1]
     pending = []
 
-    def inside():
-        nonlocal offset
+    def inside(offset=offset, end=item.end, bom=item.start == 0):
         for line, size in items:
-            if offset >= item.end:
+            if offset >= end:
                 pending.append((line, size))
                 return
             offset += size
-            yield line, size
+            if not isinstance(line, LongLine):
+                if bom:
+                    line = line.removeprefix(_BOM)
+                line = line.decode("utf-8", "surrogateescape")
+            bom = False
+            yield line
 
     def after():
         yield from pending
         yield from items
 
-    return decoded(inside(), bom=item.start == 0), decoded(after(), bom=False)
+    return inside(), decoded(after(), bom=False)
 
 
 class RangeCount(NamedTuple):
