@@ -62,7 +62,6 @@ from transforms.rows import (  # noqa: F401  (the reading's names stay importabl
     range_starts,
     read_records,
     record_fields,
-    text_stream,
 )
 
 SKIPPED = "skipped"
@@ -164,7 +163,7 @@ def _text(fields: dict, name: str, row: int, numbers: bool = False) -> str:
         return str(value)
     shown = json.dumps(value, ensure_ascii=True)[:40]
     kind = "a number" if isinstance(value, int | float) and not isinstance(value, bool) else "not text"
-    hint = ' (write "1.0" as a string; an integer label such as 1 is read as "1")' if numbers else ""
+    hint = f' (write "1.0" as a string; an integer {name} such as 1 is read as "1")' if numbers else ""
     raise RowProblem(BAD_VALUE_REASONS.get(name, BAD_ROW), f"row {row}: the {name} is {shown}, {kind}: a {name} "
                                                             f"is a JSON string{hint}")
 

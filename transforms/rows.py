@@ -254,11 +254,6 @@ def file_lines(raw):
     return decoded(raw_lines(raw))
 
 
-def text_stream(raw):
-    """The lines of a manifest opened with open_file or FileSystems.open, as file_lines."""
-    return file_lines(raw)
-
-
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
 _LINE_BREAK = re.compile("\r\n|\r|\n")
 
