@@ -67,15 +67,13 @@ def parse_child(manifest: str, range_bytes: int, which: str) -> dict:
                 lines, _ = m.range_lines(raw, item)
                 counts.append((item.index, m.count_records(lines, "csv")))
             count_s.append(time.time() - start)
-    starts = m.range_starts(counts) if which == "all" else {0: (0, m.START)}
+    starts = m.range_starts(counts) if which == "all" else {0: m.RangeStart(0, m.START)}
     with open(manifest, "rb") as raw:
-        stream = __import__("io").TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
-        header = m.header_of(next(m.group_records(stream, "csv"), None))
+        header = m.header_of(next(m.group_records(m.file_lines(raw), "csv"), None))
     parse_s, rows, expected, numbered = [], 0, 1, True
     for item in todo:
-        before, state = starts[item.index]
         start = time.time()
-        for row, result in m.parse_range(manifest, item, "csv", "/base", before, state, header):
+        for row, result in m.parse_range(manifest, item, "csv", "/base", starts[item.index], header):
             numbered = numbered and row == expected and isinstance(result, m.ManifestRow)
             expected += 1
             rows += 1

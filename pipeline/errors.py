@@ -40,3 +40,9 @@ class Terminated(KeyboardInterrupt):
     """
 
     exit_code = 128 + 15
+
+
+class InputDamaged(UserError):
+    """A compressed manifest or metadata file found cut short or damaged during a run."""
+
+    exit_code = 1

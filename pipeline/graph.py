@@ -14,6 +14,7 @@ from transforms.duplicates import HASHES as DUP_HASHES
 from transforms.labels import GROUPS, UNLABELED, AssignLabels
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import CLASS_NAMES, ReadManifest
+from transforms.manifest import STATS as MANIFEST_STATS
 from transforms.metadata import JoinMetadata
 from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
@@ -41,6 +42,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             groups=plan.manifest_groups,
         )
         images, not_listed, found, groups = read["images"], [read[SKIPPED]], read[FOUND], read[GROUPS]
+        manifest_stats = read[MANIFEST_STATS]
         class_names = read.get(CLASS_NAMES, plan.class_names)  # found in the job: a PCollection of one list
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
@@ -90,6 +92,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["groups"] = groups
     if settings.metadata:
         inputs["metadata"] = metadata_stats
+    if settings.manifest:
+        inputs["manifest"] = manifest_stats
     split_by = "split_folders" if plan.split_folders else "group_hash" if grouped else "path_hash"
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,

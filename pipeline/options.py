@@ -30,6 +30,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     parse_bool,
     parse_image_size,
 )
+from pipeline.inputs import read_small_file
 from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
 from transforms.layout import compile_group_by
@@ -218,6 +219,9 @@ def parse_group_by(text: str | None) -> str | None:
     return text
 
 
+SCHEMA_FILE_BYTES = 1 << 20  # a --features=@FILE schema is a few names and types
+
+
 def parse_features(text: str | None) -> tuple:
     """--features as FeatureTypes: name:type,... or @FILE (a JSON object {name: type}, local or gs://)."""
     if text is None or str(text).strip() == "":
@@ -226,14 +230,11 @@ def parse_features(text: str | None) -> tuple:
     flag = f"--features={value}"
     if value.startswith("@"):
         path = value[1:]
-        from apache_beam.io.filesystems import FileSystems
-
+        data = read_small_file("--features file", path, SCHEMA_FILE_BYTES, 'JSON file {"name": "type", ...}')
         try:
-            with FileSystems.open(path) as f:
-                value = f.read().decode("utf-8-sig")
-        except Exception as e:  # noqa: BLE001 - what the file system says
-            raise UserError(f"--features file {path} cannot be read ({type(e).__name__}): give a JSON file "
-                            '{"name": "type", ...} that exists, or name:type,... on the command line') from None
+            value = data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise UserError(f"--features file {path} is not UTF-8 text: save it as UTF-8") from None
         flag = f"--features file {path}"
         if not value.strip().startswith("{"):
             raise UserError(f'{flag} is not a JSON object: write {{"score": "float", "box": "float[4]"}}')

@@ -11,6 +11,7 @@ each split's shards from its own totals; on Dataflow it runs on the workers.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import tempfile
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import cloud, estimate
+from pipeline import cloud, estimate, inputs
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
@@ -130,15 +131,16 @@ def check_folders(settings: Settings) -> None:
             cloud.check_gcs_folder(flag, path)
 
 
+LABELS_FILE_BYTES = 64 << 20  # a labels file of a million classes of 60 characters
+
+
 def read_labels_file(path: str) -> list[str]:
-    """Class names, one per line; line i is id i."""
+    """Class names, one per line; line i is id i. A regular file of at most LABELS_FILE_BYTES."""
+    data = inputs.read_small_file("--labels_file", path, LABELS_FILE_BYTES, "labels file, one class name a line")
     try:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            text = f.read().decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"--labels_file {path} is not UTF-8 text: save it as plain text, one class per line") from None
-    except Exception as e:
-        raise UserError(f"--labels_file {path} cannot be read ({type(e).__name__}): check the path") from None
     lines = [line.strip() for line in text.splitlines()]
     while lines and not lines[-1]:
         lines.pop()
@@ -391,8 +393,8 @@ def plan_manifest(settings: Settings) -> Plan:
     fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
     check_manifest_columns(path, columns, settings)
     sample_rows = []
-    with FileSystems.open(path, compression_type="auto") as raw:  # again from the start (a .gz cannot seek back)
-        for number, row in manifest.read_rows(manifest.text_stream(raw), fmt, settings.input_dir):
+    with _damaged_is_an_error("--manifest"), manifest.open_file(path) as raw:  # from the start (a .gz cannot seek)
+        for number, row in manifest.read_rows(manifest.file_lines(raw), fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
                 sample_rows.append(row)
             if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
@@ -431,58 +433,107 @@ def plan_features(settings: Settings, columns: list[str], where: str, notes: lis
     missing = [f.name for f in settings.features if f.name not in columns]
     if missing:
         raise UserError(f"--features types the column {missing[0]!r}, which {where} does not have (its columns: "
-                        f"{', '.join(columns)}): add the column, or drop it from --features")
+                        f"{shown_columns(columns)}): add the column, or drop it from --features")
     found, stored, left_out = features.with_columns(settings.features, columns)
     if stored:
         notes.append(f"{len(stored)} extra column(s) without a --features type, stored as string: "
-                     f"{', '.join(stored[:10])}{' ...' if len(stored) > 10 else ''}")
+                     f"{shown_columns(stored, 10)}")
     if left_out:
         notes.append(f"{len(left_out)} extra column(s) ignored, their names cannot be feature keys: "
-                     f"{', '.join(left_out[:10])} (rename them to lower-case letters, digits and _, not a stored "
+                     f"{shown_columns(left_out, 10)} (rename them to lower-case letters, digits and _, not a stored "
                      "key, to keep them)")
     return found
 
 
+@contextlib.contextmanager
+def _damaged_is_an_error(flag: str):
+    """A compressed file found cut short or damaged while the launcher reads its first rows: one line."""
+    try:
+        yield
+    except manifest.TruncatedFile as e:
+        raise UserError(f"{flag}: {e}") from None
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """A safe excerpt of a user's text for a terminal line: as it is when printable, else its ascii() (control
+    characters, terminal escape sequences and bytes that are not UTF-8 are never echoed raw); cut to about
+    `limit` characters."""
+    text = text if text.isprintable() else ascii(text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def shown_columns(columns: list[str], first: int = 20) -> str:
+    """Column names, each a safe excerpt (`shown`), the first `first` of them."""
+    return ", ".join(shown(c, 40) for c in columns[:first]) + (" ..." if len(columns) > first else "")
+
+
 def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"path": ...'
                 ) -> tuple[str, list[str]]:
-    """(format, column names) of a CSV or JSON Lines file, from its first line; `header` and `fields` show the
-    user what the first line should hold."""
+    """(format, column names) of a CSV or JSON Lines file, from its first line (read within a bound); `header`
+    and `fields` show the user what the first line should hold.
+
+    Raises:
+        UserError: for a missing file, one that is not a regular file, or cannot be read; an empty one; a first
+        line over MAX_LINE_BYTES, not UTF-8, with a column twice, or not a JSON object.
+    """
+    what = "CSV or JSON Lines file that lists the images" if flag == "--manifest" else "CSV or JSON Lines file"
+    inputs.check_file(flag, path, what)
     try:
-        with FileSystems.open(path, compression_type="auto") as raw:
-            stream = manifest.text_stream(raw)
-            first = stream.readline()
-    except Exception:
-        raise UserError(f"{flag} {path} does not exist or cannot be read: give the CSV or JSON Lines file that "
-                        "lists the images") from None
+        with _damaged_is_an_error(flag), manifest.open_file(path) as raw:
+            first = next(manifest.file_lines(raw), "")
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - what the file system says, named
+        missing = False
+        try:
+            missing = not FileSystems.exists(path)
+        except Exception:  # noqa: BLE001
+            pass
+        if missing:
+            raise UserError(f"{flag} {path} does not exist: give the {what}") from None
+        raise UserError(f"{flag} {path} cannot be read ({type(e).__name__}: {shown(str(e), 120)}): give the "
+                        f"{what}") from None
+    if isinstance(first, manifest.LongLine):
+        raise UserError(f"{flag} {path}: its first line is over {manifest.MAX_LINE_BYTES >> 20} MiB ({first.size} "
+                        f"bytes, read without being held): a header line is a few column names; is it the {what}?")
     if not first.strip():
         raise UserError(f"{flag} {path} is empty: write a header line ({header}) and one row per image, or one "
                         "JSON object per line")
+    bad = manifest.not_utf8(first, 1)
+    if bad:
+        raise UserError(f"{flag} {path}: {bad}")
     fmt = manifest.manifest_format(path, first)
     if fmt == "csv":
-        return fmt, manifest.csv_header(first)
-    try:
-        row = bounded.loads(first)
-        if not isinstance(row, dict):
-            raise TypeError
-    except (ValueError, TypeError):
-        raise UserError(f"{flag} {path}: its first line is not a JSON object: write one "
-                        f"{{{fields}}} object per line, or give a .csv") from None
-    return fmt, [str(k).lower() for k in row]
+        columns = manifest.csv_header(first)
+    else:
+        try:
+            row = bounded.loads(first)
+            if not isinstance(row, dict):
+                raise TypeError
+        except (ValueError, TypeError):
+            raise UserError(f"{flag} {path}: its first line is not a JSON object: write one "
+                            f"{{{fields}}} object per line, or give a .csv") from None
+        columns = [str(k).lower() for k in row]
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:  # the last one would win, silently
+        raise UserError(f"{flag} {path} has the column '{shown(twice[0])}' more than once (columns: "
+                        f"{shown_columns(columns)}): name each column once (column names are not case-sensitive)")
+    return fmt, columns
 
 
 def plan_metadata(settings: Settings, plan: Plan) -> Plan:
     """With --metadata: check its header (a path column, the --features columns) and add its features to `plan`."""
     fmt, columns = read_header(settings.metadata, "--metadata")
     if "path" not in columns:
-        raise UserError(f"--metadata {settings.metadata} has no 'path' column (columns: {', '.join(columns)}): "
+        raise UserError(f"--metadata {settings.metadata} has no 'path' column (columns: {shown_columns(columns)}): "
                         "name the column of image paths below --input_dir path")
     plan.features = plan_features(settings, columns, f"--metadata {settings.metadata}", plan.notes)
     plan.metadata_format = fmt
     # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
     rows = []
-    with FileSystems.open(settings.metadata, compression_type="auto") as raw:
-        stream = manifest.text_stream(raw)
-        for seen, (key, row) in enumerate(metadata.read_metadata(stream, fmt, settings.input_dir), start=1):
+    with _damaged_is_an_error("--metadata"), manifest.open_file(settings.metadata) as raw:
+        lines = manifest.file_lines(raw)
+        for seen, (key, row) in enumerate(metadata.read_metadata(lines, fmt, settings.input_dir), start=1):
             if key is not None:
                 rows.append(dict(row.columns))
             if len(rows) >= MANIFEST_SAMPLE_ROWS or seen >= 100 * MANIFEST_SAMPLE_ROWS:
@@ -494,18 +545,18 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
 def check_manifest_columns(path: str, columns: list[str], settings: Settings) -> None:
     """The manifest's header has what the options need: path, and label (or labels with --multi_label)."""
     if "path" not in columns:
-        raise UserError(f"--manifest {path} has no 'path' column (columns: {', '.join(columns)}): "
+        raise UserError(f"--manifest {path} has no 'path' column (columns: {shown_columns(columns)}): "
                         "name the image column path and the class column label")
     if settings.multi_label:
         if "labels" not in columns:
             raise UserError(f"--manifest {path} has no 'labels' column, which --multi_label reads (columns: "
-                            f"{', '.join(columns)}): name the column of class names labels (separated by ';'), "
+                            f"{shown_columns(columns)}): name the column of class names labels (separated by ';'), "
                             "or drop --multi_label for one label per image")
     elif "labels" in columns:
         raise UserError(f"--manifest {path} has a 'labels' column: give --multi_label to read several classes per "
                         "image from it, or name a one-class column label")
     elif "label" not in columns:
-        raise UserError(f"--manifest {path} has no 'label' column (columns: {', '.join(columns)}): "
+        raise UserError(f"--manifest {path} has no 'label' column (columns: {shown_columns(columns)}): "
                         "name the image column path and the class column label")
     if settings.group_by and "group" in columns:
         raise UserError(f"--manifest {path} has a 'group' column and --group_by is given: the column gives each "

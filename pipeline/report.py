@@ -106,13 +106,27 @@ def group_lines(info: dict) -> list[str]:
     return lines
 
 
+def spanning_line(info: dict) -> str:
+    """One line on the manifest's rows whose quoted field holds line breaks, or '' when there is none."""
+    found = info.get("manifest") or {}
+    n = found.get("spanning_rows", 0)
+    if not n:
+        return ""
+    shown = ", ".join(f"row {e['row']} ({e['detail']})" for e in (found.get("examples") or {}).get(
+        "spanning_rows", [])[:3])
+    return (f"Manifest: {n} {'row holds' if n == 1 else 'rows hold'} line breaks inside a quoted field, read as "
+            f"one row each (legal CSV): {shown}{' ...' if n > 3 else ''}; check that each is meant (a stray \" "
+            "makes a field take the lines after it); see \"manifest\" in image_tfrecords.json.")
+
+
 def metadata_line(info: dict) -> str:
     """One line on what the --metadata join found, or '' when every row named an image (or no --metadata)."""
     found = info.get("metadata") or {}
     kinds = [(found.get("unmatched_rows", 0), ("names", "name"), "no image to convert (not found, or skipped)"),
              (found.get("duplicate_rows", 0), ("repeats", "repeat"), "a path (the first row is used)"),
              (found.get("bad_rows", 0), ("cannot", "cannot"), "be read (no path, another number of fields than the "
-                                                              "header, not CSV or JSON)")]
+                                                              "header, not CSV or JSON)"),
+             (found.get("spanning_rows", 0), ("holds", "hold"), "line breaks inside a quoted field (read as one row)")]
     parts = [f"{n} {'row' if n == 1 else 'rows'} {verb[n != 1]} {what}" for n, verb, what in kinds if n]
     if not parts:
         return ""
@@ -216,7 +230,8 @@ def format_summary(info: dict) -> str:
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
             lines.append(f"{title}: {reasons} (see {info['error_report']})")
-    for line in (split_shares_line(info), *group_lines(info), duplicates_line(info), metadata_line(info)):
+    for line in (split_shares_line(info), *group_lines(info), duplicates_line(info), metadata_line(info),
+                 spanning_line(info)):
         if line:
             lines.append(line)
     if files.get("upscaled"):

@@ -116,7 +116,7 @@ def test_labels_file_problems(small_tree, tmp_path):
     labels.write_text("bird\n")
     assert "none of the 2 class folders" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
                                               f"--labels_file={labels}")
-    assert "cannot be read" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
+    assert "does not exist" in error_of(f"--input_dir={small_tree}", f"--output_dir={tmp_path / 'o'}",
                                         f"--labels_file={tmp_path / 'missing.txt'}")
 
 

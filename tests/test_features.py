@@ -341,7 +341,7 @@ def test_metadata_joined_to_folder_images_with_missing_extra_and_bad_rows(tmp_pa
     assert info["files"]["found"] == 8 and info["files"]["written"] == 6
     _accounting_holds(info)
     assert info["metadata"] == {
-        "rows": 10, "joined": 6, "bad_rows": 1, "duplicate_rows": 1, "unmatched_rows": 1,
+        "rows": 10, "joined": 6, "bad_rows": 1, "duplicate_rows": 1, "unmatched_rows": 1, "spanning_rows": 0,
         "examples": {"bad_rows": [{"row": 10, "detail": "2 fields, the header has 4"}],
                      "duplicate_rows": [{"row": 9, "detail": "cat/0.png (first in row 1)"}],
                      "unmatched_rows": [{"row": 8, "detail": "cat/none.png"}]}}

@@ -20,7 +20,8 @@ IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"
 MANIFEST_BOUNDED_SIDE_INPUTS = {
     **BOUNDED_SIDE_INPUTS,
     "ReadManifest/Read/AllCounts": "the row counts of the manifest's ranges as one list: one per 64 MiB",
-    "ReadManifest/Read/RangeStarts": "one (rows before, CSV state) pair per 64 MiB range of the manifest",
+    "ReadManifest/Read/RangeStarts": "one (rows before, CSV state, lines before) per 64 MiB range of the manifest",
+    "ReadManifest/SummariseRows": "one small dict: the count of rows that span lines, and the first ten",
     "ReadManifest/ClassList": "the distinct labels as one list: one per class",
     "ReadManifest/ClassNames": "the class names: one per class",
 }

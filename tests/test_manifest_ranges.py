@@ -20,8 +20,7 @@ from transforms.records import Rejection
 
 def sequential(path, fmt):
     with open(path, "rb") as raw:
-        return list(m.read_rows(io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=""), fmt,
-                                "/base"))
+        return list(m.read_rows(m.file_lines(raw), fmt, "/base"))
 
 
 def ranged(path, fmt, range_bytes):
@@ -37,12 +36,10 @@ def ranged(path, fmt, range_bytes):
     header = []
     if fmt == "csv":
         with open(path, "rb") as raw:
-            stream = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
-            header = m.header_of(next(m.group_records(stream, "csv"), None))
+            header = m.header_of(next(m.group_records(m.file_lines(raw), "csv"), None))
     rows = []
     for item in random.Random(len(ranges)).sample(ranges, len(ranges)):  # in any order
-        before, state = starts[item.index]
-        rows += m.parse_range(str(path), item, fmt, "/base", before, state, header)
+        rows += m.parse_range(str(path), item, fmt, "/base", starts[item.index], header)
     return sorted(rows, key=lambda r: r[0]), len(ranges)
 
 
@@ -148,8 +145,8 @@ def test_a_quote_never_closed_is_one_rejected_row_not_a_crash(tmp_path, monkeypa
     rows = assert_every_cut_reads_the_same(path, "csv")
     assert [r for r, _ in rows] == [1, 2]
     bad = rows[1][1]
-    assert isinstance(bad, Rejection) and bad.reason == m.BAD_ROW
-    assert bad.detail.startswith("row 2: over 0 KiB in 51 lines: a quoted field that is never closed")
+    assert isinstance(bad, Rejection) and bad.reason == m.OPEN_QUOTE
+    assert bad.detail.startswith("row 2: lines 3-53: over 0 KiB in 51 lines: a quoted field that is never closed")
     # under the limit, a field larger than the csv module's own limit is a rejected row too
     monkeypatch.setattr(reading, "MAX_RECORD_CHARS", 1 << 20)
     csv.field_size_limit()
@@ -231,7 +228,8 @@ def test_a_compressed_manifest_is_one_stream_with_the_same_rows(tmp_path):
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     [whole] = m.manifest_ranges(str(packed), 8)
     header = ["path", "label", "note"]
-    assert list(m.parse_range(str(packed), whole, "csv", "/base", 0, m.START, header)) == sequential(plain, "csv")
+    rows = list(m.parse_range(str(packed), whole, "csv", "/base", m.RangeStart(0, m.START), header))
+    assert rows == sequential(plain, "csv")
 
 
 @pytest.mark.timeout(300)

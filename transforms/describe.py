@@ -187,7 +187,7 @@ def check_accounting(counts: Accounting) -> None:
 def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
                  tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
                  duplicates: dict | None = None, statistics: dict | None = None, extra_features: tuple = (),
-                 metadata: dict | None = None) -> dict:
+                 metadata: dict | None = None, manifest: dict | None = None) -> dict:
     """The dataset description, INFO_FILE's content, of a run whose accounting is `counts`.
 
     `tfds`: TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
@@ -195,7 +195,8 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
     `duplicates`: the groups of identical source files (`transforms.duplicates.describe`);
     `statistics`: pixel mean and std, source sizes and upscaling per split (`transforms.stats.describe`);
     `extra_features`: the typed extra features (transforms.features.FeatureType); `metadata`: what the --metadata
-    join found (None without it).
+    join found (None without it); `manifest`: what the --manifest's reading found (its rows that span lines;
+    None without one).
     """
     all_shards = [s for info in counts.splits.values() for s in info["shards"]]
     elapsed = max(time.time() - start_time, 1e-9)
@@ -220,6 +221,7 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         **({"groups": groups} if groups is not None else {}),
         **({"duplicates": duplicates} if duplicates is not None else {}),
         **({"metadata": metadata} if metadata is not None else {}),
+        **({"manifest": manifest} if manifest is not None else {}),
         "rejected_by_reason": counts.rejected_by_reason,
         "skipped_by_reason": counts.skipped_by_reason,
         "shard_bytes": _summary([s["bytes"] for s in all_shards]),
@@ -248,7 +250,7 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
-                metadata=None, class_names=None):
+                metadata=None, class_names=None, manifest=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
         counts = summarise(tallies, shard_stats, self._class_names)
@@ -266,7 +268,8 @@ class _WriteInfo(beam.DoFn):
                             self._image_info, self._start_time, self._tool_version,
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
                             groups=groups, duplicates=dup.describe(duplicates, self._class_names),
-                            statistics=statistics, extra_features=self._extra_features, metadata=metadata)
+                            statistics=statistics, extra_features=self._extra_features, metadata=metadata,
+                            manifest=manifest)
         all_shards = [s for split in info["splits"].values() for s in split["shards"]]
         renamed = counts.renamed
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
@@ -367,6 +370,8 @@ class DescribeDataset(beam.PTransform):
             side["groups"] = beam.pvalue.AsSingleton(inputs["groups"] | "SummariseGroups" >> SummariseGroups())
         if "metadata" in inputs:  # one small dict: what the --metadata join found
             side["metadata"] = beam.pvalue.AsSingleton(inputs["metadata"])
+        if "manifest" in inputs:  # one small dict: what the --manifest's reading found
+            side["manifest"] = beam.pvalue.AsSingleton(inputs["manifest"])
         if self._names is not None:  # one list: the class names
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         return (

@@ -14,7 +14,6 @@ the job.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import posixpath
 from typing import NamedTuple
@@ -22,6 +21,7 @@ from typing import NamedTuple
 import apache_beam as beam
 
 from transforms import counters
+from transforms import rows as reading
 from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.layout import (
     GROUP_BY_TIMEOUT,
@@ -38,35 +38,50 @@ from transforms.layout import (
 )
 from transforms.records import ImageRef, Rejection
 from transforms.rows import (  # noqa: F401  (the reading's names stay importable here: tests, benchmarks)
+    MAX_LINE_BYTES,
     MAX_RECORD_CHARS,
     QUOTED,
     ROWS,
+    SPANNING,
     START,
+    LongLine,
     Range,
+    RangeStart,
     ReadRows,
     Record,
     RowFields,
+    TruncatedFile,
     count_records,
+    file_lines,
     group_records,
     header_of,
     is_compressed,
     manifest_ranges,
+    not_utf8,
+    open_file,
     range_fields,
     range_lines,
     range_starts,
+    read_records,
     record_fields,
-    text_stream,
 )
 
 SKIPPED = "skipped"
 FOUND = "found"
+STATS = "stats"  # one dict: {"spanning_rows": n, "examples": ...}, what the reading found (transforms.rows)
 
 BAD_ROW = "manifest_bad_row"
+OPEN_QUOTE = "manifest_open_quote"  # a CSV quoted field never closed, or taking lines that read as rows
+NOT_UTF8 = "manifest_not_utf8"
+LONG_LINE = "manifest_long_line"
+_PROBLEMS = {reading.OPEN_QUOTE: OPEN_QUOTE, reading.NOT_UTF8: NOT_UTF8, reading.LONG_LINE: LONG_LINE}
 MISSING_PATH = "manifest_missing_path"
 MISSING_LABEL = "manifest_missing_label"
 UNKNOWN_SPLIT = "manifest_unknown_split"
 DUPLICATE_PATH = "manifest_duplicate_path"
 BAD_LABEL = "manifest_bad_label"
+BAD_PATH = "manifest_bad_path"  # a relative path that leads out of its base with '..', or names a folder
+BAD_VALUE_REASONS = {"label": BAD_LABEL, "path": BAD_PATH}
 CLASS_NAMES = "class_names"
 
 GROUPS = "groups"  # with a group column or --group_by: (group or '', split, relpath) of every labelled image
@@ -111,31 +126,67 @@ def csv_header(first_line: str) -> list[str]:
     return [name.strip().lower() for name in next(csv.reader([first_line.lstrip("\ufeff")]), [])]
 
 
+def normal_path(path: str) -> str:
+    """A manifest path as one spelling of its file: `a/./b.jpg`, `a//b.jpg` and `a/../a/b.jpg` are `a/b.jpg`
+    (posixpath.normpath). A gs:// URL is kept as written: object names are not folders (`a//b` is an object of
+    its own). Raises RowProblem for a relative path that leads out of its base with '..', or names no file."""
+    if "://" in path or not (path.startswith(".") or "/." in path or "//" in path or path.endswith("/")):
+        return path  # already one spelling (the common case: no '.', '..' or empty part)
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):  # normpath keeps a leading '//'
+        normal = "/" + normal.lstrip("/")
+    if normal == ".." or normal.startswith("../"):
+        raise RowProblem(BAD_PATH, f"the path {path!r} leads out of the folder of relative paths (--input_dir, or "
+                                   "the manifest's folder) with '..': give it below that folder, or as an absolute "
+                                   "path")
+    if normal in (".", "/"):
+        raise RowProblem(BAD_PATH, f"the path {path!r} names a folder, not an image file")
+    return normal
+
+
 def resolve(path: str, base: str) -> str:
-    """A manifest path as a full path or URL: gs:// and absolute paths as given, others below `base`."""
+    """A manifest path (normal_path) as a full path or URL: gs:// and absolute paths as given, others below
+    `base`."""
     if "://" in path or path.startswith("/"):
         return path
-    while path.startswith("./"):
-        path = path[2:]
     return base.rstrip("/") + "/" + path
+
+
+def _text(fields: dict, name: str, row: int, numbers: bool = False) -> str:
+    """A field as text, stripped ('' when missing or null). A JSON value must be a string (or, with `numbers`,
+    an integer: its digits); else RowProblem: `true` or `["x"]` is not a class name, and `1.0` would be a
+    class apart from `1`."""
+    value = fields.get(name)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if numbers and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    shown = json.dumps(value, ensure_ascii=True)[:40]
+    kind = "a number" if isinstance(value, int | float) and not isinstance(value, bool) else "not text"
+    hint = f' (write "1.0" as a string; an integer {name} such as 1 is read as "1")' if numbers else ""
+    raise RowProblem(BAD_VALUE_REASONS.get(name, BAD_ROW), f"row {row}: the {name} is {shown}, {kind}: a {name} "
+                                                            f"is a JSON string{hint}")
 
 
 def row_values(fields: dict, row: int, base: str) -> ManifestRow:
     """A ManifestRow from a row's {column: value}; raises RowProblem for a row that cannot be used."""
-    def text(name):
-        value = fields.get(name)
-        return "" if value is None else str(value).strip()
-
-    path, label, split = text("path"), text("label"), text("split").lower()
+    path, label = _text(fields, "path", row), _text(fields, "label", row, numbers=True)
+    split, group = _text(fields, "split", row).lower(), _text(fields, "group", row, numbers=True)
     labels = label_list(fields.get("labels"), row)
     if not path:
         raise RowProblem(MISSING_PATH, f"row {row}: no path")
+    try:
+        path = normal_path(path)
+    except RowProblem as p:
+        raise RowProblem(p.reason, f"row {row}: {p.detail}") from None
     if not label and labels is None:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
     if split and split not in SPLIT_NAMES:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
     columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, text("group"),
+    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, group,
                        columns=columns)
 
 
@@ -175,27 +226,28 @@ def parse_record(record: Record, row: int, fmt: str, header: list[str], base: st
 def manifest_row(row: int, fields: dict | str, base: str):
     """A ManifestRow or Rejection from a data row's fields (or why they cannot be read)."""
     if isinstance(fields, str):
-        return Rejection(f"row {row}", "rejected", BAD_ROW, f"row {row}: {fields}")
+        reason = _PROBLEMS.get(getattr(fields, "kind", ""), BAD_ROW)
+        return Rejection(f"row {row}", "rejected", reason, f"row {row}: {fields}")
     return _row(fields, row, base)
 
 
-def read_rows(stream: io.TextIOBase, fmt: str, base: str):
-    """(row number, ManifestRow or Rejection) for every data row of a manifest, streamed (one reader)."""
-    records = group_records(stream, fmt)
-    header = header_of(next(records, None)) if fmt == "csv" else []
-    for row, record in enumerate(records, start=1):
-        yield row, parse_record(record, row, fmt, header, base)
+def read_rows(lines, fmt: str, base: str):
+    """(row number, ManifestRow or Rejection) for every data row of a manifest, streamed (one reader): `lines`
+    its text lines (file_lines)."""
+    _, rows = read_records(lines, fmt)
+    for fields in rows:
+        yield fields.row, manifest_row(fields.row, fields.fields, base)
 
 
-def parse_range(path: str, item: Range, fmt: str, base: str, before: int, state: int, header: list[str]):
+def parse_range(path: str, item: Range, fmt: str, base: str, start: RangeStart, header: list[str]):
     """(row number, ManifestRow or Rejection) of every record that starts in the range."""
-    for row, fields in range_fields(path, item, fmt, before, state, header):
-        yield row, manifest_row(row, fields, base)
+    for fields in range_fields(path, item, fmt, start, header):
+        yield fields.row, manifest_row(fields.row, fields.fields, base)
 
 
-def _to_manifest_row(item, base: str):
-    """(row, fields or why not) -> ManifestRow, or SKIPPED: its Rejection."""
-    row, fields = item
+def _to_manifest_row(item: RowFields, base: str):
+    """RowFields -> ManifestRow, or SKIPPED: its Rejection."""
+    row, fields = item.row, item.fields
     result = manifest_row(row, fields, base)
     if isinstance(result, Rejection):
         counters.inc("manifest_rows_rejected")
@@ -354,8 +406,9 @@ def _settle(item):
 
 
 class ReadManifest(beam.PTransform):
-    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts) and
-    without given class names, CLASS_NAMES (one sorted list: the class names found in the job).
+    """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts), STATS
+    (one dict: the rows that span lines) and without given class names, CLASS_NAMES (one sorted list: the class
+    names found in the job).
 
     The manifest is cut into byte ranges (`range_bytes`, default transforms.rows.RANGE_BYTES), each read by any
     worker: the records of every range but the last are counted first, so that each range knows its first row
@@ -381,6 +434,10 @@ class ReadManifest(beam.PTransform):
         parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._base).with_outputs(
             SKIPPED, main="rows")
         found = read[ROWS] | "CountManifestRows" >> beam.Map(_count_rows)
+        # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each)
+        stats = (read[SPANNING]
+                 | "SpanningRows" >> beam.Map(reading.spanned)
+                 | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
                   | "ByPath" >> beam.Map(lambda r: (r.path, r))
                   | "GroupByPath" >> beam.GroupByKey()
@@ -406,5 +463,5 @@ class ReadManifest(beam.PTransform):
         images = (labeled.images, settled.images) | "AllImages" >> beam.Flatten()
         groups = (labeled[GROUPS], settled[GROUPS]) | "AllGroups" >> beam.Flatten()
         skipped = ((parsed[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        out = {"images": images, SKIPPED: skipped, FOUND: found, GROUPS: groups}
+        out = {"images": images, SKIPPED: skipped, FOUND: found, GROUPS: groups, STATS: stats}
         return out if names is None else {**out, CLASS_NAMES: names}

@@ -14,7 +14,7 @@ with the first few as examples: image_tfrecords.json's "metadata", and the summa
 
 from __future__ import annotations
 
-import io
+import posixpath
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -22,12 +22,11 @@ import apache_beam as beam
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.records import Rejection
-from transforms.rows import ROWS, ReadRows, group_records, header_of, record_fields
+from transforms.rows import ROWS, SPANNING, SPANNING_ROWS, ReadRows, RowFields, SummariseRows, read_records, spanned
 
 SKIPPED = "skipped"
 STATS = "stats"
 METADATA_MISSING = "metadata_missing"
-EXAMPLES = 10
 
 
 class MetadataRow(NamedTuple):
@@ -41,9 +40,8 @@ def key_of(path: str, input_dir: str) -> str:
     base = input_dir.rstrip("/") + "/"
     if path.startswith(base):
         path = path[len(base):]
-    while path.startswith("./"):
-        path = path[2:]
-    return path
+    # one spelling of the file, as the listing names it: a/./b.jpg, a//b.jpg and a/../a/b.jpg are a/b.jpg
+    return posixpath.normpath(path) if "://" not in path and path else path
 
 
 def metadata_row(row: int, fields: dict | str, input_dir: str):
@@ -58,18 +56,17 @@ def metadata_row(row: int, fields: dict | str, input_dir: str):
     return key_of(path, input_dir), MetadataRow(row, columns)
 
 
-def read_metadata(stream: io.TextIOBase, fmt: str, input_dir: str):
+def read_metadata(lines, fmt: str, input_dir: str):
     """(relpath, MetadataRow) for every usable row, or (None, (row, why)) for one that cannot be read; streamed
-    (the launcher's sample; the job reads the file in ranges, with the same parser: transforms.manifest)."""
-    records = group_records(stream, fmt)
-    header = header_of(next(records, None)) if fmt == "csv" else []
-    for row, record in enumerate(records, start=1):
-        yield metadata_row(row, record_fields(record, fmt, header), input_dir)
+    (the launcher's sample; the job reads the file in ranges, with the same parser: transforms.rows)."""
+    _, rows = read_records(lines, fmt)
+    for fields in rows:
+        yield metadata_row(fields.row, fields.fields, input_dir)
 
 
-def _keyed(item, input_dir: str):
-    """(row, fields or why not) -> (relpath, MetadataRow), or STATS: ('bad_rows', row, why)."""
-    row, fields = item
+def _keyed(item: RowFields, input_dir: str):
+    """RowFields -> (relpath, MetadataRow), or STATS: ('bad_rows', row, why)."""
+    row, fields = item.row, item.fields
     key, value = metadata_row(row, fields, input_dir)
     if key is None:
         yield beam.pvalue.TaggedOutput(STATS, ("bad_rows", value[0], value[1]))
@@ -120,38 +117,12 @@ class _Join(beam.DoFn):
             yield beam.pvalue.TaggedOutput(STATS, ("joined", joined, ""))
 
 
-class SummariseMetadata(beam.CombineFn):
-    """(kind, row, detail) events -> {"rows", "joined", "bad_rows", "duplicate_rows", "unmatched_rows", "examples"}:
-    counts, and the first EXAMPLES rows of each kind (by row number)."""
+class SummariseMetadata(SummariseRows):
+    """(kind, row, detail) events -> {"rows", "joined", "bad_rows", "duplicate_rows", "unmatched_rows",
+    "spanning_rows", "examples"}: counts, and the first EXAMPLES rows of each kind (by row number)."""
 
-    KINDS = ("bad_rows", "duplicate_rows", "unmatched_rows")
-
-    def create_accumulator(self):
-        return {"rows": 0, "joined": 0, **{k: 0 for k in self.KINDS}}, {k: [] for k in self.KINDS}
-
-    def add_input(self, acc, event):
-        counts, examples = acc
-        kind, number, detail = event
-        if kind in ("rows", "joined"):
-            counts[kind] += number
-        else:
-            counts[kind] += 1
-            examples[kind] = sorted([*examples[kind], (number, detail)])[:EXAMPLES]
-        return acc
-
-    def merge_accumulators(self, accumulators):
-        counts, examples = self.create_accumulator()
-        for c, e in accumulators:
-            for k, v in c.items():
-                counts[k] += v
-            for k, v in e.items():
-                examples[k] = sorted([*examples[k], *v])[:EXAMPLES]
-        return counts, examples
-
-    def extract_output(self, acc):
-        counts, examples = acc
-        return {**counts, "examples": {k: [{"row": row, "detail": detail} for row, detail in v]
-                                       for k, v in examples.items() if v}}
+    def __init__(self):
+        super().__init__(("bad_rows", "duplicate_rows", "unmatched_rows", SPANNING_ROWS), ("rows", "joined"))
 
 
 class JoinMetadata(beam.PTransform):
@@ -172,7 +143,8 @@ class JoinMetadata(beam.PTransform):
         joined = ({"images": keyed, "rows": rows.rows}
                   | "GroupByRelpath" >> beam.CoGroupByKey()
                   | "Join" >> beam.ParDo(_Join(self._features)).with_outputs(SKIPPED, STATS, main="images"))
-        stats = ((counted, rows[STATS], joined[STATS]) | "MetadataEvents" >> beam.Flatten()
+        spanning = read[SPANNING] | "SpanningRows" >> beam.Map(spanned)
+        stats = ((counted, rows[STATS], joined[STATS], spanning) | "MetadataEvents" >> beam.Flatten()
                  | "SummariseMetadata" >> beam.CombineGlobally(SummariseMetadata()))
         return {"images": joined.images, SKIPPED: joined[SKIPPED], STATS: stats}
 

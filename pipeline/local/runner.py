@@ -19,11 +19,12 @@ import signal
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from pipeline import cloud
-from pipeline.errors import OutOfSpace, TransientReadFailed, WorkerDied
+from pipeline.errors import InputDamaged, OutOfSpace, TransientReadFailed, UserError, WorkerDied
 from pipeline.local.progress import REQUEST_SECONDS, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
+from transforms.rows import TruncatedFile
 from transforms.transient import TransientReadError
 
 LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
@@ -142,21 +143,33 @@ _TRANSIENT_READ = re.compile(
     r"TransientReadError: (reading .+? failed \d+ times with a transient error.*?)(?:\\n|\n|$)")
 
 
-def transient_read_failed(error: BaseException) -> str | None:
-    """What `transforms.transient.TransientReadError` said, if `error` is or reports one, else None.
-
-    From a worker process it arrives as the text of its traceback.
-    """
+def _reported(error: BaseException, kind: type, pattern: re.Pattern) -> str | None:
+    """What an exception of `kind` said, if `error` is one, reports one (its cause or context) or holds its
+    traceback's text (from a worker process it arrives as text: `pattern`'s first group), else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, TransientReadError):
+        if isinstance(error, kind):
             return str(error)
-        match = _TRANSIENT_READ.search(str(error))
+        match = pattern.search(str(error))
         if match:
             return match.group(1)
         error = error.__cause__ or error.__context__
     return None
+
+
+def transient_read_failed(error: BaseException) -> str | None:
+    """What `transforms.transient.TransientReadError` said, if `error` is or reports one, else None."""
+    return _reported(error, TransientReadError, _TRANSIENT_READ)
+
+
+_TRUNCATED = re.compile(r"TruncatedFile: (.+? (?:is damaged|ends before).*?)(?:\\n|\n|$)")
+
+
+def truncated_file(error: BaseException) -> str | None:
+    """What `transforms.rows.TruncatedFile` said (a compressed manifest or metadata file cut short or damaged),
+    if `error` is or reports one, else None."""
+    return _reported(error, TruncatedFile, _TRUNCATED)
 
 
 class LocalRun:
@@ -208,8 +221,9 @@ class LocalRun:
                 beam_logs.discard()  # Beam's own log of the failure: the line of `explained` says what happened
                 raise explained from None
 
-    def explain(self, error: Exception) -> WorkerDied | TransientReadFailed | OutOfSpace | None:
-        """The error to stop with in one line, if `error` is a lost worker, a failed read or a full disk; else None."""
+    def explain(self, error: Exception) -> UserError | None:
+        """The error to stop with in one line, if `error` is a lost worker, a cut-short compressed input, a failed
+        read or a full disk; else None."""
         settings = self.settings
         died = worker_died(error, self.workers.dead() if self.workers is not None else [])
         if died:
@@ -220,6 +234,9 @@ class LocalRun:
                 "--conversion_threads=1, or use fewer --direct_num_workers; then run the same command "
                 "again: it removes this run's files and starts over cleanly"
             )
+        truncated = truncated_file(error)
+        if truncated:
+            return InputDamaged(f"{truncated.rstrip('.')}; no dataset was written")
         transient = transient_read_failed(error)
         if transient:
             return TransientReadFailed(
