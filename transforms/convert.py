@@ -37,7 +37,7 @@ from transforms.imaging import (
 )
 from transforms.layout import display_path
 from transforms.listing import file_kind, gcs_client
-from transforms.pool import ConversionPool
+from transforms.pool import ConversionPool, Job
 from transforms.records import ImageRef, Rejection
 from transforms.stats import ImageStats
 from transforms.transient import TransientReadError, describe, with_retries
@@ -182,8 +182,28 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
     a read that keeps failing with a transient error raises `TransientReadError`
     (the bundle fails and is retried: the image is not the problem).
     """
-    for ref, job in pool.in_order(refs, lambda ref: functools.partial(
-            read_and_convert, ref.path, settings, size=ref.size)):
+    return collect_in_order(pool, pool.in_order(refs, lambda ref: _work(ref, settings)), schema)
+
+
+def start_conversions(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings
+                      ) -> list[tuple[ImageRef, Job]]:
+    """Submit every one of `refs` to the pool at once (references only: a job reads its file once a helper takes
+    it); collect the outcomes, in order, with `collect_in_order`."""
+    return [(ref, pool.submit(_work(ref, settings))) for ref in refs]
+
+
+def _work(ref: ImageRef, settings: ImageSettings):
+    return functools.partial(read_and_convert, ref.path, settings, size=ref.size)
+
+
+def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]], schema: str
+                     ) -> Iterator[Converted]:
+    """Each (ref, job)'s outcome, in order: a Converted with its serialized Example, or with its Rejection.
+
+    Raises:
+        TransientReadError: a read kept failing with a transient error.
+    """
+    for ref, job in jobs:
         try:
             image = pool.result(job)
         except ImageRejected as e:
