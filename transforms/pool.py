@@ -39,6 +39,7 @@ per image cost about 1.3 ms, a fifth of a typical conversion.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import queue
 import threading
@@ -74,6 +75,36 @@ class Job(Generic[T]):
     def deadline(self, limit: float) -> float:
         """When the job's time is up: `limit` seconds after it started, plus its waits for memory."""
         return self.started + self.memory_waited + limit
+
+
+_slots: dict[int, threading.BoundedSemaphore] = {}
+_slots_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def core_slot(slots: int | None) -> Iterator[float]:
+    """Hold one of this process's `slots` places for CPU-bound work (None: no limit) for a `with` block, which
+    gets the seconds waited for it.
+
+    Helpers that read files can then outnumber the cores: a helper whose file
+    has arrived waits here, and that wait is not the image's fault (its clock
+    stops, see `transforms.memory.paused`).
+    """
+    if not slots:
+        yield 0.0
+        return
+    with _slots_lock:
+        gate = _slots.setdefault(slots, threading.BoundedSemaphore(slots))
+    if gate.acquire(blocking=False):
+        waited = 0.0
+    else:
+        with memory.paused() as pause:
+            gate.acquire()
+        waited = pause.waited
+    try:
+        yield waited
+    finally:
+        gate.release()
 
 
 def time_limit(settings: ImageSettings) -> float | None:
@@ -128,6 +159,16 @@ class ConversionPool:
             helper = threading.Thread(target=self._serve, name="convert-image", daemon=True)
             helper.start()
             self._helpers.append(helper)
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def grow(self, threads: int) -> None:
+        """Have `threads` helpers from now on, if more than now (a pool never shrinks: idle helpers cost nothing)."""
+        if threads > self._threads:
+            self._threads = threads
+            self._start_helpers()
 
     def submit(self, work: Work) -> Job:
         self._start_helpers()

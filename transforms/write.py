@@ -42,7 +42,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.concat import concatenate, file_size
-from transforms.convert import collect_in_order, start_conversions
+from transforms.convert import ReadPacing, collect_in_order, read_room, start_conversions
 from transforms.imaging import ImageSettings
 from transforms.layout import display_path
 from transforms.outputs import index_name, shards_dir
@@ -163,10 +163,13 @@ def piece_name(key: ChunkKey, compression: str, file_format: str, attempt: str) 
 class _ConvertChunk(beam.DoFn):
     """(ChunkKey, [ImageRef]) -> PieceInfo: the chunk's images converted, in order, into its piece file.
 
-    The chunks of a bundle overlap: a chunk's images are handed to the helpers
-    as soon as it arrives, and the chunk before it is collected and written
-    meanwhile, so the reads never pause between chunks. The last one is
-    written when the bundle finishes.
+    `threads` conversions run at once in the worker process (`core_slot`);
+    more helpers read files ahead of them, as many as the measured read and
+    conversion times ask for (`ReadPacing`), within the memory budget's room
+    for files read ahead (`read_room`). The chunks of a bundle overlap: a
+    chunk's images are handed to the helpers as soon as it arrives, and the
+    chunk before it is collected and written meanwhile, so the reads never
+    pause between chunks. The last one is written when the bundle finishes.
     """
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
@@ -178,21 +181,32 @@ class _ConvertChunk(beam.DoFn):
         self._compression = compression
         self._file_format = file_format
         self._pool: ConversionPool | None = None
+        self._pacing: ReadPacing | None = None
         self._started: collections.deque = collections.deque()  # (ChunkKey, [(ImageRef, Job)]) being converted
 
     def setup(self):
         self._pool = ConversionPool(time_limit(self._settings), threads=self._threads)
+        self._pacing = ReadPacing(self._threads)
+        # Without room in the budget for files read ahead, no more helpers than conversions.
+        self._read_ahead = bool(read_room(self._settings)) or not self._settings.worker_memory_bytes
 
     def teardown(self):
         if self._pool is not None:
             self._pool.close()
+
+    def _pace(self, outcomes):
+        for outcome in outcomes:
+            if self._read_ahead:
+                self._pool.grow(self._pacing.helpers())
+            yield outcome
 
     def start_bundle(self):
         self._drop_started()
 
     def process(self, element):
         key, refs = element
-        self._started.append((ChunkKey(*key), start_conversions(self._pool, refs, self._settings)))
+        self._started.append((ChunkKey(*key), start_conversions(self._pool, refs, self._settings, self._threads,
+                                                                self._pacing)))
         while len(self._started) > 1:
             yield self._write_piece(*self._started.popleft())
 
@@ -209,7 +223,7 @@ class _ConvertChunk(beam.DoFn):
 
     def _write_piece(self, key: ChunkKey, jobs) -> PieceInfo:
         try:
-            return write_piece(self._folder, key, collect_in_order(self._pool, jobs, self._schema),
+            return write_piece(self._folder, key, self._pace(collect_in_order(self._pool, jobs, self._schema)),
                                self._compression, self._file_format)
         except BaseException:
             self._drop_started()
