@@ -162,3 +162,30 @@ def test_reads_ahead_hold_no_more_than_the_budget_has_room_for(tmp_path, counted
     outcomes, _ = _convert_all(refs, settings, slots=2)
     assert all(o.rejection is None for o in outcomes) and len(outcomes) == 40
     assert counted["most_reads"] <= 4
+
+
+@pytest.mark.timeout(40)
+def test_a_conversion_stuck_past_its_time_limit_gives_its_core_back(tmp_path, monkeypatch):
+    """One place for CPU work: the first conversion never returns (a decoder in a loop); it is abandoned as
+    `timeout`, and the next images still convert instead of waiting for ever for its place."""
+    refs = _refs(tmp_path / "in", 3, 1000)
+    release = threading.Event()
+    real_convert = imaging.convert_image
+
+    def convert_image(data, settings, deadline=None):
+        if not release.is_set() and threading.current_thread().name == "convert-image" and not stuck:
+            stuck.append(threading.current_thread())
+            release.wait(300)  # until the test ends: far past the pytest time limit
+        return real_convert(data, settings, deadline)
+
+    stuck: list = []
+    monkeypatch.setattr(imaging, "convert_image", convert_image)
+    settings = ImageSettings(width=8, height=8, timeout_s=1.0)
+    pool = ConversionPool(1.0, threads=1)
+    try:
+        jobs = start_conversions(pool, refs, settings, slots=1)
+        outcomes = list(collect_in_order(pool, jobs, "default"))
+    finally:
+        release.set()
+        pool.close()
+    assert [o.rejection.reason if o.rejection else "ok" for o in outcomes] == ["timeout", "ok", "ok"]

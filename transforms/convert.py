@@ -1,11 +1,12 @@
 """Converting images: read each file, decode, resize and encode it, and wrap it in a tf.train.Example.
 
-Plain functions, no Beam: `transforms.write` converts a shard's images with
-`convert_in_order` and writes them as they come. Bad images never fail the
+Plain functions, no Beam: `transforms.write` starts a chunk's conversions with
+`start_conversions` and writes them as `collect_in_order` gives them. Bad images never fail the
 job: they come out as a Rejection with the reason from the image layer, and
 are counted. Each image gets at most --image_timeout_s seconds. Images are read
-and converted on --conversion_threads helper threads (see `transforms.pool`);
-outcomes come out in input order. A local file must be a regular file (checked
+and converted on helper threads (see `transforms.pool`): --conversion_threads
+convert at once in a worker process, and more read ahead of them, as many as the
+read latency asks for (`ReadPacing`); outcomes come out in input order. A local file must be a regular file (checked
 before opening: a FIFO or a device could block or never end), and no file is
 read past --max_file_mb. A read that fails for a moment (429, 5xx, a timeout, a reset
 connection) is tried again; one that keeps failing raises `TransientReadError`,

@@ -1,9 +1,10 @@
 """One memory budget per worker process for the conversions running in it (admission control).
 
 No Beam here. `--max_image_mb` bounds one conversion, but a worker process runs
-several at once: `--conversion_threads` helpers for each Beam worker thread
-(DoFn instance), up to two more left behind stuck past the time limit, and as
-many Beam worker threads as the runner gives the process. So before an image is
+several at once: `--conversion_threads` (its places for CPU work,
+`transforms.pool.core_slot`), up to two more left behind stuck past the time
+limit per Beam worker thread (DoFn instance), and files read ahead of them by
+more helpers (`hold_for_read`, within the budget's room for them). So before an image is
 decoded, its conversion reserves the memory it will need (`imaging.working_bytes`
 from the header, plus the file's bytes) from the process's one budget, and
 returns it when the conversion ends:
@@ -223,7 +224,7 @@ def paused() -> Iterator[Pause]:
     image's time limit; the block's caller moves the conversion's own deadline
     on by `Pause.waited`.
     """
-    job = getattr(_local, "job", None)
+    job = current_job()
     pause = Pause()
     if job is not None:
         job.memory_wait_since = pause.since
@@ -234,6 +235,11 @@ def paused() -> Iterator[Pause]:
         if job is not None:  # the waited time first, then the flag: the pool reads them in that order
             job.memory_waited += pause.waited
             job.memory_wait_since = None
+
+
+def current_job():
+    """The pool's job running on this thread (`track`), or None."""
+    return getattr(_local, "job", None)
 
 
 @contextlib.contextmanager
