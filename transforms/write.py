@@ -182,6 +182,7 @@ class _ConvertChunk(beam.DoFn):
         self._file_format = file_format
         self._pool: ConversionPool | None = None
         self._pacing: ReadPacing | None = None
+        self._read_ahead = False  # whether helpers may outnumber the conversions (room in the budget)
         self._started: collections.deque = collections.deque()  # (ChunkKey, [(ImageRef, Job)]) being converted
 
     def setup(self):
