@@ -91,7 +91,8 @@ class _Emulator:
         self._process.wait(timeout=10)
 
 
-def latency_case(workdir: str, images: int, repeat: int, latency_ms: float, extra: list[str]) -> dict:
+def latency_case(workdir: str, images: int, repeat: int, latency_ms: float, extra: list[str],
+                 pythonpath: str | None = None) -> dict:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
@@ -115,7 +116,7 @@ def latency_case(workdir: str, images: int, repeat: int, latency_ms: float, extr
 
         def run(latency_s: float):
             proxy.read_latency_s = latency_s
-            return measure_conversion("gs://bench/photos", out, args)
+            return measure_conversion("gs://bench/photos", out, args, pythonpath)
 
         try:
             result = _pairs(lambda: run(latency_ms / 1000), lambda: run(0.0), repeat)
@@ -137,13 +138,14 @@ def latency_case(workdir: str, images: int, repeat: int, latency_ms: float, extr
 _RATE = re.compile(r"Converted (\d+)/(\d+) images \(100%\), ([0-9.]+) images/s")
 
 
-def measure_conversion(input_dir: str, output_dir: str, extra: list[str]) -> dict:
+def measure_conversion(input_dir: str, output_dir: str, extra: list[str], pythonpath: str | None = None) -> dict:
     """The command timed as a whole, and its conversion alone: the images over the rate its last progress line
     gives (images/s over the conversion's last 30 s), so the launcher's start-up is left out of it."""
     command = [sys.executable, "-m", "pipeline.main", f"--input_dir={input_dir}", f"--output_dir={output_dir}",
                "--overwrite", *extra]
     start, cpu_before = time.perf_counter(), _children_cpu()
-    result = subprocess.run(command, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None  # another checkout's code, to compare
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - start
     if result.returncode:
         raise SystemExit(f"pipeline failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -165,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="Where the photos and outputs go (kept). Default: a new temporary folder.")
     parser.add_argument("--pipeline_args", default="", help="Extra flags for pipeline.main, space-separated.")
     parser.add_argument("--json", help="Write the figures to this file.")
+    parser.add_argument("--latency_pythonpath",
+                        help="PYTHONPATH of the pipeline runs of the latency case: another checkout, to compare.")
     args = parser.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="parallel_bench-")
     extra = args.pipeline_args.split()
@@ -172,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.case in ("shards", "both"):
         results["shards"] = shards_case(workdir, args.images, args.repeat, extra)
     if args.case in ("latency", "both"):
-        results["latency"] = latency_case(workdir, args.images, args.repeat, args.latency_ms, extra)
+        results["latency"] = latency_case(workdir, args.images, args.repeat, args.latency_ms, extra,
+                                          args.latency_pythonpath)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
