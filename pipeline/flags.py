@@ -161,9 +161,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
         help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
              f"Default: {ImageSettings.timeout_s:g}.")
     add("--conversion_threads", type=int, default=2,
-        help="Threads reading and converting images in each worker process. Pillow decodes and resizes "
-             "outside Python's lock, so two keep a core busy while the other waits, and let busy workers use "
-             "the cores of idle ones. Default: 2.")
+        help="Images converted at once in each worker process (decoding, resizing, encoding). Pillow decodes "
+             "and resizes outside Python's lock, so two keep a core busy while the other waits, and let busy "
+             "workers use the cores of idle ones. More threads read files ahead of them, as many as the "
+             "measured read latency asks for (up to 64), within --worker_memory_mb. Default: 2.")
     add("--schema", default="default", choices=tuple(SCHEMAS),
         help="Example keys: default (image, label, class_name, height, width, source_path, sha256), tf_slim "
              "(image/encoded, image/class/label, ...) or kaggle (image, class, id: the keys Kaggle's TPU notebooks "

@@ -5,7 +5,9 @@ through to the emulator, except those a rule fails: the first `times` GET
 requests that name a chosen object get a 503, 429 or other status with GCS's
 JSON error body, or their connection is reset ("reset": no response at all).
 Later requests for the object pass through. `requests` and `injected` count
-what happened, per object name.
+what happened, per object name. `read_latency_s` delays every read of an
+object's bytes (alt=media) by that much before it is passed on, as a store far
+away does (the benchmarks' latency case).
 
 It also measures the traffic that passed through, per object name (see `Traffic`):
 - `uploaded`: the object's bytes in request bodies sent upstream, for every kind
@@ -30,6 +32,7 @@ import re
 import socket
 import struct
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
@@ -183,6 +186,7 @@ class FaultProxy:
         self.injected: Counter = Counter()  # (object name, how) -> failures sent
         self.traffic = Traffic()  # the requests passed on to the emulator, and their bytes
         self._sessions: dict[str, str] = {}  # resumable upload id -> object name
+        self.read_latency_s = 0.0  # added before each media download is passed on
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
@@ -295,6 +299,9 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
+                if proxy.read_latency_s and self.command == "GET" and (
+                        self.path.startswith("/download/") or _query(self.path).get("alt") == "media"):
+                    time.sleep(proxy.read_latency_s)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream = HTTPConnection(proxy.upstream, timeout=60)
                 try:

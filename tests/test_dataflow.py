@@ -124,10 +124,11 @@ def test_translated_job_has_the_graphs_steps(gcs_emulator, dry_run):
     proto = _pipeline_proto(gcs_emulator, dry_run[1])
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"ListImages", "AssignLabels", "AssignShards", "WriteShards", "DescribeDataset"} <= names
-    # One writer for every split: each shard is converted and written in one place.
-    assert {n for n in names if "ConvertAndWrite" in n} == {"WriteShards/ConvertAndWrite",
-                                                             "WriteShards/ConvertAndWrite/ParDo(_ConvertAndWrite)"}
-    assert not {n for n in names if "WriteToTFRecord" in n or "Pieces" in n}
+    # Chunks of a shard converted on any worker, each shard then assembled from its pieces (never read back).
+    assert {"WriteShards/ConvertChunks/GroupByShard", "WriteShards/ConvertChunks/CutChunks",
+            "WriteShards/ConvertChunks/SpreadChunks", "WriteShards/ConvertChunks/Convert",
+            "WriteShards/AssembleShards/GroupPieces", "WriteShards/AssembleShards/Assemble"} <= names
+    assert not {n for n in names if "WriteToTFRecord" in n or "ConvertAndWrite" in n}
 
 
 def _optimized_stages(proto):
@@ -153,7 +154,7 @@ def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_
         return {i for i, stage in enumerate(stages) if any(x.unique_name.startswith(prefix) for x in stage.transforms)}
 
     top, folders, conversion = (stages_of("ListImages/ListTop"), stages_of("ListImages/ListFolders"),
-                                stages_of("WriteShards/ConvertAndWrite"))
+                                stages_of("WriteShards/ConvertChunks/Convert"))
     assert top and folders and conversion
     assert top.isdisjoint(folders) and folders.isdisjoint(conversion) and top.isdisjoint(conversion)
 
@@ -179,7 +180,7 @@ def test_no_stage_does_work_that_grows_with_the_images_on_one_element(gcs_emulat
     finishing step re-read every piece.)"""
     per_image_steps = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/FilterByName", "AssignLabels/",
                        "AssignShards/PlaceImages",
-                       "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
+                       "AssignShards/RankStraddlers", "WriteShards/ConvertChunks", "WriteShards/AssembleShards")
     single = assert_single_element_stages_are_bounded(_pipeline_proto(gcs_emulator, dry_run[1]), per_image_steps,
                                                       BOUNDED_SIDE_INPUTS)
     assert len(single) >= 3  # the listing's top, AssignShards' layout and the description at least

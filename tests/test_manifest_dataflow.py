@@ -29,7 +29,8 @@ MANIFEST_PER_IMAGE_STEPS = ("ReadManifest/Read/ReadRows", "ReadManifest/Read/Cou
                             "ReadManifest/ByPath",
                             "ReadManifest/FirstOfPath", "ReadManifest/Label", "ReadManifest/RowLabels",
                             "ReadManifest/DistinctLabels", "ReadManifest/SettleGroups",
-                            "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
+                            "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertChunks",
+                            "WriteShards/AssembleShards")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ METADATA_PER_IMAGE_STEPS = ("ListImages/ListFolders", "ListImages/ListParts", "L
                             "AssignLabels/",
                             "JoinMetadata/ReadMetadata/ReadRows", "JoinMetadata/ReadMetadata/CountRows",
                             "JoinMetadata/KeyRows", "JoinMetadata/ByRelpath", "JoinMetadata/Join",
-                            "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertAndWrite")
+                            "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertChunks",
+                            "WriteShards/AssembleShards")
 
 
 @pytest.mark.timeout(300)

@@ -186,7 +186,8 @@ def test_write_shards_converts_each_shard_in_rank_order_into_one_file(tmp_path, 
         else:
             assert info.index == ""
     assert sorted(p.name for p in folder.iterdir()) == sorted([i.file for i in infos] + [i.index for i in infos
-                                                                                        if i.index])
+                                                                                        if i.index] + ["pieces"])
+    assert not list((folder / "pieces").iterdir())  # each piece went into its shard
 
 
 def test_two_runs_give_the_same_shards_byte_for_byte_and_balanced_within_one_image(tmp_path):

@@ -1,11 +1,12 @@
 """Converting images: read each file, decode, resize and encode it, and wrap it in a tf.train.Example.
 
-Plain functions, no Beam: `transforms.write` converts a shard's images with
-`convert_in_order` and writes them as they come. Bad images never fail the
+Plain functions, no Beam: `transforms.write` starts a chunk's conversions with
+`start_conversions` and writes them as `collect_in_order` gives them. Bad images never fail the
 job: they come out as a Rejection with the reason from the image layer, and
 are counted. Each image gets at most --image_timeout_s seconds. Images are read
-and converted on --conversion_threads helper threads (see `transforms.pool`);
-outcomes come out in input order. A local file must be a regular file (checked
+and converted on helper threads (see `transforms.pool`): --conversion_threads
+convert at once in a worker process, and more read ahead of them, as many as the
+read latency asks for (`ReadPacing`); outcomes come out in input order. A local file must be a regular file (checked
 before opening: a FIFO or a device could block or never end), and no file is
 read past --max_file_mb. A read that fails for a moment (429, 5xx, a timeout, a reset
 connection) is tried again; one that keeps failing raises `TransientReadError`,
@@ -16,15 +17,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import stat
+import time
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 
-from transforms import counters, imaging
+from transforms import counters, imaging, memory
 from transforms.examples import build_example
 from transforms.imaging import (
     DECODE_ERROR,
@@ -37,7 +40,7 @@ from transforms.imaging import (
 )
 from transforms.layout import display_path
 from transforms.listing import file_kind, gcs_client
-from transforms.pool import ConversionPool
+from transforms.pool import ConversionPool, Job, core_slot, time_limit
 from transforms.records import ImageRef, Rejection
 from transforms.stats import ImageStats
 from transforms.transient import TransientReadError, describe, with_retries
@@ -143,9 +146,51 @@ def _read_gcs(path: str, max_bytes: int, timeout: float) -> bytes:
         start=0, end=max_bytes, raw_download=True, checksum=None, retry=None, timeout=timeout)
 
 
-def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None
-                     ) -> EncodedImage:
+def read_room(settings: ImageSettings) -> int:
+    """The bytes of files that may be held, read ahead of their conversions, in one worker process: the budget less
+    the most one conversion may need (`transforms.memory.MemoryBudget.hold_for_read`); 0 with no budget."""
+    if not settings.worker_memory_bytes:
+        return 0
+    return max(0, settings.worker_memory_bytes - settings.max_image_bytes - settings.max_file_bytes)
+
+
+class ReadPacing:
+    """How many helpers keep `slots` conversions busy: as many as wait on reads, from the measured seconds of a
+    read and of a conversion (Little's law), so reads in flight follow the read latency, not the core count."""
+
+    _WEIGHT = 0.1  # of each new measurement in the running averages
+
+    def __init__(self, slots: int, most: int = 64):
+        self.slots = max(1, slots)
+        self.most = max(self.slots, most)
+        self._read_s: float | None = None
+        self._convert_s: float | None = None
+
+    def add(self, read_s: float, convert_s: float) -> None:
+        """One image's read and conversion times (helpers call this; a lost update under a race is harmless)."""
+        if self._read_s is None:
+            self._read_s, self._convert_s = read_s, convert_s
+            return
+        self._read_s += self._WEIGHT * (read_s - self._read_s)
+        self._convert_s += self._WEIGHT * (convert_s - self._convert_s)
+
+    def helpers(self) -> int:
+        """Helpers for the slots and the reads that keep them fed: slots + slots x read / conversion time."""
+        if self._read_s is None:
+            return self.slots
+        reading = math.ceil(self.slots * self._read_s / max(self._convert_s, 1e-4))
+        return min(self.most, self.slots + max(1, reading))
+
+
+def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None,
+                     slots: int | None = None, pacing: ReadPacing | None = None) -> EncodedImage:
     """Read one file (listed with `size` bytes) and convert it; the result carries the SHA-256 of the bytes read.
+
+    The file's listed bytes are held from the worker process's memory budget
+    while it is read ahead (`read_room`); the conversion itself then takes one
+    of the process's `slots` places for CPU work (`transforms.pool.core_slot`),
+    so that more helpers can read than convert. Neither wait counts against the
+    image's time limit. `pacing` gets the read's and the conversion's times.
 
     Raises:
         ImageRejected: `read_error` when the file cannot be read (missing, not allowed, ...),
@@ -153,14 +198,36 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
         TransientReadError: the read kept failing with transient errors: not the file's fault,
             so the bundle fails (and is retried) instead of the image becoming a rejection.
     """
+    budget = memory.budget(settings.worker_memory_bytes)
+    held, waited = False, 0.0
+    if budget is not None:
+        held, waited = budget.hold_for_read(size or 0, read_room(settings), time_limit(settings))
     try:
-        data = read_bytes(path, settings.max_file_bytes, size, deadline)
-    except (ImageRejected, TransientReadError):
-        raise
-    except Exception as e:  # a vanished or unreadable file is this file's problem only
-        raise ImageRejected(READ_ERROR, describe(e, limit=1000)) from None
-    digest = hashlib.sha256(data).hexdigest()  # the bytes already read: exact duplicates are found by this
-    return imaging.convert_image(data, settings, deadline)._replace(sha256=digest)
+        if deadline is not None:
+            deadline += waited
+        started = time.monotonic()
+        try:
+            data = read_bytes(path, settings.max_file_bytes, size, deadline)
+        except (ImageRejected, TransientReadError):
+            raise
+        except Exception as e:  # a vanished or unreadable file is this file's problem only
+            raise ImageRejected(READ_ERROR, describe(e, limit=1000)) from None
+        read_s = time.monotonic() - started
+        digest = hashlib.sha256(data).hexdigest()  # the bytes already read: exact duplicates are found by this
+        with core_slot(slots) as waited:
+            if held:  # the conversion reserves the file's bytes with the rest of what it needs
+                budget.release_read(size)
+                held = False
+            if deadline is not None:
+                deadline += waited
+            started = time.monotonic()
+            image = imaging.convert_image(data, settings, deadline)
+            if pacing is not None:
+                pacing.add(read_s, time.monotonic() - started)
+        return image._replace(sha256=digest)
+    finally:
+        if held:
+            budget.release_read(size)
 
 
 class Converted(NamedTuple):
@@ -182,8 +249,28 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
     a read that keeps failing with a transient error raises `TransientReadError`
     (the bundle fails and is retried: the image is not the problem).
     """
-    for ref, job in pool.in_order(refs, lambda ref: functools.partial(
-            read_and_convert, ref.path, settings, size=ref.size)):
+    return collect_in_order(pool, pool.in_order(refs, lambda ref: _work(ref, settings)), schema)
+
+
+def start_conversions(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings,
+                      slots: int | None = None, pacing: ReadPacing | None = None) -> list[tuple[ImageRef, Job]]:
+    """Submit every one of `refs` to the pool at once (references only: a job reads its file once a helper takes
+    it); collect the outcomes, in order, with `collect_in_order`. See `read_and_convert` for `slots` and `pacing`."""
+    return [(ref, pool.submit(_work(ref, settings, slots, pacing))) for ref in refs]
+
+
+def _work(ref: ImageRef, settings: ImageSettings, slots: int | None = None, pacing: ReadPacing | None = None):
+    return functools.partial(read_and_convert, ref.path, settings, size=ref.size, slots=slots, pacing=pacing)
+
+
+def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]], schema: str
+                     ) -> Iterator[Converted]:
+    """Each (ref, job)'s outcome, in order: a Converted with its serialized Example, or with its Rejection.
+
+    Raises:
+        TransientReadError: a read kept failing with a transient error.
+    """
+    for ref, job in jobs:
         try:
             image = pool.result(job)
         except ImageRejected as e:

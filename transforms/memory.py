@@ -1,9 +1,10 @@
 """One memory budget per worker process for the conversions running in it (admission control).
 
 No Beam here. `--max_image_mb` bounds one conversion, but a worker process runs
-several at once: `--conversion_threads` helpers for each Beam worker thread
-(DoFn instance), up to two more left behind stuck past the time limit, and as
-many Beam worker threads as the runner gives the process. So before an image is
+several at once: `--conversion_threads` (its places for CPU work,
+`transforms.pool.core_slot`), up to two more left behind stuck past the time
+limit per Beam worker thread (DoFn instance), and files read ahead of them by
+more helpers (`hold_for_read`, within the budget's room for them). So before an image is
 decoded, its conversion reserves the memory it will need (`imaging.working_bytes`
 from the header, plus the file's bytes) from the process's one budget, and
 returns it when the conversion ends:
@@ -59,6 +60,7 @@ class MemoryBudget:
         self._holders = 0  # reservations held now
         self._queue: collections.deque = collections.deque()  # tickets of the waiting reservations, in order
         self._progress = 0  # reservations admitted or returned so far: a stall is a period with none
+        self._read_held = 0  # of `_held`, the bytes of files held for reading ahead (`hold_for_read`)
         self.peak = 0  # the most bytes ever reserved at once (for tests and reports)
 
     @property
@@ -96,32 +98,67 @@ class MemoryBudget:
                 return 0.0
             ticket = object()
             self._queue.append(ticket)
-            job = getattr(_local, "job", None)
-            start = time.monotonic()
-            if job is not None:
-                job.memory_wait_since = start
-            seen, quiet_since = self._progress, start
             try:
-                while not (self._queue[0] is ticket and self._fits(nbytes)):
-                    now = time.monotonic()
-                    if self._progress != seen:
-                        seen, quiet_since = self._progress, now
-                    elif stall_s is not None and now - quiet_since >= stall_s:
-                        raise BudgetStalled(nbytes, self._held, self._holders, self.capacity, now - start)
-                    wait = self._POLL_S if stall_s is None else min(self._POLL_S, quiet_since + stall_s - now)
-                    self._cond.wait(max(0.001, wait))
+                with paused() as pause:
+                    for now, quiet_since in self._waits(lambda: self._queue[0] is ticket and self._fits(nbytes),
+                                                        stall_s):
+                        if stall_s is not None and now - quiet_since >= stall_s:
+                            raise BudgetStalled(nbytes, self._held, self._holders, self.capacity,
+                                                now - pause.since)
                 self._queue.popleft()
                 self._take(nbytes)
             finally:
                 if ticket in self._queue:  # gave up (a stall or an exception): let the next one try
                     self._queue.remove(ticket)
                     self._cond.notify_all()
-                waited = time.monotonic() - start
-                if job is not None:  # the waited time first, then the flag: the pool reads them in that order
-                    job.memory_waited += waited
-                    job.memory_wait_since = None
             self._cond.notify_all()  # the next in line may fit too
-            return waited
+            return pause.waited
+
+    def _waits(self, ready, stall_s: float | None) -> Iterator[tuple[float, float]]:
+        """While `ready()` is false (the condition's lock held), wait for a change and yield (now, the time since
+        which nothing was admitted or returned); the caller gives up by leaving the loop."""
+        seen, quiet_since = self._progress, time.monotonic()
+        while not ready():
+            now = time.monotonic()
+            if self._progress != seen:
+                seen, quiet_since = self._progress, now
+            yield now, quiet_since
+            wait = self._POLL_S if stall_s is None else min(self._POLL_S, quiet_since + stall_s - now)
+            self._cond.wait(max(0.001, wait))
+
+    def hold_for_read(self, nbytes: int, room: int, stall_s: float | None = None) -> tuple[bool, float]:
+        """Reserve `nbytes` for a file about to be read ahead of its conversion; returns (held, seconds waited).
+
+        Read-ahead never queues in front of a conversion: it waits, outside the
+        queue, until no conversion is waiting, the bytes fit, and the files held
+        for reading stay within `room` bytes in all. `room` is the budget less
+        the most one conversion may need, so a conversion that waits behind
+        files read ahead always fits once the conversions before it end. A file
+        larger than `room`, or a wait that sees nothing admitted or returned for
+        `stall_s`, is read without a hold (False), as a conversion's own read is.
+        """
+        nbytes = max(0, int(nbytes))
+        if nbytes == 0 or nbytes > room:
+            return False, 0.0
+        def fits() -> bool:
+            return not self._queue and self._held + nbytes <= self.capacity and self._read_held + nbytes <= room
+
+        with self._cond:
+            waited = 0.0
+            if not fits():
+                with paused() as pause:
+                    for now, quiet_since in self._waits(fits, stall_s):
+                        if stall_s is not None and now - quiet_since >= stall_s:
+                            return False, now - pause.since
+                waited = pause.waited
+            self._take(nbytes)
+            self._read_held += nbytes
+        return True, waited
+
+    def release_read(self, nbytes: int) -> None:
+        with self._cond:
+            self._read_held -= max(0, int(nbytes))
+        self.release(nbytes)
 
     def release(self, nbytes: int) -> None:
         with self._cond:
@@ -166,6 +203,43 @@ def reserve(nbytes: int, capacity: int, stall_s: float | None = None) -> Iterato
         return
     with shared.reserve(nbytes, stall_s) as waited:
         yield waited
+
+
+class Pause:
+    """A wait that is not the image's fault: `since` when it began, `waited` seconds once it ended."""
+
+    __slots__ = ("since", "waited")
+
+    def __init__(self):
+        self.since = time.monotonic()
+        self.waited = 0.0
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[Pause]:
+    """Stop the clock of the pool's job running on this thread, if any, for a `with` block that waits.
+
+    The job shows the wait while it lasts (`memory_wait_since`) and adds it to
+    `memory_waited` once it ends, so the pool does not count it against the
+    image's time limit; the block's caller moves the conversion's own deadline
+    on by `Pause.waited`.
+    """
+    job = current_job()
+    pause = Pause()
+    if job is not None:
+        job.memory_wait_since = pause.since
+    try:
+        yield pause
+    finally:
+        pause.waited = time.monotonic() - pause.since
+        if job is not None:  # the waited time first, then the flag: the pool reads them in that order
+            job.memory_waited += pause.waited
+            job.memory_wait_since = None
+
+
+def current_job():
+    """The pool's job running on this thread (`track`), or None."""
+    return getattr(_local, "job", None)
 
 
 @contextlib.contextmanager

@@ -18,12 +18,13 @@ No Beam here. Two reasons for helper threads:
   return. An abandoned thread that does return frees its place again.
 * **Keeping every core busy.** Pillow releases the GIL while it decodes and
   resizes (not while it encodes a JPEG: two threads encode no faster than
-  one), so two helpers per worker process overlap one image's file read,
-  encoding and Python steps with another's decoding and resizing. And when one worker
-  process runs out of images before the others (Beam's local runner hands
-  each worker a fixed share, and cores of a shared machine do not run at the
-  same speed), the operating system gives its cores to the helpers of the
-  busy processes instead of leaving them idle.
+  one), so two conversions per worker process overlap one image's encoding and
+  Python steps with another's decoding and resizing. And when one worker
+  process runs out of images before the others (cores of a shared machine do
+  not run at the same speed), the operating system gives its cores to the
+  busy processes instead of leaving them idle. The conversions at once in a
+  process are bounded by `core_slot`; more helpers can then wait on reads
+  (`grow`), so a read's latency never idles a core.
 
 * **Memory.** Before decoding, each conversion reserves the memory it will
   need from its worker process's one budget, `--worker_memory_mb`, shared by
@@ -39,6 +40,7 @@ per image cost about 1.3 ms, a fifth of a typical conversion.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import queue
 import threading
@@ -58,7 +60,8 @@ Work = Callable[[float | None], T]
 class Job(Generic[T]):
     """One submitted piece of work and, once `done` is set, its outcome."""
 
-    __slots__ = ("work", "started", "thread", "done", "outcome", "cancelled", "memory_wait_since", "memory_waited")
+    __slots__ = ("work", "started", "thread", "done", "outcome", "cancelled", "memory_wait_since", "memory_waited",
+                 "slot")
 
     def __init__(self, work: Work):
         self.work = work
@@ -70,10 +73,64 @@ class Job(Generic[T]):
         # Set by `transforms.memory` while the job waits for memory; that time does not count against its limit.
         self.memory_wait_since: float | None = None
         self.memory_waited = 0.0  # seconds waited for memory so far
+        self.slot: _Slot | None = None  # the place for CPU work it holds (`core_slot`), if any
 
     def deadline(self, limit: float) -> float:
         """When the job's time is up: `limit` seconds after it started, plus its waits for memory."""
         return self.started + self.memory_waited + limit
+
+
+_slots: dict[int, threading.BoundedSemaphore] = {}
+_slots_lock = threading.Lock()
+
+
+class _Slot:
+    """One held place of a `core_slot` gate, given back once: by its holder, or for it when it is abandoned."""
+
+    def __init__(self, gate: threading.BoundedSemaphore):
+        self._gate = gate
+        self._lock = threading.Lock()
+        self._held = True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._held:
+                self._held = False
+                self._gate.release()
+
+
+@contextlib.contextmanager
+def core_slot(slots: int | None) -> Iterator[float]:
+    """Hold one of this process's `slots` places for CPU-bound work (None: no limit) for a `with` block, which
+    gets the seconds waited for it.
+
+    Helpers that read files can then outnumber the cores: a helper whose file
+    has arrived waits here, and that wait is not the image's fault (its clock
+    stops, see `transforms.memory.paused`). A conversion abandoned past its
+    time limit gives its place back at once (`ConversionPool.result`), so
+    stuck decoders never hold the process's places.
+    """
+    if not slots:
+        yield 0.0
+        return
+    with _slots_lock:
+        gate = _slots.setdefault(slots, threading.BoundedSemaphore(slots))
+    if gate.acquire(blocking=False):
+        waited = 0.0
+    else:
+        with memory.paused() as pause:
+            gate.acquire()
+        waited = pause.waited
+    slot = _Slot(gate)
+    job = memory.current_job()
+    if job is not None:
+        job.slot = slot
+    try:
+        yield waited
+    finally:
+        slot.release()
+        if job is not None:
+            job.slot = None
 
 
 def time_limit(settings: ImageSettings) -> float | None:
@@ -129,6 +186,16 @@ class ConversionPool:
             helper.start()
             self._helpers.append(helper)
 
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def grow(self, threads: int) -> None:
+        """Have `threads` helpers from now on, if more than now (a pool never shrinks: idle helpers cost nothing)."""
+        if threads > self._threads:
+            self._threads = threads
+            self._start_helpers()
+
     def submit(self, work: Work) -> Job:
         self._start_helpers()
         job = Job(work)
@@ -179,6 +246,8 @@ class ConversionPool:
             elif not job.done.wait(max(0.0, job.deadline(self._limit) - time.monotonic())):
                 if job.memory_wait_since is not None or time.monotonic() < job.deadline(self._limit):
                     continue  # it waited for memory meanwhile: its time is not up yet
+                if job.slot is not None:  # its place for CPU work goes to the next conversion
+                    job.slot.release()
                 self._abandon(job.thread)
                 raise ImageRejected(TIMEOUT, f"no result within the time limit of {self._limit:g} s per image")
         if isinstance(job.outcome, BaseException):
