@@ -4,17 +4,25 @@ Layout of --output_dir while a run is going on:
 
     .image-tfrecords.lock                     who is writing here (one run at a time)
     .image-tfrecords-tmp/<run id>/shards/     the run's shards, each written once under its standard name
+    .image-tfrecords-tmp/<run id>/publish/    its descriptions and publishing.json, written before publishing
     <the previous complete dataset, if any>   untouched until this run has finished
 
-A run's files take their final names only when it publishes them, after every
-shard is written and counted: the previous dataset's files are removed, the new
-shards renamed into place (under their Kaggle names with --shard_names=kaggle),
-then errors.jsonl, labels.txt, TFDS's files (label.labels.txt, features.json,
-dataset_info.json) and, last, image_tfrecords.json, the completion marker. A
-folder without image_tfrecords.json therefore never holds a file named like a
-shard of a complete run, and `--overwrite` never loses the old dataset before the
-new one is complete. (Format version 1 of this tool wrote its own description as
-dataset_info.json, the marker then: `completion_marker` knows both.)
+A run's files take their final names only when it publishes them (`publish_dataset`),
+after every shard is written and counted. Publishing claims its space first: every
+description (errors.jsonl, labels.txt, TFDS's files, image_tfrecords.json) is written
+in full into the run's folder, with the plan of the publishing, before the previous
+dataset is touched. Then, in the window without a complete dataset, the old marker
+goes, the files are renamed into place (under their Kaggle names with
+--shard_names=kaggle), the old dataset's files that none replaced are deleted (as its
+description lists them: `dataset_files`), and the new image_tfrecords.json, the
+completion marker, comes last. A run stopped inside the window leaves its plan, and
+the next run finishes it (`interrupted_publish`, `finish_publish`). (Format version 1
+of this tool wrote its own description as dataset_info.json, the marker then:
+`completion_marker` knows both.)
+
+Every local path this tool deletes, moves or writes into below the output folder is
+checked with lstat first (`check_own_path`): a link, a special file or another device
+is refused (UnsafePath), so nothing outside --output_dir is ever changed.
 
 Each run works in a folder of its own (its run id), and removes only that
 folder: a second run, or a scheduler's retry, can never delete a running job's
@@ -394,33 +402,52 @@ def _publish_plan(output_dir: str, run_id: str, plan) -> dict | None:
 def finish_publish(output_dir: str, plan: dict) -> None:
     """Carry out a publish plan (`publish_dataset`); a step already done is skipped.
 
+    Inside the window there is nothing but the deletions and the renames (or copies): which files are there is
+    found out before it opens, in one listing per folder.
+
     Raises:
         UnsafePath: before anything changes, when a path of the plan is not this tool's to act on.
     """
     moves, delete, old_marker = plan["moves"], plan["delete"], plan["old_marker"]
     *files, marker = moves
-    check_own_paths(output_dir, [path for move in moves for path in move] + delete + ([old_marker] * bool(old_marker)))
+    every = [path for move in moves for path in move] + delete + ([old_marker] * bool(old_marker))
+    check_own_paths(output_dir, every)
+    present = _present(every)
     # The window without a complete dataset opens: the old marker goes first, so that the folder is visibly
     # incomplete while its files change.
-    if old_marker and _exists(old_marker):
+    if old_marker in present:
         FileSystems.delete([old_marker])
-    _move([(src, dst) for src, dst in files if _exists(src)])
-    gone = [path for path in delete if _exists(path)]
+    _move([(src, dst) for src, dst in files if src in present])
+    gone = [path for path in delete if path in present]
     if gone:
         FileSystems.delete(gone)
     _move([marker])  # the window closes: the new dataset is complete
 
 
+def _present(paths: list[str]) -> set[str]:
+    """Which of `paths` exist (a local link counts): locally by lstat, elsewhere one listing per folder."""
+    if not paths or is_local(paths[0]):
+        return {path for path in paths if os.path.lexists(path)}
+    folders = sorted({path.rsplit("/", 1)[0] for path in paths})
+    found = FileSystems.match([FileSystems.join(folder, "*") for folder in folders])
+    listed = {m.path for result in found for m in result.metadata_list}
+    return {path for path in paths if path in listed}
+
+
 def _move(moves: list) -> None:
-    """Give files their final names: renames locally; on gs://, copies (a rename is a copy and a delete
-    there; the sources go with the run's folder, after the window)."""
+    """Give files their final names: renames locally; on gs://, batched server-side copies (a rename there is
+    a copy and a delete; the sources go with the run's folder, after the window)."""
     if not moves:
         return
-    sources, destinations = [src for src, _ in moves], [dst for _, dst in moves]
-    if is_local(sources[0]):
-        FileSystems.rename(sources, destinations)
-    else:
-        FileSystems.copy(sources, destinations)
+    if is_local(moves[0][0]):
+        FileSystems.rename([src for src, _ in moves], [dst for _, dst in moves])
+        return
+    from apache_beam.io.gcp import gcsio
+
+    failed = [(src, dst, error) for src, dst, error in gcsio.GcsIO().copy_batch([tuple(m) for m in moves]) if error]
+    if failed:
+        src, dst, error = failed[0]
+        raise OSError(f"copying {src} to {dst} failed ({error}), and {len(failed) - 1} more")
 
 
 def interrupted_publish(output_dir: str) -> dict | None:
