@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import re
 import shutil
@@ -48,6 +49,8 @@ from transforms import bounded, tfds_metadata
 from transforms.examples import SCHEMAS
 from transforms.layout import SPLITS
 from transforms.listing import is_local
+
+_LOG = logging.getLogger(__name__)
 
 # This tool's description of the dataset (counts, shards, options), the completion marker: written last.
 INFO_FILE = "image_tfrecords.json"
@@ -289,8 +292,16 @@ def delete_tree(folder: str, output_dir: str | None = None) -> None:
 
 
 def remove_run_dir(output_dir: str, run_id: str) -> None:
-    """Delete a run's temporary folder, and the folder of all runs' when it is left empty."""
-    delete_tree(run_dir(output_dir, run_id), output_dir)
+    """Delete a run's temporary folder, and the folder of all runs' when it is left empty.
+
+    One that holds what this tool never makes (a link, a FIFO, a mount point) is left in place, with a
+    warning: the run itself is done.
+    """
+    try:
+        delete_tree(run_dir(output_dir, run_id), output_dir)
+    except UnsafePath as e:
+        _LOG.warning("Left this run's temporary folder in place: %s", e)
+        return
     if is_local(output_dir):
         try:
             os.rmdir(os.path.join(output_dir, TEMP_DIR))  # a link is never removed: rmdir refuses it
