@@ -385,3 +385,45 @@ def test_a_kill_inside_the_window_is_finished_by_the_next_run(small_tree, tmp_pa
     assert json.loads((out / INFO_FILE).read_text())["image"]["height"] == 24
     assert_complete(out, images=16, shards=1)  # verified, the old run's shards gone, the user's files intact
     assert not (out / TEMP_DIR).exists() and not (out / LOCK_FILE).exists()
+
+
+@pytest.mark.timeout(300)
+def test_on_gcs_publishing_replaces_only_the_listed_files_and_a_stopped_one_is_finished(gcs_emulator, monkeypatch):
+    """On gs:// (the emulator): the old dataset's listed files go, a lookalike stays; stopped just before the
+    marker, the plan left behind is found and carried out."""
+    from transforms import outputs
+
+    bucket = "publish-window"
+    gcs_emulator.create_bucket(bucket)
+    out = f"gs://{bucket}/out"
+    old_shards = [{"file": f"train-0000{i}-of-00003.tfrecord"} for i in range(3)]
+    old = {"files": {}, "splits": {"train": {"shards": old_shards}}}
+    for shard in old["splits"]["train"]["shards"]:
+        gcs_emulator.write(f"{out}/{shard['file']}", b"old")
+    gcs_emulator.write(f"{out}/{INFO_FILE}", json.dumps(old))
+    gcs_emulator.write(f"{out}/train00-100.tfrec", b"the user's")
+    new_shards = ["train-00000-of-00001.tfrecord"]
+    gcs_emulator.write(f"{outputs.shards_dir(out, RUN)}/{new_shards[0]}", b"new")
+    new = {"files": {}, "splits": {"train": {"shards": [{"file": new_shards[0]}]}}}
+    descriptions = {ERRORS_FILE: ["\n"], "labels.txt": ["cat\n"], INFO_FILE: [json.dumps(new)]}
+    real_move = outputs._move
+
+    def stopped_at_the_marker(moves):
+        if moves and moves[-1][1].endswith("/" + INFO_FILE):
+            raise KeyboardInterrupt("stopped")
+        real_move(moves)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(outputs, "_move", stopped_at_the_marker)
+        with pytest.raises(KeyboardInterrupt):
+            outputs.publish_dataset(out, RUN, new_shards, descriptions)
+    assert outputs.completion_marker(out) is None  # inside the window
+    plan = outputs.interrupted_publish(out)
+    assert plan is not None and plan["run_id"] == RUN
+    outputs.finish_publish(out, plan)
+
+    assert json.loads(gcs_emulator.read(f"{out}/{INFO_FILE}")) == new
+    names = set(gcs_emulator.list_names(out))
+    assert {"train-00000-of-00001.tfrecord", "train00-100.tfrec", ERRORS_FILE, "labels.txt", INFO_FILE} <= names
+    assert not {"train-00001-of-00003.tfrecord", "train-00002-of-00003.tfrecord"} & names
+    assert gcs_emulator.read(f"{out}/train-00000-of-00001.tfrecord") == b"new"
