@@ -185,8 +185,8 @@ def give_back_lock(settings: Settings, run_id: str) -> None:
 class OldOutputs:
     """Leftovers of interrupted runs that `prepare_output` took out of the output folder.
 
-    With `background=True` their bytes may still be on their way out: call `wait()`. `done`: the
-    --if_exists=skip message when finishing an interrupted publishing left the dataset this run would make.
+    With `background=True` their bytes may still be on their way out: call `wait()`. `done`: what to
+    print when finishing an interrupted publishing left the dataset this run would make (the same options).
     """
 
     paths: list[str]
