@@ -81,6 +81,10 @@ def run(argv: list[str] | None = None) -> int:
             _LOG.warning(note)
         run_id = new_run_id()
         old = _prepare_output(options, settings, plan, run_id)  # the folder's lock; leftovers leave
+        if old.done:  # an interrupted run's publishing, finished, left the dataset --if_exists=skip accepts
+            give_back_lock(settings, run_id)
+            print(old.done)
+            return 0
         try:
             job = beam.Pipeline(runner=local.runner(), options=options)
             build_pipeline(job, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py

@@ -43,11 +43,19 @@ from transforms.lock import (
 from transforms.outputs import (
     BEAM_TEMP_DIR,
     TEMP_DIR,
+    UnsafePath,
+    check_own_path,
+    check_own_paths,
+    check_own_tree,
     completion_marker,
-    final_outputs,
+    dataset_files,
+    finish_publish,
+    interrupted_publish,
     is_local,
     own_outputs,
+    remove_run_dir,
     run_dir,
+    temporary_outputs,
 )
 
 _LOG = logging.getLogger("pipeline")
@@ -201,11 +209,13 @@ def give_back_lock(settings: Settings, run_id: str) -> None:
 class OldOutputs:
     """Leftovers of interrupted runs that `prepare_output` took out of the output folder.
 
-    With `background=True` their bytes may still be on their way out: call `wait()`.
+    With `background=True` their bytes may still be on their way out: call `wait()`. `done`: what to
+    print when finishing an interrupted publishing left the dataset this run would make (the same options).
     """
 
     paths: list[str]
     deleting: threading.Thread | None = None
+    done: str | None = None
 
     def wait(self) -> None:
         """Return once the files are deleted."""
@@ -240,34 +250,88 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
     Leftovers of interrupted runs go: their temporary folders and, when the
     folder holds no complete dataset, files under final names. A complete
     dataset stays untouched: the new run replaces it only once it has finished.
-    Other files are never touched. A dry run changes nothing.
+    A run that was stopped while it published has its publishing finished first
+    (`transforms.outputs.finish_publish`). Other files are never touched. A dry
+    run changes nothing.
+
+    Every local path acted on is checked first (`transforms.outputs.check_own_path`):
+    a link, a special file or another device anywhere among them stops the run
+    before anything changes.
 
     With `background` (local folders), the leftovers are first moved aside into
     this run's temporary folder and deleted on a thread while the job runs; the
     caller must `wait()` before it exits.
+
+    Raises:
+        UserError: a path that this tool would act on is not its own (a link, another device), or the
+            dataset that finishing an interrupted publishing left is one --if_exists refuses.
     """
     if dry_run:
         return OldOutputs([])
-    complete = completion_marker(settings.output_dir) is not None
-    keep = set(final_outputs(settings.output_dir)) if complete else set()
-    mine = run_dir(settings.output_dir, run_id)
-    stale = [p for p in own_outputs(settings.output_dir) if p not in keep and not p.startswith(mine + "/")]
-    if not is_local(settings.output_dir):
+    try:
+        return _prepare_output(settings, run_id, background)
+    except UnsafePath as e:
+        raise UserError(str(e)) from None
+
+
+def _prepare_output(settings: Settings, run_id: str, background: bool) -> OldOutputs:
+    output_dir, local = settings.output_dir, is_local(settings.output_dir)
+    temp = os.path.join(output_dir, TEMP_DIR)
+    if local and os.path.isdir(output_dir):
+        check_own_tree(output_dir, temp)  # no link or mount point among the temporary files
+    done, refused = _finish_interrupted_publish(settings)
+    complete = completion_marker(output_dir) is not None
+    mine = run_dir(output_dir, run_id)
+    # With a complete dataset, only temporary files are leftovers; its own files go when a new run publishes.
+    stale = [p for p in (temporary_outputs if complete else own_outputs)(output_dir) if not p.startswith(mine + "/")]
+    if not local:
         if stale:
             FileSystems.delete(stale)
-        return OldOutputs(stale)
+        return OldOutputs(stale, done=done)
+    check_own_paths(output_dir, [*stale, *dataset_files(output_dir)])  # what this run deletes, now or at the end
     os.makedirs(mine, exist_ok=True)
-    if not (background and stale):
+    check_own_path(output_dir, mine, folder=True)
+    if done or refused or not (background and stale):
         if stale:
             FileSystems.delete([p for p in stale if os.path.lexists(p)])
-        _remove_empty_folders(settings.output_dir, mine)
-        return OldOutputs(stale)
-    aside = _move_aside(settings.output_dir, run_id, stale)
-    _remove_empty_folders(settings.output_dir, mine)
+        _remove_empty_folders(output_dir, mine)
+        if done or refused:  # this run ends here: its own folder goes too
+            remove_run_dir(output_dir, run_id)
+        if refused:
+            raise refused
+        return OldOutputs(stale, done=done)
+    aside = _move_aside(output_dir, run_id, stale)
+    _remove_empty_folders(output_dir, mine)
     deleting = threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
                                 name="delete-old-outputs", daemon=True)
     deleting.start()
-    return OldOutputs(stale, deleting)
+    return OldOutputs(stale, deleting, done)
+
+
+def _finish_interrupted_publish(settings: Settings) -> tuple[str | None, UserError | None]:
+    """Finish the publishing of a run that was stopped inside it, so that its dataset is complete.
+
+    Returns (a message when that dataset is the one this run would make, the same options: nothing is left to
+    do then, unless --if_exists=overwrite asks for a new one; the error to stop with, once the leftovers are
+    gone, when it was made with other options and --if_exists is not overwrite).
+    """
+    plan = interrupted_publish(settings.output_dir)
+    if plan is None:
+        return None, None
+    finish_publish(settings.output_dir, plan)
+    what = (f"run {plan['run_id']} was stopped while it published its dataset in {settings.output_dir}, and this "
+            "run finished publishing it")
+    _LOG.warning("%s%s", what[0].upper(), what[1:])
+    if settings.if_exists == "overwrite":
+        return None, None
+    info = read_existing_info(settings.output_dir) or {}
+    differences = option_differences(info.get("options") or {}, settings)
+    if differences:
+        return None, UserError(f"{what}, but it was made with other options ({'; '.join(differences[:3])}): pass "
+                               "--if_exists=overwrite to replace it, or choose another folder")
+    files = info.get("files") or {}
+    return (f"{what[0].upper()}{what[1:]}: it was made with the same options ({files.get('written', '?')} images), "
+            "so there is nothing more to do"), None
 
 
 def _remove_empty_folders(output_dir: str, mine: str) -> None:
@@ -279,4 +343,5 @@ def _remove_empty_folders(output_dir: str, mine: str) -> None:
     for name in os.listdir(output_dir):
         path = os.path.join(output_dir, name)
         if BEAM_TEMP_DIR.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            check_own_path(output_dir, path, folder=True)
             os.rmdir(path)

@@ -10,7 +10,7 @@ import time
 import pipeline.main  # first: it sets up the environment before Beam is imported
 import transforms.describe
 
-_publish = transforms.describe.publish_shards
+_publish = transforms.describe.publish_dataset
 
 
 def _held_publish(*args, **kwargs):
@@ -19,7 +19,7 @@ def _held_publish(*args, **kwargs):
     return _publish(*args, **kwargs)
 
 
-transforms.describe.publish_shards = _held_publish
+transforms.describe.publish_dataset = _held_publish
 
 if __name__ == "__main__":
     sys.exit(pipeline.main.main())

@@ -159,10 +159,10 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     assert not (out / "image_tfrecords.json").exists()
 
 
-def full_disk_line(out) -> str:
-    return (f"error: the disk of --output_dir {out} is full (No space left on device): a run needs the new "
-            "dataset's size free (the earlier dataset stays until it is complete); free some space or choose another "
-            "folder, then run the same command again (it removes this run's files first)")
+def full_disk_line(out, state: str = "no dataset was written") -> str:
+    return (f"error: the disk of --output_dir {out} is full (No space left on device), and {state}: a run needs the "
+            "new dataset's size free; free some space or choose another folder, then run the same command again (it "
+            "removes this run's files first)")
 
 
 def test_a_full_disk_in_worker_processes_is_one_line_and_other_disk_errors_keep_beams_log(small_tree, tmp_path):

@@ -205,11 +205,16 @@ def test_dataset_info_is_the_last_file_written(small_tree, tmp_path, monkeypatch
     monkeypatch.setattr(FileSystems, "delete", delete)
     assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
 
-    in_output = [(kind, path) for kind, path in events if path.startswith(str(out))]
+    # Under final names (in the folder itself, not in the run's temporary folder):
+    in_output = [(kind, path) for kind, path in events if os.path.dirname(path) == str(out)]
     assert in_output[-1] == ("rename", str(out / INFO_FILE))
     assert [e for e in in_output if e[1].endswith(INFO_FILE)] == [("rename", str(out / INFO_FILE))]
-    final = {os.path.basename(path) for kind, path in in_output if kind == "rename" and
-             os.path.dirname(path) == str(out)}
+    # Every description was written in full (into the run's folder) before the first file took its final name.
+    first_final = events.index(in_output[0])
+    staged = [path for kind, path in events[:first_final] if kind == "create" and "/publish/" in path]
+    assert {os.path.basename(p) for p in staged} >= {INFO_FILE, "labels.txt", "errors.jsonl", "features.json"}
+    assert not [e for e in events[first_final:] if e[0] == "create"]
+    final = {os.path.basename(path) for kind, path in in_output if kind == "rename"}
     assert {"labels.txt", "features.json", "dataset_info.json", "label.labels.txt", "errors.jsonl"} <= final
     assert sum(bool(SHARD_NAME.fullmatch(name)) for name in final) == 4  # 2 train + 2 validation
 
@@ -233,19 +238,24 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
                                                                                  monkeypatch, capsys):
     out = tmp_path / "out"
     write_files(out, USER_FILES)
+    args = ["--num_shards=train=3,validation=3", "--image_size=16"]
     with monkeypatch.context() as patch:
         crash_before_the_marker(patch)
         with pytest.raises(Exception, match="killed"):
-            convert(small_tree, out, "--num_shards=train=3,validation=3", "--image_size=16")
-    # Everything but the marker is there, even the marker's temporary file: still not a dataset.
+            convert(small_tree, out, *args)
+    # Everything but the marker is in place, the marker written in full in the run's folder: not a dataset yet.
     assert not (out / INFO_FILE).exists()
-    assert any(name.startswith(f".{INFO_FILE}.tmp-") for name in os.listdir(out))
+    assert [p.name for p in (out / TEMP_DIR).glob(f"*/publish/{INFO_FILE}")] == [INFO_FILE]
     assert sum(bool(SHARD_NAME.fullmatch(name)) for name in os.listdir(out)) == 6
     assert main_of(verify.run, [str(out)]) == 2
     assert "has no image_tfrecords.json" in capsys.readouterr().err
 
-    # The same command again, with another shard count: complete, exact, nothing stale.
-    assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
+    # The same command again finishes the publishing: that dataset is complete, and nothing is converted again.
+    assert main_of(lambda argv: convert(small_tree, out, *argv), args) == 0
+    assert "was stopped while it published its dataset" in capsys.readouterr().out
+    assert_complete(out, images=24, shards=3)
+    # Another shard count, --overwrite: complete, exact, nothing stale.
+    assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16", "--overwrite") == 0
     assert_complete(out, images=24, shards=2)
 
     # Replacing it with --overwrite and crashing again: the old marker is gone, not left over new shards.
@@ -255,6 +265,10 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
             convert(small_tree, out, "--num_shards=1", "--image_size=16", "--overwrite")
     assert not (out / INFO_FILE).exists()
     assert_user_files_intact(out)
+    # A rerun with other options finishes that publishing first, then refuses the dataset it finished ...
+    with pytest.raises(UserError, match=r"was stopped while it published its dataset .* made with other options"):
+        convert(small_tree, out, "--num_shards=1", "--image_size=24")
+    assert_complete(out, images=24, shards=1)
 
 
 def assert_complete(out, images: int, shards: int, user_files: bool = True) -> None:
@@ -354,7 +368,7 @@ def test_overwrite_that_fails_before_it_finishes_leaves_the_old_dataset_whole(sm
         raise CrashAtMarker("killed just before publishing")
 
     with monkeypatch.context() as patch:
-        patch.setattr(transforms.describe, "publish_shards", killed)
+        patch.setattr(transforms.describe, "publish_dataset", killed)
         with pytest.raises(Exception, match="killed just before publishing"):
             convert(small_tree, out, "--num_shards=train=3,validation=3", "--image_size=24", "--overwrite")
     # The new run's shards never took final names; the old dataset is exactly as it was, and verifies.

@@ -36,8 +36,9 @@ from transforms.outputs import (
     INFO_FILE,
     LABELS_FILE,
     index_name,
-    publish_shards,
+    publish_dataset,
     remove_run_dir,
+    write_file,
 )
 
 __all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "READABLE_VERSIONS",
@@ -63,9 +64,7 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     """
     directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
     temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}") if directory else f".{name}.tmp"
-    with FileSystems.create(temp, mime_type="application/octet-stream") as f:
-        for line in lines:
-            f.write(line.encode("utf-8"))
+    write_file(temp, lines)
     FileSystems.rename([temp], [path])
 
 
@@ -281,17 +280,18 @@ class _WriteInfo(beam.DoFn):
             release_lock(self._output_dir, self._run_id)
             yield published
             return
-        # The previous dataset (if any) gives way to this run's shards, then the descriptions follow.
-        publish_shards(self._output_dir, self._run_id,
-                       [(renamed.get(s["file"], s["file"]), s["file"]) for s in all_shards]
+        shard_files = ([(renamed.get(s["file"], s["file"]), s["file"]) for s in all_shards]
                        + [(index_name(renamed.get(s["file"], s["file"])), s["index"]) for s in all_shards
                           if "index" in s])
-        # Streamed from the side input, never held in memory: a messy folder may have millions.
-        write_lines(join(ERRORS_FILE), (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections))
-        write_text(join(LABELS_FILE), "".join(f"{name}\n" for name in self._class_names))
-        for name, text in tfds_files.items():  # TFDS's: label.labels.txt, features.json, dataset_info.json
-            write_text(join(name), text)
-        write_text(join(INFO_FILE), json.dumps(info, indent=2) + "\n")  # last: the completion marker
+        descriptions = {
+            # Streamed from the side input, never held in memory: a messy folder may have millions.
+            ERRORS_FILE: (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections),
+            LABELS_FILE: ["".join(f"{name}\n" for name in self._class_names)],
+            **{name: [text] for name, text in tfds_files.items()},  # TFDS's: label.labels.txt, features.json, ...
+            INFO_FILE: [json.dumps(info, indent=2) + "\n"],  # last: the completion marker
+        }
+        # Written in full first, then the previous dataset (if any) gives way: transforms/outputs.py.
+        publish_dataset(self._output_dir, self._run_id, shard_files, descriptions)
         # This run's own temporary folder and lock; another run's are never touched.
         remove_run_dir(self._output_dir, self._run_id)
         release_lock(self._output_dir, self._run_id)

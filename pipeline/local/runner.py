@@ -24,6 +24,7 @@ from pipeline.local.progress import REQUEST_SECONDS, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
+from transforms.outputs import UnsafePath, completion_marker, interrupted_publish
 from transforms.rows import TruncatedFile
 from transforms.transient import TransientReadError
 
@@ -172,6 +173,35 @@ def truncated_file(error: BaseException) -> str | None:
     return _reported(error, TruncatedFile, _TRUNCATED)
 
 
+# transforms.outputs.UnsafePath's message, as the text of a worker's traceback shows it.
+_UNSAFE_PATH = re.compile(r"UnsafePath: (.+? and run again)")
+
+
+def unsafe_path(error: BaseException) -> str | None:
+    """The message if `error` comes from a path under the output folder that the job refused to act on."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        match = _UNSAFE_PATH.search(f"{type(error).__name__}: {error}" if isinstance(error, UnsafePath) else str(error))
+        if match:
+            return match.group(1)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def output_state(output_dir: str) -> str:
+    """What --output_dir holds after a run failed: the earlier dataset, a publishing to finish, or nothing."""
+    try:
+        if interrupted_publish(output_dir) is not None:
+            return ("the run stopped while it published its dataset, and --output_dir holds no complete one "
+                    "until the same command, run again, finishes publishing it")
+        if completion_marker(output_dir) is not None:
+            return "the dataset already in --output_dir is unchanged"
+    except (OSError, UnsafePath):
+        return "--output_dir could not be checked"
+    return "no dataset was written"
+
+
 class LocalRun:
     """The local runner's machinery for one run: its worker processes, runner, logs, progress and errors.
 
@@ -223,8 +253,11 @@ class LocalRun:
 
     def explain(self, error: Exception) -> UserError | None:
         """The error to stop with in one line, if `error` is a lost worker, a cut-short compressed input, a failed
-        read or a full disk; else None."""
+        read, a full disk or a path the job would not act on; else None."""
         settings = self.settings
+        unsafe = unsafe_path(error)
+        if unsafe:
+            return UserError(unsafe)
         died = worker_died(error, self.workers.dead() if self.workers is not None else [])
         if died:
             return WorkerDied(
@@ -248,7 +281,7 @@ class LocalRun:
         if not reason:
             return None
         return OutOfSpace(
-            f"the disk of --output_dir {settings.output_dir} is full ({reason}): a run needs the new "
-            "dataset's size free (the earlier dataset stays until it is complete); free some space or choose "
-            "another folder, then run the same command again (it removes this run's files first)"
+            f"the disk of --output_dir {settings.output_dir} is full ({reason}), and "
+            f"{output_state(settings.output_dir)}: a run needs the new dataset's size free; free some space or "
+            "choose another folder, then run the same command again (it removes this run's files first)"
         )
