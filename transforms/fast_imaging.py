@@ -11,10 +11,16 @@ Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion co
     a DCT-scaled decode (`min_width`, `min_height`).
   * OpenCV resizes: INTER_AREA (the mean over each output pixel's footprint: no
     aliasing) wherever an axis shrinks, then `warpAffine` with the filter of
-    --resample for the exact, fractional source box and any enlarging. Its uint8
-    kernels are fixed-point, so they give the same bytes with SIMD off or on;
-    Intel IPP (bundled in the wheel, with its own per-CPU code) is switched off, and
-    OpenCV's own threads too (the pool and Beam run one conversion per thread).
+    --resample for the exact, fractional source box and any enlarging.
+  * The same bytes on every worker's CPU: OpenCV 5's warpAffine chooses, at run
+    time, code for the CPU (AVX2, FMA3, ...) whose bilinear and bicubic results
+    differ by one level in some pixels from its baseline code (measured with
+    OPENCV_CPU_DISABLE). `cv2.setUseOptimized(False)` keeps every OpenCV call on
+    the code compiled into the wheel for every x86-64 CPU (SSE2/SSE3 intrinsics,
+    still vectorised); Intel IPP, bundled in the wheel with its own per-CPU code, is
+    switched off too, and so are OpenCV's own threads (the pool and Beam already run
+    one conversion per thread). libjpeg-turbo's SIMD is exact: the same bytes with
+    JSIMD_FORCENONE=1. tests/test_fast_imaging.py checks both.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = ["INTERPOLATIONS", "decode_jpeg", "encode_jpeg", "histogram", "orient"
 
 cv2.setNumThreads(1)  # one conversion per worker thread already keeps the cores busy
 cv2.ipp.setUseIPP(False)  # IPP's per-CPU code paths need not give the same bytes on every worker
+cv2.setUseOptimized(False)  # no per-CPU dispatch: the same bytes on every x86-64 CPU (see above)
 
 # --resample -> the OpenCV interpolation used for the fractional box and for enlarging. Pillow's "area" (a box
 # filter) enlarges by repeating pixels: nearest neighbour. OpenCV's bicubic is a = -0.75 (Pillow's -0.5) and its
@@ -39,6 +46,9 @@ INTERPOLATIONS = {
     "bicubic": cv2.INTER_CUBIC,
     "lanczos": cv2.INTER_LANCZOS4,
 }
+# The same for cv2.resize (a whole-pixel box, enlarging): its INTER_NEAREST picks floor(X * scale), not the
+# pixel under the output pixel's centre as Pillow does; INTER_NEAREST_EXACT does.
+_RESIZE_INTERPOLATIONS = {**INTERPOLATIONS, "area": cv2.INTER_NEAREST_EXACT}
 _SUBSAMPLING = {"4:4:4": "444", "4:2:2": "422", "4:2:0": "420"}
 
 # EXIF orientation -> the cv2 operations that make the image upright (as imaging._ORIENTATION_TRANSPOSE).
@@ -103,6 +113,10 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
     """
     x0, y0, x1, y1 = box
     width, height = size
+    if all(abs(v - round(v)) < _EXACT for v in box) and x1 - x0 <= width and y1 - y0 <= height:
+        # Whole pixels, enlarging: cv2.resize has Pillow's mapping, in fixed point, at twice warpAffine's speed.
+        region = pixels[round(y0):round(y1), round(x0):round(x1)]
+        return cv2.resize(region, size, interpolation=_RESIZE_INTERPOLATIONS[resample_filter])
     fx, lx, mid_w = _axis_steps(x0, x1, pixels.shape[1], width)
     fy, ly, mid_h = _axis_steps(y0, y1, pixels.shape[0], height)
     region = pixels[fy:ly, fx:lx]
