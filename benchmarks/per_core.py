@@ -128,7 +128,8 @@ def run_one(contender: str, files: list[str], size: int, resample: str, quality:
     for data in datas:
         convert(data)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"contender": contender, "images": len(datas), "per_cpu_s": len(datas) / cpu, "per_wall_s": len(datas) / wall}
+    return {"contender": contender, "images": len(datas), "per_cpu_s": len(datas) / cpu,
+            "per_wall_s": len(datas) / wall}
 
 
 def main(argv=None) -> int:
@@ -172,7 +173,8 @@ def main(argv=None) -> int:
     for contender in CONTENDERS:
         figures = [r[contender]["per_cpu_s"] for r in rounds if "per_cpu_s" in r[contender]]
         if figures:
-            print(f"  {contender:12s} {min(figures):7.1f} - {max(figures):7.1f} (median {statistics.median(figures):.1f})")
+            median = statistics.median(figures)
+            print(f"  {contender:12s} {min(figures):7.1f} - {max(figures):7.1f} (median {median:.1f})")
         else:
             print(f"  {contender:12s} skipped: {rounds[0][contender].get('skipped')}")
     for other in ("pillow", "img2dataset"):

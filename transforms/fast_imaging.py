@@ -7,8 +7,9 @@ computes every size and box, and falls back to Pillow for anything else.
 Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion core"):
   * simplejpeg is libjpeg-turbo with its SIMD, as Pillow's JPEG codec is: with the
     accurate integer DCT and fancy upsampling, its decoded pixels are Pillow's, bit
-    for bit, and so are its encoded bytes for the same pixels; it asks libjpeg for
-    a DCT-scaled decode (`min_width`, `min_height`).
+    for bit (its encoder, a different libjpeg-turbo build, writes the same quality
+    tables and subsampling, but not always the same bytes); it asks libjpeg for a
+    DCT-scaled decode (`min_width`, `min_height`).
   * OpenCV resizes: INTER_AREA (the mean over each output pixel's footprint: no
     aliasing) wherever an axis shrinks, then `warpAffine` with the filter of
     --resample for the exact, fractional source box and any enlarging.
