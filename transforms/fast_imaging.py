@@ -103,6 +103,29 @@ def _axis_steps(start: float, end: float, limit: int, out: int) -> tuple[int, in
     return first, last, (max(1, round(span * scale)) if scale < 1 else span)
 
 
+def _direct_resize(pixels: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int],
+                   resample_filter: str) -> np.ndarray | None:
+    """The box resized by one cv2.resize (twice warpAffine's speed), when its mapping can be Pillow's exactly:
+    the box starts on whole pixels and both axes enlarge (the filter's interpolation) or both shrink
+    (INTER_AREA). The scales are passed as `fx`, `fy`, so a fractional end (a DCT-scaled decode covers its
+    last pixels only in part) keeps its exact scale; the output is cut to `size`. None otherwise."""
+    x0, y0, x1, y1 = box
+    width, height = size
+    if abs(x0 - round(x0)) > _EXACT or abs(y0 - round(y0)) > _EXACT:
+        return None
+    ax, ay = (x1 - x0) / width, (y1 - y0) / height  # source pixels per output pixel
+    enlarges, shrinks = ax <= 1 + _EXACT and ay <= 1 + _EXACT, ax >= 1 - _EXACT and ay >= 1 - _EXACT
+    if not (enlarges or shrinks):
+        return None
+    region = pixels[round(y0):min(pixels.shape[0], math.ceil(y1 - _EXACT)),
+                    round(x0):min(pixels.shape[1], math.ceil(x1 - _EXACT))]
+    interpolation = _RESIZE_INTERPOLATIONS[resample_filter] if enlarges else cv2.INTER_AREA
+    out = cv2.resize(region, None, fx=1 / ax, fy=1 / ay, interpolation=interpolation)
+    if out.shape[0] < height or out.shape[1] < width:
+        return None
+    return np.ascontiguousarray(out[:height, :width])
+
+
 def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int],
              resample_filter: str) -> np.ndarray:
     """The source `box` (x0, y0, x1, y1, fractional) of `pixels` resized to `size` (width, height).
@@ -114,10 +137,9 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
     """
     x0, y0, x1, y1 = box
     width, height = size
-    if all(abs(v - round(v)) < _EXACT for v in box) and x1 - x0 <= width and y1 - y0 <= height:
-        # Whole pixels, enlarging: cv2.resize has Pillow's mapping, in fixed point, at twice warpAffine's speed.
-        region = pixels[round(y0):round(y1), round(x0):round(x1)]
-        return cv2.resize(region, size, interpolation=_RESIZE_INTERPOLATIONS[resample_filter])
+    direct = _direct_resize(pixels, box, size, resample_filter)
+    if direct is not None:
+        return direct
     fx, lx, mid_w = _axis_steps(x0, x1, pixels.shape[1], width)
     fy, ly, mid_h = _axis_steps(y0, y1, pixels.shape[0], height)
     region = pixels[fy:ly, fx:lx]
