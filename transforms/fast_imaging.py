@@ -13,15 +13,15 @@ Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion co
   * OpenCV resizes: INTER_AREA (the mean over each output pixel's footprint: no
     aliasing) wherever an axis shrinks, then `warpAffine` with the filter of
     --resample for the exact, fractional source box and any enlarging.
-  * The same bytes on every worker's CPU: OpenCV 5's warpAffine chooses, at run
-    time, code for the CPU (AVX2, FMA3, ...) whose bilinear and bicubic results
-    differ by one level in some pixels from its baseline code (measured with
-    OPENCV_CPU_DISABLE). `cv2.setUseOptimized(False)` keeps every OpenCV call on
-    the code compiled into the wheel for every x86-64 CPU (SSE2/SSE3 intrinsics,
-    still vectorised); Intel IPP, bundled in the wheel with its own per-CPU code, is
-    switched off too, and so are OpenCV's own threads (the pool and Beam already run
-    one conversion per thread). libjpeg-turbo's SIMD is exact: the same bytes with
-    JSIMD_FORCENONE=1. tests/test_fast_imaging.py checks both.
+  * The same bytes on every worker's CPU: OpenCV 4.10's uint8 resize and warpAffine
+    are fixed-point (integer tables, exact SIMD), so they give the same bytes with
+    its SIMD dispatch off or on (OPENCV_CPU_DISABLE). OpenCV 5.0's new warpAffine
+    kernels do not (bilinear and bicubic differ by one level in some pixels with
+    AVX2), and keeping 5.0 exact took cv2.setUseOptimized(False), at half the speed:
+    hence the pinned 4.10 (setup.py). Intel IPP, bundled in the wheel with its own
+    per-CPU code, is switched off, and so are OpenCV's own threads (the pool and Beam
+    already run one conversion per thread). libjpeg-turbo's SIMD is exact: the same
+    bytes with JSIMD_FORCENONE=1. tests/test_fast_imaging.py checks both.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ __all__ = ["INTERPOLATIONS", "decode_jpeg", "encode_jpeg", "histogram", "orient"
 
 cv2.setNumThreads(1)  # one conversion per worker thread already keeps the cores busy
 cv2.ipp.setUseIPP(False)  # IPP's per-CPU code paths need not give the same bytes on every worker
-cv2.setUseOptimized(False)  # no per-CPU dispatch: the same bytes on every x86-64 CPU (see above)
 
 # --resample -> the OpenCV interpolation used for the fractional box and for enlarging. Pillow's "area" (a box
 # filter) enlarges by repeating pixels: nearest neighbour. OpenCV's bicubic is a = -0.75 (Pillow's -0.5) and its
