@@ -107,21 +107,21 @@ def _img2dataset_resizer(size: int, resample: str, quality: int):
     return convert
 
 
-def _converter(contender: str, size: int, resample: str, quality: int):
+def _converter(contender: str, size: int, resample: str, quality: int, resize_mode: str):
     if contender == "img2dataset":
-        return _img2dataset_resizer(size, resample, quality)
+        return _img2dataset_resizer(size, resample, quality) if resize_mode == "crop" else None
     from transforms.imaging import ImageSettings, convert_image
 
-    settings = ImageSettings(width=size, height=size, resize_mode="crop", resample=resample, jpeg_quality=quality,
+    settings = ImageSettings(width=size, height=size, resize_mode=resize_mode, resample=resample, jpeg_quality=quality,
                              image_backend="auto" if contender == "fast" else "pillow")
     return lambda data: convert_image(data, settings).data
 
 
-def run_one(contender: str, files: list[str], size: int, resample: str, quality: int) -> dict:
+def run_one(contender: str, files: list[str], size: int, resample: str, quality: int, resize_mode: str) -> dict:
     """One round of one contender in this process: images per CPU-second and per wall second."""
-    convert = _converter(contender, size, resample, quality)
+    convert = _converter(contender, size, resample, quality, resize_mode)
     if convert is None:
-        return {"contender": contender, "skipped": "img2dataset is not installed"}
+        return {"contender": contender, "skipped": "img2dataset is not installed, or no such resize mode"}
     datas = [open(path, "rb").read() for path in files]
     convert(datas[0])  # warm-up: lazy imports and tables
     cpu, wall = time.process_time(), time.perf_counter()
@@ -141,13 +141,15 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--resample", default="bilinear", choices=("bilinear", "bicubic", "lanczos", "area"))
     parser.add_argument("--quality", type=int, default=95)
+    parser.add_argument("--resize_mode", default="crop", choices=("crop", "stretch", "pad", "fit"),
+                        help="crop (default: img2dataset's center_crop is the same), or another mode without it")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # one round, in a child
     parser.add_argument("--files", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.contender:
         files = [line for line in open(args.files).read().split("\n") if line]
-        print(json.dumps(run_one(args.contender, files, args.size, args.resample, args.quality)))
+        print(json.dumps(run_one(args.contender, files, args.size, args.resample, args.quality, args.resize_mode)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         root = args.input_dir or os.path.join(tmp, "photos")
@@ -162,13 +164,16 @@ def main(argv=None) -> int:
             for contender in CONTENDERS:
                 out = subprocess.run(
                     [sys.executable, "-m", "benchmarks.per_core", "--contender", contender, "--files", listing,
-                     "--size", str(args.size), "--resample", args.resample, "--quality", str(args.quality)],
+                     "--size", str(args.size), "--resample", args.resample, "--quality", str(args.quality),
+                     "--resize_mode", args.resize_mode],
                     check=True, capture_output=True, text=True).stdout
                 row[contender] = json.loads(out.strip().splitlines()[-1])
             rounds.append(row)
     report = {"rounds": rounds, "size": args.size, "resample": args.resample, "quality": args.quality,
+              "resize_mode": args.resize_mode,
               "input": args.input_dir or ("generated large" if args.large else "generated")}
-    print(f"images per CPU-second, one thread, {args.rounds} alternating rounds ({report['input']}, crop to "
+    print(f"images per CPU-second, one thread, {args.rounds} alternating rounds ({report['input']}, "
+          f"{args.resize_mode} to "
           f"{args.size}, {args.resample}, q{args.quality}):")
     for contender in CONTENDERS:
         figures = [r[contender]["per_cpu_s"] for r in rounds if "per_cpu_s" in r[contender]]
