@@ -46,9 +46,11 @@ INTERPOLATIONS = {
     "bicubic": cv2.INTER_CUBIC,
     "lanczos": cv2.INTER_LANCZOS4,
 }
-# The same for cv2.resize (a whole-pixel box, enlarging): its INTER_NEAREST picks floor(X * scale), not the
-# pixel under the output pixel's centre as Pillow does; INTER_NEAREST_EXACT does.
-_RESIZE_INTERPOLATIONS = {**INTERPOLATIONS, "area": cv2.INTER_NEAREST_EXACT}
+# The same for cv2.resize (a whole-pixel box, enlarging). Its INTER_NEAREST picks floor(X * scale), not the
+# pixel under the output pixel's centre as Pillow does: INTER_NEAREST_EXACT does. Its 8-bit INTER_LINEAR
+# rounds down: the pixels' mean comes out 0.13 lower (the dataset's statistics would show it);
+# INTER_LINEAR_EXACT rounds to nearest, and is bit-exact on every CPU by design.
+_RESIZE_INTERPOLATIONS = {**INTERPOLATIONS, "bilinear": cv2.INTER_LINEAR_EXACT, "area": cv2.INTER_NEAREST_EXACT}
 _SUBSAMPLING = {"4:4:4": "444", "4:2:2": "422", "4:2:0": "420"}
 
 # EXIF orientation -> the cv2 operations that make the image upright (as imaging._ORIENTATION_TRANSPOSE).
