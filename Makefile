@@ -27,6 +27,7 @@ lint: venv
 
 bench: venv
 	$(PY) -m benchmarks.convert_bench --repeat 3
+	$(PY) -m benchmarks.per_core --rounds 3
 	$(PY) -m benchmarks.parallel_bench --repeat 3
 
 # A long, random fuzzing run of the image layer (make test runs 200 reproducible examples).

@@ -22,6 +22,11 @@ setuptools.setup(
     install_requires=[
         "apache-beam[gcp]>=2.77,<2.78",
         "pillow>=12.0,<13",
+        # The fast conversion core (transforms/fast_imaging.py): libjpeg-turbo and OpenCV's SIMD resize. The byte
+        # identity of records across runs, processes and CPUs is tested on these versions.
+        "simplejpeg>=1.9,<1.10",
+        "opencv-python-headless>=4.10,<4.11",  # 5.0's warpAffine is not exact across CPUs
+        "numpy>=1.26,<3",
         "protobuf>=5.28,<7",
         "google-cloud-storage>=3.0,<4",
         "google-crc32c>=1.5,<2",

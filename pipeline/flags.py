@@ -12,7 +12,14 @@ import re
 
 from pipeline.errors import UserError
 from transforms.examples import SCHEMAS
-from transforms.imaging import CHROMA_SUBSAMPLING, IMAGE_FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings
+from transforms.imaging import (
+    CHROMA_SUBSAMPLING,
+    IMAGE_BACKENDS,
+    IMAGE_FORMATS,
+    RESAMPLE_FILTERS,
+    RESIZE_MODES,
+    ImageSettings,
+)
 
 COMPRESSIONS = ("none", "gzip")
 FILE_FORMATS = ("tfrecord", "array_record")  # transforms.shardfiles writes them
@@ -136,6 +143,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
         help="JPEG quality, 1-100. Default: 95.")
     add("--chroma_subsampling", default="4:2:0", choices=tuple(CHROMA_SUBSAMPLING),
         help="JPEG chroma subsampling. Default: 4:2:0.")
+    add("--image_backend", default="auto", choices=IMAGE_BACKENDS,
+        help="auto: 8-bit JPEGs and PNGs without alpha go through the fast core (libjpeg-turbo and OpenCV), "
+             "everything else through Pillow; pillow: every image through Pillow. Default: auto.")
     add("--background", default="white",
         help="Colour that transparent pixels are composited onto and that pads letterboxed images: "
              "white, black, grey, #rrggbb or r,g,b. Default: white.")

@@ -345,6 +345,7 @@ def validate(options: PipelineOptions) -> Settings:
         image_format=o.image_format,
         jpeg_quality=o.jpeg_quality,
         chroma_subsampling=o.chroma_subsampling,
+        image_backend=o.image_backend,
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
         max_image_mb=o.max_image_mb,

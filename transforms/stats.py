@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["BYTES_EXPONENT", "CHANNELS", "SIZE_EDGES", "ImageStats", "SplitStats", "StatsTally", "bucket",
-           "describe", "image_stats", "merge", "quantile_side", "suggest_image_size"]
+           "describe", "histogram_stats", "image_stats", "merge", "quantile_side", "suggest_image_size"]
 
 CHANNELS = ("R", "G", "B")
 # Upper edges (inclusive) of the source-size buckets: common image sizes.
@@ -67,9 +67,14 @@ def image_stats(image, source_size: tuple[int, int]) -> ImageStats:
     """The figures of the RGB (PIL) `image` about to be stored, whose source was `source_size` upright."""
     if image.mode != "RGB":  # the converter stores RGB; anything else is made so for the figures only
         image = image.convert("RGB")
-    counts = np.asarray(image.histogram(), dtype=np.int64).reshape(3, 256)
+    return histogram_stats(np.asarray(image.histogram(), dtype=np.int64).reshape(3, 256), source_size)
+
+
+def histogram_stats(counts: np.ndarray, source_size: tuple[int, int]) -> ImageStats:
+    """The figures of a stored RGB image from its (3, 256) histogram, its source being `source_size` upright."""
+    counts = np.asarray(counts, dtype=np.int64)
     sums, squares = counts @ _VALUES, counts @ _SQUARES  # at most 2**32 x 255**2 per channel: within int64
-    return ImageStats(int(source_size[0]), int(source_size[1]), image.width * image.height,
+    return ImageStats(int(source_size[0]), int(source_size[1]), int(counts[0].sum()),
                       tuple(int(v) for v in sums), tuple(int(v) for v in squares))
 
 
