@@ -146,6 +146,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
     add("--image_backend", default="auto", choices=IMAGE_BACKENDS,
         help="auto: 8-bit JPEGs and PNGs without alpha go through the fast core (libjpeg-turbo and OpenCV), "
              "everything else through Pillow; pillow: every image through Pillow. Default: auto.")
+    add("--reencode", **ON_OFF,
+        help="Re-encode images already at the output size too; without it an upright baseline JPEG of exactly "
+             "--image_size is stored as it is, byte for byte. Default: false.")
     add("--background", default="white",
         help="Colour that transparent pixels are composited onto and that pads letterboxed images: "
              "white, black, grey, #rrggbb or r,g,b. Default: white.")

@@ -120,6 +120,7 @@ class Settings:
             "features": format_spec(self.features) or None,
             "metadata": self.metadata,
             "multi_label": self.multi_label,
+            **({"reencode": True} if image.reencode else {}),  # recorded when given: older datasets lack it
         }
 
 
@@ -346,6 +347,7 @@ def validate(options: PipelineOptions) -> Settings:
         jpeg_quality=o.jpeg_quality,
         chroma_subsampling=o.chroma_subsampling,
         image_backend=o.image_backend,
+        reencode=bool(o.reencode),
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
         max_image_mb=o.max_image_mb,
@@ -408,8 +410,10 @@ def ignored_options(argv: list[str], options: PipelineOptions, settings: Setting
     if image.image_format == "png":
         for flag in ("jpeg_quality", "chroma_subsampling"):
             note(flag, "--image_format=png stores lossless PNG", f"drop --{flag}, or store JPEG")
+    if image.image_format == "png":
+        note("reencode", "PNG output re-encodes every image", "drop --reencode")
     if image.resize_mode == "none":
-        for flag in ("image_size", "resample"):
+        for flag in ("image_size", "resample", "reencode"):
             note(flag, "--resize_mode=none keeps every image at its own size", f"drop --{flag}, or pick a resize mode")
     if not dataflow:
         note("no_wait", "it only stops the launcher waiting for a Dataflow job, and this run is local", "drop it")

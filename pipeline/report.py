@@ -209,6 +209,16 @@ def _upscaled_shares(info: dict) -> str:
     return f" ({_percent(info['files']['upscaled'] / written)} of the images; {shares})"
 
 
+def kept_line(info: dict) -> str:
+    """How many images were stored as they were (already at the output size), or '' for none."""
+    splits = ((info.get("statistics") or {}).get("splits")) or {}
+    kept = sum(s.get("kept", 0) for s in splits.values())
+    if not kept:
+        return ""
+    return (f"Stored as they were: {kept} images already at the output size (upright baseline JPEGs), byte for "
+            "byte, without a second JPEG generation; --reencode re-encodes them.")
+
+
 def format_summary(info: dict) -> str:
     files = info["files"]
     lines = [
@@ -230,8 +240,8 @@ def format_summary(info: dict) -> str:
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
             lines.append(f"{title}: {reasons} (see {info['error_report']})")
-    for line in (split_shares_line(info), *group_lines(info), duplicates_line(info), metadata_line(info),
-                 spanning_line(info)):
+    for line in (split_shares_line(info), kept_line(info), *group_lines(info), duplicates_line(info),
+                 metadata_line(info), spanning_line(info)):
         if line:
             lines.append(line)
     if files.get("upscaled"):

@@ -239,6 +239,7 @@ class Converted(NamedTuple):
     rejection: Rejection | None
     sha256: str = ""
     stats: ImageStats | None = None  # its source's size and its stored pixels' sums (transforms.stats)
+    kept: bool = False  # its source's own bytes were stored (already at the output size)
 
 
 def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings, schema: str
@@ -296,7 +297,7 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
             extras=ref.extras,
         )
         counters.inc("images_converted")
-        yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats)
+        yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats, kept=image.kept)
 
 
 def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:

@@ -145,6 +145,7 @@ class ImageSettings:
     jpeg_quality: int = 95
     chroma_subsampling: str = "4:2:0"
     image_backend: str = "auto"  # "auto": the fast core for the common case (see `_fast_kind`); "pillow": never
+    reencode: bool = False  # True: an image already at the output size is re-encoded, not stored as it is
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
@@ -178,6 +179,7 @@ class EncodedImage(NamedTuple):
     upscaled: bool
     sha256: str = ""  # hex SHA-256 of the source file's bytes, set by transforms.convert.read_and_convert
     stats: ImageStats | None = None  # the source's upright size and the stored pixels' sums (transforms.stats)
+    kept: bool = False  # the source's own bytes are stored (`_passes_through`): no decode-encode loss
 
 
 # ---------------------------------------------------------------------------
@@ -689,9 +691,12 @@ def _jpeg_frame_type(data: bytes) -> int | None:
 
 
 def _passes_through(image: Image.Image, data: bytes, orientation: int, settings: ImageSettings) -> bool:
-    """Whether the source bytes can be stored as they are: an upright RGB baseline JPEG, no resizing."""
+    """Whether the source bytes can be stored as they are: an upright RGB baseline JPEG that needs no resizing
+    (--resize_mode=none, or already at the output size unless --reencode). Re-encoding it would only add a
+    generation of JPEG loss, and bytes (a 512x512 JPEG of quality 90 re-encoded at 95 grows by about half)."""
+    at_size = not settings.reencode and image.size == (settings.width, settings.height)
     return (
-        settings.resize_mode == "none"
+        (settings.resize_mode == "none" or at_size)
         and settings.image_format == "jpeg"
         and image.format == "JPEG"  # not MPO: its extra images would ride along
         and image.mode == "RGB"
@@ -872,7 +877,7 @@ def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored
         orientation = _orientation(image)  # PNG and WebP may keep EXIF after the pixels
     if _passes_through(image, data, orientation, settings):
         return EncodedImage(data, image.width, image.height, "jpeg", False,
-                            stats=_stats(image if pixels is None else pixels, image.size))
+                            stats=_stats(image if pixels is None else pixels, image.size), kept=True)
     try:
         if pixels is None:
             image = _to_rgb(image, settings.background)

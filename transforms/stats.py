@@ -93,6 +93,7 @@ class SplitStats(NamedTuple):
     squares: tuple = (0, 0, 0)
     source_width: tuple = (0,) * BUCKETS  # images per SIZE_EDGES bucket
     source_height: tuple = (0,) * BUCKETS
+    kept: int = 0  # images stored as they were (already at the output size)
 
 
 def _add(a: tuple, b: tuple) -> tuple:
@@ -111,15 +112,16 @@ class StatsTally:
     """Adds up the images of one shard as they are written; `result()` is their SplitStats."""
 
     def __init__(self):
-        self.images = self.upscaled = self.pixels = 0
+        self.images = self.upscaled = self.pixels = self.kept = 0
         self.sums, self.squares = [0, 0, 0], [0, 0, 0]
         self.widths, self.heights = [0] * BUCKETS, [0] * BUCKETS
 
-    def add(self, stats: ImageStats | None, upscaled: bool) -> None:
+    def add(self, stats: ImageStats | None, upscaled: bool, kept: bool = False) -> None:
         if stats is None:
             return
         self.images += 1
         self.upscaled += bool(upscaled)
+        self.kept += bool(kept)
         self.pixels += stats.pixels
         for c in range(3):
             self.sums[c] += stats.sums[c]
@@ -129,7 +131,7 @@ class StatsTally:
 
     def result(self) -> SplitStats:
         return SplitStats(self.images, self.upscaled, self.pixels, tuple(self.sums), tuple(self.squares),
-                          tuple(self.widths), tuple(self.heights))
+                          tuple(self.widths), tuple(self.heights), self.kept)
 
 
 def mean_std(stats: SplitStats) -> tuple[list[float], list[float]]:
@@ -220,6 +222,7 @@ def describe(per_split: dict, width: int | None, height: int | None, resize_mode
             "std": [round(v, 4) for v in stds],
             "upscaled": stats.upscaled,
             "upscaled_share": _share(stats.upscaled, stats.images),
+            "kept": stats.kept,
             "source_width": list(stats.source_width),
             "source_height": list(stats.source_height),
         }

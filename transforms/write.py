@@ -246,7 +246,7 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
         sizes.append(out.write(outcome.example))
         label = label_of(outcome.ref)  # a tuple of class ids with --multi_label
         written[(key.split, label, outcome.upscaled)] += 1
-        tally.add(outcome.stats, outcome.upscaled)
+        tally.add(outcome.stats, outcome.upscaled, outcome.kept)
         hashes.append((outcome.sha256, (key.split, label, display_path(outcome.ref.relpath))))
     size = out.close()
     return PieceInfo((key.split, key.index, key.count), key.chunk, key.chunks, name, size, tuple(sizes),
