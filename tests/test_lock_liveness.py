@@ -7,6 +7,7 @@ exactly one new holder. SIGTERM (schedulers, Kubernetes, systemd) releases it, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -41,6 +42,19 @@ sys.stdin.read()
 """
 
 
+@contextlib.contextmanager
+def flock_held_elsewhere(path: str):
+    """Another process that holds the flock on `path` for the block, as a live run elsewhere would."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+
+
 def pid_not_running_here() -> int:
     """A process id that no process of this PID namespace has (another namespace's pid 3, as it were)."""
     for pid in range(3, 1 << 22):
@@ -72,10 +86,7 @@ def test_a_live_lock_of_a_process_not_visible_here_is_not_taken_over(tmp_path, c
     out = tmp_path / "out"
     other = write_lock(out, "20261201-100000-0000beef", pid_not_running_here())
     before = (out / LOCK_FILE).read_bytes()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(out / LOCK_FILE)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with flock_held_elsewhere(str(out / LOCK_FILE)) as holder:
         settings, options = settings_options(out)
         with pytest.raises(UserError) as refused:
             take_lock(settings, holder_record("20261201-100500-0000cafe", "local"), options)
@@ -86,9 +97,6 @@ def test_a_live_lock_of_a_process_not_visible_here_is_not_taken_over(tmp_path, c
             f"finish or stop it there, then run again, or choose another folder")
         assert (out / LOCK_FILE).read_bytes() == before  # untouched
         assert holder.poll() is None
-    finally:
-        holder.stdin.close()
-        holder.wait(30)
     # Its process gone, the kernel has released the flock: the lock is stale now, and taken over.
     caplog.set_level("WARNING", logger="pipeline")
     take_lock(settings, holder_record("20261201-100500-0000cafe", "local"), options)
@@ -104,10 +112,7 @@ def test_the_lock_message_names_only_what_the_lock_file_says(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_FILE).write_text(json.dumps({"run_id": "20261201-120000-0000dddd"}))
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(out / LOCK_FILE)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with flock_held_elsewhere(str(out / LOCK_FILE)):
         settings, options = settings_options(out)
         with pytest.raises(UserError) as refused:
             take_lock(settings, holder_record("20261201-120500-0000eeee", "local"), options)
@@ -122,9 +127,6 @@ def test_the_lock_message_names_only_what_the_lock_file_says(tmp_path):
             "'\\x00 not json'): two runs must not write one folder; wait for that run to finish, then run again, "
             "or choose another folder")
         assert "None" not in str(refused.value)
-    finally:
-        holder.stdin.close()
-        holder.wait(30)
 
 
 @pytest.mark.timeout(120)
@@ -145,18 +147,12 @@ def test_another_users_lock_file_is_judged_and_a_stale_one_replaced(tmp_path, mo
         removed.append(os.fspath(path))
         return real_unlink(path, *args, **kwargs)
 
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, lock], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
     settings, options = settings_options(out)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with flock_held_elsewhere(lock):
         with monkeypatch.context() as patch:
             patch.setattr(os, "open", as_another_user)
             with pytest.raises(UserError, match=f"is being written by run {other['run_id']} "):
                 take_lock(settings, holder_record("20261201-130500-00001111", "local"), options)
-    finally:
-        holder.stdin.close()
-        holder.wait(30)
     with monkeypatch.context() as patch:
         patch.setattr(os, "open", as_another_user)
         patch.setattr(os, "unlink", unlink)
@@ -237,10 +233,7 @@ def test_if_exists_skip_refuses_while_another_run_writes_the_folder(small_tree, 
     assert convert(small_tree, out, "--image_size=16") == 0
     capsys.readouterr()
     (out / LOCK_FILE).touch()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(out / LOCK_FILE)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with flock_held_elsewhere(str(out / LOCK_FILE)) as holder:
         writer = write_lock(out, "20261201-110000-0000aaaa", holder.pid)
         with pytest.raises(UserError) as refused:
             convert(small_tree, out, "--image_size=16", "--if_exists=skip")
@@ -250,9 +243,6 @@ def test_if_exists_skip_refuses_while_another_run_writes_the_folder(small_tree, 
             f"{writer['created']} by {writer['user']}), which may replace it: --if_exists=skip accepts a dataset "
             "only while no run writes the folder; run the same command again once that run has finished")
         assert "nothing to do" not in capsys.readouterr().out
-    finally:
-        holder.stdin.close()
-        holder.wait(30)
     # That run gone (the lock it left is stale), the dataset is accepted, and the stale lock is left as it was.
     assert convert(small_tree, out, "--image_size=16", "--if_exists=skip") == 0
     assert "nothing to do (--if_exists=skip)" in capsys.readouterr().out

@@ -230,7 +230,7 @@ def test_the_description_fields_are_present_and_typed(sample_output):
     assert set(stats) == {"channels", "size_edges", "splits", "suggested_image_size"}
     assert list(stats["splits"]) == list(info["splits"])
     for split, s in stats["splits"].items():
-        assert set(s) == {"images", "pixels", "mean", "std", "upscaled", "upscaled_share", "source_width",
+        assert set(s) == {"images", "pixels", "mean", "std", "upscaled", "upscaled_share", "kept", "source_width",
                           "source_height"}
         assert s["images"] == info["splits"][split]["records"]
         assert s["pixels"] == s["images"] * 512 * 512

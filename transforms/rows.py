@@ -482,24 +482,19 @@ def range_lines(raw, item: Range):
         offset = item.start - 1 + next(items, (b"", 1))[1]
     pending = []
 
-    def inside(offset=offset, end=item.end, bom=item.start == 0):
+    def inside(offset=offset, end=item.end):
         for line, size in items:
             if offset >= end:
                 pending.append((line, size))
                 return
             offset += size
-            if not isinstance(line, LongLine):
-                if bom:
-                    line = line.removeprefix(_BOM)
-                line = line.decode("utf-8", "surrogateescape")
-            bom = False
-            yield line
+            yield line, size
 
     def after():
         yield from pending
         yield from items
 
-    return inside(), decoded(after(), bom=False)
+    return decoded(inside(), bom=item.start == 0), decoded(after(), bom=False)
 
 
 class RangeCount(NamedTuple):

@@ -20,14 +20,13 @@ wrong or stale index is a problem, and so is an index named like one of this
 tool's whose shard is not in the dataset. TFDS's files (dataset_info.json,
 features.json, label.labels.txt) must say what image_tfrecords.json says.
 
-Duplicates are found by a 64-bit fingerprint of each image's decoded pixels (with
---no_decode, of its encoded bytes) and its size. Every image the tool writes is re-encoded
-by one deterministic encoder with one set of options, so equal pixels give
-equal bytes and both hashes find the same copies, also a PNG and a BMP of the
-same picture; the exception is --resize_mode=none, which stores a JPEG's own
-bytes, where two files that differ only in their metadata hold equal pixels
-but unequal bytes: the pixel hash finds them, the byte hash does not. Neither
-finds near-duplicates (a re-saved JPEG, a crop, a resize).
+Duplicates are counted as the conversion counts them: groups of records whose source files have
+the same SHA-256 (stored in every record), within a split, across splits (leakage) or under
+different labels (a conflict), in the conversion's words, and checked against image_tfrecords.json's
+"duplicates"; they fail verify only with --fail_on_duplicates. A dataset written before records
+carried the hash is grouped by a 64-bit fingerprint of each image's decoded pixels (with
+--no_decode, of its encoded bytes). Stored images equal pixel for pixel from different source
+files are one more warning. Neither finds near-duplicates (a re-saved JPEG, a crop, a resize).
 """
 
 from __future__ import annotations
@@ -554,7 +553,7 @@ def _check_duplicates(info: dict, results: list[tuple[dict, _ShardResult]], repo
     same_pixels = sum(1 for sources in sources_of_content.values() if len(sources) > 1)
     if same_pixels:
         report.warnings.append(f"{same_pixels} stored images are equal pixel for pixel to another's from a "
-                               "different source file (a picture saved twice, e.g. as PNG and BMP); the "
+                               "different source file (a picture saved twice, e.g. with other metadata); the "
                                "duplicates above count identical files only")
     return set(first_path)
 
