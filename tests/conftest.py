@@ -74,3 +74,14 @@ def sample_output(sample_tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("sample_out")
     assert convert(sample_tree, out) == 0
     return out
+
+
+@pytest.fixture
+def fifos():
+    """Paths of FIFOs made in a test (tests/hostile_files.fifo); every reader still blocked on one is let go at
+    the end."""
+    from tests import hostile_files
+
+    made: list[str] = []
+    yield made
+    hostile_files.release_fifos(made)

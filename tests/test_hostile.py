@@ -44,13 +44,6 @@ def files_counts(output_dir) -> dict:
         return json.load(f)["files"]
 
 
-@pytest.fixture
-def fifos():
-    """Paths of FIFOs made in a test; every reader still blocked on one is let go at the end."""
-    made: list[str] = []
-    yield made
-    hostile.release_fifos(made)
-
 
 # --- One file at a time ----------------------------------------------------------------------------
 

@@ -339,12 +339,6 @@ def test_a_gzip_bomb_manifest_is_one_true_error_line_within_memory(tmp_path):
 # --- 21: files by type, header bytes never echoed raw ---------------------------------------------------
 
 
-@pytest.fixture
-def fifos():
-    made: list[str] = []
-    yield made
-    hostile.release_fifos(made)
-
 
 @pytest.mark.timeout(120)
 def test_fifos_and_devices_are_refused_by_type(tmp_path, fifos):
