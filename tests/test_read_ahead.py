@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
@@ -55,7 +56,10 @@ def test_files_read_ahead_stay_within_their_room_and_never_pass_a_waiting_conver
 
 
 @pytest.mark.timeout(30)
-def test_a_wait_for_a_core_stops_the_image_clock():
+def test_a_wait_for_a_core_stops_the_image_clock(monkeypatch):
+    """The wait is counted from an injected clock: exactly the time that passed while the slot was taken."""
+    clock = [100.0]
+    monkeypatch.setattr(memory, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     seen = []
     inside = threading.Event()
     leave = threading.Event()
@@ -77,10 +81,12 @@ def test_a_wait_for_a_core_stops_the_image_clock():
     waiter.start()
     while job.memory_wait_since is None:
         time.sleep(0.01)
+    assert job.memory_wait_since == 100.0  # the wait shows while it lasts
+    clock[0] = 103.5
     leave.set()
     holder.join(10)
     waiter.join(10)
-    assert job.memory_wait_since is None and job.memory_waited > 0 and seen[0] == job.memory_waited
+    assert job.memory_wait_since is None and job.memory_waited == seen[0] == 3.5
 
 
 @pytest.fixture
