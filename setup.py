@@ -6,17 +6,26 @@ to *read* datasets (reader helper, verify, benchmark, preview) and lives in the
 `tf` extra, which keeps worker start-up fast.
 """
 
+import pathlib
+import re
+
 import setuptools
+
+# One version, pipeline/__init__.py's (`image-tfrecords --version` prints it), read without importing the package.
+VERSION = re.search(r'^__version__ = "([^"]+)"', (pathlib.Path(__file__).parent / "pipeline" / "__init__.py")
+                    .read_text(encoding="utf-8"), re.M).group(1)
 
 setuptools.setup(
     name="image-tfrecords",
-    version="0.1.0",
+    version=VERSION,
     description=(
         "Convert folders of labeled images into sharded TFRecord datasets "
         "with Apache Beam, locally or on Google Cloud Dataflow."
     ),
-    python_requires=">=3.10,<3.13",
+    python_requires=">=3.11,<3.14",
     packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "transforms", "transforms.*"]),
+    # `image-tfrecords convert|verify|preview|benchmark`, the same tools as `python -m pipeline.main|verify|...`.
+    entry_points={"console_scripts": ["image-tfrecords = pipeline.command:main"]},
     # Tested ranges. Beam is pinned to the minor release the tests ran on,
     # because Dataflow workers must run the same SDK as the launcher.
     install_requires=[

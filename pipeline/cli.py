@@ -25,6 +25,24 @@ from collections.abc import Callable
 from pipeline.errors import Terminated, UserError
 
 _STOPPED = "no image_tfrecords.json was written, so run the same command again"
+_program_name: str | None = None  # set while the image-tfrecords command runs a tool (pipeline/command.py)
+
+
+def program_name(module_form: str) -> str:
+    """The name a tool's usage line shows: `module_form` (python -m pipeline.verify), or the command's own
+    (image-tfrecords verify) while the command runs the tool."""
+    return _program_name or module_form
+
+
+@contextlib.contextmanager
+def running_as(name: str):
+    """For the block, the tools' usage lines and help pages name the program `name`."""
+    global _program_name
+    saved, _program_name = _program_name, name
+    try:
+        yield
+    finally:
+        _program_name = saved
 
 
 def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> int:

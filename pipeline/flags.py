@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from pipeline.cli import program_name
 from pipeline.errors import UserError
 from transforms.examples import SCHEMAS
 from transforms.imaging import (
@@ -224,7 +225,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
 
 def help_text() -> str:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.main",
+        prog=program_name("python -m pipeline.main"),
         description="Convert a folder of labeled images into sharded TFRecord files with Apache Beam.",
         epilog="Any Apache Beam pipeline option (--runner, --direct_num_workers, --project, --region, "
                "--temp_location, ...) is accepted too.",

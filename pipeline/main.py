@@ -1,5 +1,6 @@
-"""Entry point of the converter.
+"""Entry point of the converter (`image-tfrecords convert` runs it too).
 
+    image-tfrecords convert --input_dir=photos/ --output_dir=tfrecords/ [options] [Beam options]
     python -m pipeline.main --input_dir=photos/ --output_dir=tfrecords/ [options] [Beam options]
     python -m pipeline.main --runner=DataflowRunner --input_dir=gs://... --output_dir=gs://... ...
 """
@@ -17,9 +18,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from pipeline.cli import main_of  # noqa: E402  (after the variable above)
 
 
-def main() -> int:
-    """Run the converter on sys.argv; returns the exit code. The process should exit right after."""
-    if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
+def main(argv: list[str] | None = None) -> int:
+    """Run the converter on `argv` (default: sys.argv[1:]); returns the exit code. The process should exit right
+    after."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
         # The options are defined without Beam: the help page needs no Beam import (seconds on a cold disk).
         from pipeline.flags import help_text
 
@@ -27,7 +30,7 @@ def main() -> int:
         return 0
     from pipeline.launcher import run
 
-    code = main_of(run)
+    code = main_of(run, argv)
     # Beam, gRPC and protobuf leave millions of objects behind; the interpreter's
     # last garbage collection over them took about 0.9 s of every run. Frozen
     # objects are skipped, and the process ends now anyway.

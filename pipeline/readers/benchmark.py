@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.cli import import_tensorflow, main_of
+from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import UserError
 from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
 from pipeline.readers.bench_report import (
@@ -46,7 +46,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "uint8")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.benchmark", allow_abbrev=False,
+        prog=program_name("python -m pipeline.benchmark"), allow_abbrev=False,
         description="Measure how fast TFRecords feed a TPU, the GPUs or the CPU: raw read, parse, decode and "
                     "device feed, each measured separately in one run.")
     add = parser.add_argument

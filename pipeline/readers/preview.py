@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from pipeline.cli import import_tensorflow, main_of
+from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import DatasetError, UserError
 from transforms.describe import INFO_FILE
 
@@ -336,7 +336,7 @@ def _configure_logging(verbose: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.preview",
+        prog=program_name("python -m pipeline.preview"),
         description="Draw a contact sheet of sample images per class, decoded back from the TFRecords, and/or a "
                     "bar chart of images per class and split.")
     add = parser.add_argument

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.cli import import_tensorflow, main_of
+from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import DatasetError
 from pipeline.readers import reader
 from transforms import bounded, duplicates, tfds_metadata
@@ -695,7 +695,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.verify",
+        prog=program_name("python -m pipeline.verify"),
         description="Check a converted dataset against its image_tfrecords.json. Exit code 0: everything matches; "
                     "1: problems (listed one per line); 2: not a complete dataset.")
     parser.add_argument("dataset_dir", help="the dataset folder (--output_dir of the conversion), local or gs://")
