@@ -1,0 +1,123 @@
+"""What a Dataflow worker installs: the source distribution of setup.py, installed outside the checkout.
+
+Beam builds it for --setup_file with `python setup.py sdist` (its fallback when `build` is not installed) and
+every worker pip-installs it; a module or data file missing from it fails every worker on its first bundle,
+while tests run from the checkout would still pass. So this builds it, checks its files, installs it into a
+fresh virtual environment (which borrows this one's dependencies through a .pth file: no network, no
+--deps), and runs the installed `image-tfrecords` command from a folder outside the checkout, without
+PYTHONPATH: a conversion on Beam's local runner (its worker processes import the installed package too),
+the dataset read back with the installed reader, and `image-tfrecords verify`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+import tarfile
+import venv
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGES = ("pipeline", "transforms")
+
+
+def run(args: list[str], cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def checkout_files() -> set[str]:
+    """Every file of the packages in the checkout (modules and any data file beside them), relative to it."""
+    found = set()
+    for package in PACKAGES:
+        for folder, dirs, files in os.walk(os.path.join(REPO, package)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found.update(os.path.relpath(os.path.join(folder, name), REPO) for name in files
+                         if not name.endswith((".pyc", ".pyo")))
+    return found
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> str:
+    """The source distribution built from the checkout as Beam builds it, in a temporary folder."""
+    dist = tmp_path_factory.mktemp("dist")
+    # --egg-base keeps the build's egg-info out of the checkout (and out of a parallel test's way).
+    built = run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(dist), "sdist", "--dist-dir",
+                 str(dist)], cwd=REPO)
+    assert built.returncode == 0, built.stderr
+    (tarball,) = dist.glob("*.tar.gz")
+    return str(tarball)
+
+
+@pytest.fixture(scope="module")
+def installed(sdist, tmp_path_factory) -> str:
+    """The bin/ folder of a fresh venv with the sdist installed (no deps: this venv's are borrowed)."""
+    env_dir = tmp_path_factory.mktemp("worker_venv")
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    env_site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=env_dir)
+    with open(os.path.join(env_site.stdout.strip(), "borrowed_dependencies.pth"), "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")  # after the venv's own site-packages on sys.path
+    # --ignore-installed: this venv's editable install of the checkout is visible, and must stay as it is.
+    done = run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                "--no-build-isolation", "--ignore-installed", sdist], cwd=env_dir)
+    assert done.returncode == 0, done.stderr
+    return str(env_dir / "bin")
+
+
+def test_the_sdist_holds_every_module_and_file_of_the_packages(sdist):
+    with tarfile.open(sdist) as tar:
+        root = tar.getnames()[0].split("/")[0]
+        names = {name.removeprefix(root + "/") for name in tar.getnames()}
+    missing = sorted(checkout_files() - names)
+    assert not missing, f"left out of the source distribution (setup.py packages / MANIFEST.in): {missing}"
+    assert {"setup.py", "pipeline/command.py", "pipeline/readers/verify.py", "transforms/write.py"} <= names
+    assert not {n for n in names if n.startswith(("tests/", "benchmarks/", "docs/", "dataflow/"))}
+
+
+def test_the_installed_command_converts_reads_back_and_verifies_outside_the_checkout(installed, tmp_path):
+    from pipeline.sample_data import generate_dataset
+
+    photos, out, elsewhere = tmp_path / "photos", tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    written = generate_dataset(str(photos), images_per_class=6, classes=("cat", "dog"), seed=3, min_side=32,
+                               max_side=64)
+    python, command = os.path.join(installed, "python"), os.path.join(installed, "image-tfrecords")
+
+    where = run([python, "-c", "import pipeline, transforms; print(pipeline.__file__, transforms.__file__)"],
+                cwd=elsewhere)
+    assert where.returncode == 0, where.stderr
+    assert all(path.startswith(os.path.dirname(installed)) for path in where.stdout.split()), where.stdout
+
+    version = run([command, "--version"], cwd=elsewhere)
+    assert (version.returncode, version.stdout.split()[0]) == (0, "image-tfrecords"), version.stderr
+
+    converted = run([command, "convert", f"--input_dir={photos}", f"--output_dir={out}", "--runner=DirectRunner",
+                     "--direct_num_workers=2", "--quiet"], cwd=elsewhere)
+    assert converted.returncode == 0, converted.stderr
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["class_names"] == ["cat", "dog"]
+
+    # Read back by the installed reader: every image once, with its folder's label.
+    read_back = run([python, "-c", f"""if True:
+        import json
+        from pipeline import reader
+        info = reader.load_info({str(out)!r})
+        print(json.dumps({{split: sorted(int(x["label"]) for x in reader.make_dataset({str(out)!r}, split,
+                                                                                     decode=True))
+                          for split in info["splits"]}}))"""], cwd=elsewhere)
+    assert read_back.returncode == 0, read_back.stderr
+    labels = json.loads(read_back.stdout.splitlines()[-1])
+    assert sorted(label for split in labels.values() for label in split) == [0] * 6 + [1] * 6
+    assert {split: len(split_labels) for split, split_labels in labels.items()} == \
+        {split: info["splits"][split]["records"] for split in info["splits"]}
+    assert len(written) == 12
+
+    verified = run([command, "verify", str(out)], cwd=elsewhere)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert f"Read 12 records from {out}" in verified.stdout
