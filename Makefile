@@ -1,16 +1,37 @@
 # Set-up and everyday commands. `make demo` and `make test` are all a new machine needs.
 PYTHON ?= python3
+comma := ,
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+# The same range as setup.py's python_requires (tests/test_makefile.py checks that they agree).
+SUPPORTED := 3.11 3.12 3.13
+VERSION_OF = $(shell $(1) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)
+# $(PYTHON)'s version, e.g. 3.13.0 (empty if it does not run). The stamp names it, so that another interpreter
+# (make demo PYTHON=python3.13 after a .venv of 3.11) is noticed even when setup.py has not changed.
+PYTHON_VERSION := $(call VERSION_OF,$(PYTHON))
+STAMP := $(VENV)/.installed-python$(PYTHON_VERSION)
+
+# An unsupported $(PYTHON) is refused in one line, by every target but clean.
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),venv)),)
+ifeq ($(filter $(SUPPORTED),$(basename $(PYTHON_VERSION))),)
+$(error $(PYTHON) is $(if $(PYTHON_VERSION),Python $(PYTHON_VERSION),not a Python that runs here); image-tfrecords \
+  supports Python $(subst $() ,$(comma) ,$(SUPPORTED)): give one, e.g. make $(firstword $(MAKECMDGOALS) venv) \
+  PYTHON=python3.12)
+endif
+endif
 
 .PHONY: venv demo test lint bench fuzz clean
 
-# The virtual environment is created once and reused; it is rebuilt when setup.py changes.
+# The virtual environment is created once and reused; it is updated when setup.py changes, and built anew when
+# $(PYTHON) is another Python version than the one that built it.
 $(STAMP): setup.py
+	@if [ -e $(VENV) ] && [ "$(call VERSION_OF,$(PY))" != "$(PYTHON_VERSION)" ]; then \
+	  echo "$(VENV) was built by another Python: building it anew with $(PYTHON) ($(PYTHON_VERSION))"; \
+	  rm -rf $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[tf,dev]"
+	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 venv: $(STAMP)
