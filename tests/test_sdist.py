@@ -121,3 +121,28 @@ def test_the_installed_command_converts_reads_back_and_verifies_outside_the_chec
     verified = run([command, "verify", str(out)], cwd=elsewhere)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert f"Read 12 records from {out}" in verified.stdout
+
+
+def test_the_installed_package_requirements_are_met_and_the_images_import_line_runs(installed, tmp_path):
+    # What dataflow/Dockerfile runs after installing the package (`pip check`, then its import line), without
+    # Docker: pip check over this borrowed environment would judge every tool installed here, so this checks
+    # the installed package's own requirements, as pip check does for it.
+    script = """if True:
+        from importlib.metadata import PackageNotFoundError, requires, version
+        from packaging.requirements import Requirement
+        import pipeline.launcher, transforms.convert
+        unmet = []
+        for requirement in map(Requirement, requires("image-tfrecords")):
+            if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+                continue  # an extra's ([tf], [dev])
+            try:
+                found = version(requirement.name)
+            except PackageNotFoundError:
+                found = None
+            if found is None or not requirement.specifier.contains(found, prereleases=True):
+                unmet.append(f"{requirement} (installed: {found})")
+        print(unmet)
+    """
+    done = run([os.path.join(installed, "python"), "-c", script], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
