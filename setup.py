@@ -22,6 +22,8 @@ setuptools.setup(
         "Convert folders of labeled images into sharded TFRecord datasets "
         "with Apache Beam, locally or on Google Cloud Dataflow."
     ),
+    # What Beam 2.77 (3.10-3.14), TensorFlow 2.21 (up to 3.13) and array-record (0.8.2, the first with a gs://
+    # reader, needs 3.11; on 3.10 pip resolves 0.8.1) all support. The Makefile's SUPPORTED is the same range.
     python_requires=">=3.11,<3.14",
     packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "transforms", "transforms.*"]),
     # `image-tfrecords convert|verify|preview|benchmark`, the same tools as `python -m pipeline.main|verify|...`.
@@ -30,6 +32,8 @@ setuptools.setup(
     # because Dataflow workers must run the same SDK as the launcher.
     install_requires=[
         "apache-beam[gcp]>=2.77,<2.78",
+        # Pillow 13 passes the imaging tests (Python 3.13), but apache-beam 2.77 itself requires pillow<13, so pip
+        # cannot install it beside the pinned Beam: widen this with the Beam pin.
         "pillow>=12.0,<13",
         # The fast conversion core (transforms/fast_imaging.py): libjpeg-turbo and OpenCV's SIMD resize. The byte
         # identity of records across runs, processes and CPUs is tested on these versions.
@@ -41,7 +45,9 @@ setuptools.setup(
         "google-crc32c>=1.5,<2",
         "tqdm>=4.66,<5",
         "regex>=2026.11,<2027",  # --group_by: re's syntax, with a time limit per match (a pattern that backtracks)
-        "array-record>=0.8,<0.9",  # --file_format=array_record on the workers: a 3.8 MB wheel, absl-py and etils
+        # --file_format=array_record on the workers: a 3.8 MB wheel, absl-py and etils; 0.8.2 is the first with a gs://
+        # reader (and needs Python 3.11).
+        "array-record>=0.8.2,<0.9",
     ],
     extras_require={
         "tf": [
