@@ -13,6 +13,7 @@ from PIL import Image
 
 from pipeline.errors import UserError
 from tests.conftest import cli, convert, doc_example
+from tests.test_formats import count_data_items
 from tests.test_pipeline import write_tiny_tree
 from transforms.examples import Example, build_example
 from transforms.tfrecord import frame_record, iter_records
@@ -182,7 +183,7 @@ def test_kaggle_notebooks_read_an_unlabeled_test_set_unchanged(flat, tmp_path, m
     namespace: dict = {}
     exec(compile(block, "docs/other-readers.md", "exec"), namespace)
     ids = [i.decode() for _, i in namespace["test"].as_numpy_iterator()]
-    assert sorted(ids) == IDS and namespace["NUM_TEST_IMAGES"] == 7
+    assert sorted(ids) == IDS and count_data_items(namespace["TEST_FILENAMES"]) == 7
 
 
 def test_two_files_with_one_id_keep_the_first_and_reject_the_other(tmp_path):
