@@ -244,3 +244,10 @@ def test_num_shards_sets_the_test_splits_shards(flat, tmp_path):
     out = tmp_path / "out"
     assert convert(flat, out, "--unlabeled", "--num_shards=3", f"--image_size={SIZE}") == 0
     assert len(_info(out)["splits"]["test"]["shards"]) == 3
+
+
+def test_the_benchmark_reads_an_unlabeled_set(unlabeled, tmp_path):
+    _, out = unlabeled
+    result = cli("pipeline.benchmark", str(out), "--split=test", "--batch_size=2", f"--json={tmp_path / 'b.json'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "b.json").read_text())
