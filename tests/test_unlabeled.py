@@ -8,19 +8,54 @@ import json
 import os
 import shutil
 
+import apache_beam as beam
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from pipeline.errors import UserError
 from tests.conftest import cli, convert, doc_example
 from tests.test_formats import count_data_items
 from tests.test_pipeline import write_tiny_tree
-from transforms.examples import Example, build_example
+from transforms.examples import SCHEMAS, Example, build_example, record_fields
+from transforms.labels import DUPLICATE_ID, REJECTED, UNLABELED, AssignLabels, UniqueIds
+from transforms.layout import IN_A_SUBFOLDER, Placement, place
+from transforms.records import FileRef
 from transforms.tfrecord import frame_record, iter_records
 
 SIZE = 16
 IDS = [f"img_{i:02d}" for i in range(7)]
 FAST = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+def test_record_fields_of_an_unlabeled_set_have_an_id_and_no_label():
+    assert list(record_fields("default", unlabeled=True)) == ["image", "height", "width", "source_path", "sha256",
+                                                              "id"]
+    assert record_fields("kaggle", unlabeled=True)["id"] == ("id", "string")
+    assert "label" not in record_fields("tf_slim", unlabeled=True)
+    assert record_fields("tf_slim", unlabeled=True)["id"] == ("id", "string")
+    assert record_fields("default") is SCHEMAS["default"]
+
+
+def test_place_puts_an_unlabeled_image_in_the_one_split_and_skips_one_in_a_folder():
+    placement = dict(split_folders=False, seed=1, validation_split=0.5, test_split=0.0, unlabeled=True)
+    assert place("0042.jpg", **placement) == Placement("test", "")
+    assert place("more/0043.jpg", **placement)[0] == IN_A_SUBFOLDER
+
+
+def test_assign_labels_and_unique_ids_in_a_pipeline():
+    refs = [FileRef(f"/in/{name}", name, 3) for name in ("a.png", "a.jpg", "b.jpg", "sub/c.jpg")]
+    with TestPipeline() as p:
+        labeled = p | beam.Create(refs) | AssignLabels([], split_folders=False, seed=1, validation_split=0.3,
+                                                       test_split=0.0, unlabeled=True)
+        unique = labeled.images | UniqueIds()
+        assert_that(unique.images | beam.Map(lambda r: (r.relpath, r.split, r.class_name, r.label)),
+                    equal_to([("a.jpg", "test", "", None), ("b.jpg", "test", "", None)]), label="Images")
+        assert_that(unique[REJECTED] | beam.Map(lambda r: (r.relpath, r.stage, r.reason)),
+                    equal_to([("a.png", "rejected", DUPLICATE_ID)]), label="DuplicateIds")
+        assert_that(labeled[UNLABELED] | beam.Map(lambda r: (r.relpath, r.reason)),
+                    equal_to([("sub/c.jpg", IN_A_SUBFOLDER)]), label="InASubfolder")
 
 
 def write_flat(folder, names=IDS, ext=".jpg"):
