@@ -286,3 +286,15 @@ def test_the_benchmark_reads_an_unlabeled_set(unlabeled, tmp_path):
     result = cli("pipeline.benchmark", str(out), "--split=test", "--batch_size=2", f"--json={tmp_path / 'b.json'}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "b.json").read_text())
+
+
+def test_tf_slim_unlabeled_set_verifies_and_loads_in_tfds(flat, tmp_path):
+    """tf_slim's nested keys (image/encoded, ...) beside the top-level id."""
+    import tensorflow_datasets as tfds
+
+    out = tmp_path / "out"
+    assert convert(flat, out, "--unlabeled", "--schema=tf_slim", f"--image_size={SIZE}") == 0
+    assert all("id" in f and "image/class/label" not in f and "image/encoded" in f for f in _features(out))
+    assert cli("pipeline.verify", str(out)).returncode == 0
+    examples = list(tfds.as_numpy(tfds.builder_from_directory(str(out)).as_dataset(split="test")))
+    assert sorted(e["id"].decode() for e in examples) == IDS
