@@ -94,6 +94,11 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
         help="With --manifest: each image has several classes, from a labels column (class names separated by "
              "';' in a CSV, a JSON list in JSON Lines) instead of label; each record stores the list of class ids "
              "(sorted, no repeats) under the label key and their names under class_name. Default: off, one label.")
+    add("--unlabeled", **ON_OFF,
+        help="Convert a flat folder of images without labels (a test set to predict): every image directly in "
+             "--input_dir becomes a record of the one split test, with an id key (its file name without the "
+             "extension) and no label or class_name; two files with one id keep the first by name and reject "
+             "the other as duplicate_id. Default: off, class folders give the labels.")
     add("--output_dir", default=None, **required,
         help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "

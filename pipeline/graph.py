@@ -11,7 +11,8 @@ from transforms import metadata
 from transforms.describe import DescribeDataset
 from transforms.duplicates import DROPPED, DropDuplicates
 from transforms.duplicates import HASHES as DUP_HASHES
-from transforms.labels import GROUPS, UNLABELED, AssignLabels
+from transforms.labels import GROUPS, UNLABELED, AssignLabels, UniqueIds
+from transforms.labels import REJECTED as DUPLICATE_IDS
 from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import CLASS_NAMES, ReadManifest
 from transforms.manifest import STATS as MANIFEST_STATS
@@ -55,9 +56,15 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             validation_split=settings.validation_split,
             test_split=settings.test_split,
             group_by=settings.group_by,
+            unlabeled=settings.unlabeled,
         )
         images, not_listed, found = labeled.images, [listed[SKIPPED], labeled[UNLABELED]], listed[FOUND]
         groups = labeled[GROUPS]
+        if settings.unlabeled:
+            # ImageRef -> ImageRef of distinct ids (a record's id is its file name without the extension)
+            unique = images | "UniqueIds" >> UniqueIds()
+            images = unique.images
+            not_listed.append(unique[DUPLICATE_IDS])
         class_names = plan.class_names
         if settings.metadata:
             # ImageRef -> ImageRef with its --metadata row's extras: the file and the images joined by relpath
@@ -87,14 +94,15 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "hashes": written[HASHES] if source_hashes is None else source_hashes,
         "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
     }
-    grouped = bool(settings.group_by) or plan.manifest_groups
+    grouped = (bool(settings.group_by) and not settings.unlabeled) or plan.manifest_groups
     if grouped:
         inputs["groups"] = groups
     if settings.metadata:
         inputs["metadata"] = metadata_stats
     if settings.manifest:
         inputs["manifest"] = manifest_stats
-    split_by = "split_folders" if plan.split_folders else "group_hash" if grouped else "path_hash"
+    split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders
+                else "group_hash" if grouped else "path_hash")
     info = inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,

@@ -124,7 +124,8 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
             _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
         _LOG.info(
             "Converting the images of %s in %s to %s (the job lists and counts them, then sizes the shards)",
-            f"{len(plan.class_names)} classes" if plan.class_names else "the classes",
+            "an unlabeled set" if settings.unlabeled else f"{len(plan.class_names)} classes" if plan.class_names
+            else "the classes",
             f"the manifest {settings.manifest}" if settings.manifest else settings.input_dir,
             settings.output_dir,
         )
@@ -148,7 +149,7 @@ def report(output_dir: str) -> int:
         print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
               file=sys.stderr)
         return 1
-    if not info.get("num_classes", len(info.get("class_names") or ())):
+    if not info.get("unlabeled") and not info.get("num_classes", len(info.get("class_names") or ())):
         print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
               "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
               file=sys.stderr)

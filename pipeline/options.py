@@ -33,7 +33,7 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
 from pipeline.inputs import read_small_file
 from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
-from transforms.layout import compile_group_by
+from transforms.layout import UNLABELED_SPLIT, compile_group_by
 from transforms.listing import is_local
 
 NAMED_COLOURS = {
@@ -81,6 +81,7 @@ class Settings:
     features: tuple = ()  # --features: the declared FeatureTypes (transforms.features), in the order given
     metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
     multi_label: bool = False  # --manifest's labels column: several classes per image
+    unlabeled: bool = False  # --unlabeled: a flat folder of images, no labels, one split (UNLABELED_SPLIT)
 
     @property
     def overwrite(self) -> bool:
@@ -121,6 +122,7 @@ class Settings:
             "metadata": self.metadata,
             "multi_label": self.multi_label,
             **({"reencode": True} if image.reencode else {}),  # recorded when given: older datasets lack it
+            **({"unlabeled": True} if self.unlabeled else {}),
         }
 
 
@@ -272,6 +274,11 @@ def validate(options: PipelineOptions) -> Settings:
     if o.multi_label and not manifest:
         raise UserError("--multi_label needs --manifest: class folders give each image one class; list the images "
                         "in a manifest with a labels column (names separated by ';'), or drop --multi_label")
+    if o.unlabeled and manifest:
+        raise UserError("--unlabeled converts a flat folder of images, and --manifest lists labeled images: give "
+                        "the folder of images as --input_dir, or drop --unlabeled")
+    if o.unlabeled and o.labels_file:
+        raise UserError("--labels_file names the classes, and --unlabeled writes no labels: drop one of the two")
     metadata = o.metadata or None
     if metadata and manifest:
         raise UserError("--metadata is for class folders, and a --manifest carries its own extra columns: put "
@@ -315,6 +322,10 @@ def validate(options: PipelineOptions) -> Settings:
         raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
                         "2 suits most machines")
     num_shards = parse_num_shards(o.num_shards)
+    if o.unlabeled:  # one split: a bare --num_shards=N is its count, as it is train's otherwise
+        bare = re.fullmatch(r"\s*\d+\s*", str(o.num_shards))
+        count = num_shards.get("train" if bare else UNLABELED_SPLIT)
+        num_shards = {UNLABELED_SPLIT: count} if count else {}
     if o.shard_size_mb < 1:
         raise UserError(f"--shard_size_mb={o.shard_size_mb} must be at least 1")
     if o.index_files and o.compression != "none":
@@ -381,6 +392,7 @@ def validate(options: PipelineOptions) -> Settings:
         features=features,
         metadata=metadata,
         multi_label=bool(o.multi_label),
+        unlabeled=bool(o.unlabeled),
     )
 
 
@@ -400,6 +412,13 @@ def ignored_options(argv: list[str], options: PipelineOptions, settings: Setting
         if flag in given:
             notes.append(f"--{flag} has no effect: {why}; {fix}")
 
+    if settings.unlabeled:
+        for flag in ("validation_split", "test_split", "group_by"):
+            note(flag, f"--unlabeled writes every image into one split ({UNLABELED_SPLIT})", f"drop --{flag}")
+        if not re.fullmatch(r"\s*\d+\s*", str(o.num_shards)) and set(parse_num_shards(o.num_shards)) - {
+                UNLABELED_SPLIT}:
+            note("num_shards", f"--unlabeled writes one split ({UNLABELED_SPLIT}), and it names others",
+                 f"give --num_shards=N or {UNLABELED_SPLIT}=N")
     if split_folders:
         for flag in ("validation_split", "test_split"):
             note(flag, "the input's split folders decide every image's split",

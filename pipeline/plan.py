@@ -27,12 +27,15 @@ from pipeline.report import human_bytes
 from transforms import bounded, features, manifest, metadata
 from transforms.layout import (
     IMAGE_EXTENSIONS,
+    NO_CLASS_FOLDER,
+    UNLABELED_SPLIT,
     class_name_problem,
     nested_class_folders,
     quoted_name,
     relative_path,
     split_folder_layout,
     split_folder_note,
+    split_of_folder,
 )
 from transforms.listing import Folder, classify, is_local, list_folder, list_top
 from transforms.outputs import SHARD_NAME, own_outputs
@@ -305,6 +308,7 @@ def plan_dataset(settings: Settings) -> Plan:
     if settings.manifest:
         return plan_manifest(settings)
     input_dir = settings.input_dir
+    flat_splits = []  # (name, images, path) of each split folder of images and no class folders
     try:
         entries, loose, top_folders = _top(settings)
         if not entries and not top_folders:
@@ -317,6 +321,8 @@ def plan_dataset(settings: Settings) -> Plan:
                 f"no images found in {input_dir}: {seen} files looked at, none with an image extension "
                 f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
             )
+        if settings.unlabeled:
+            return plan_unlabeled(settings, loose, sorted(top_with_images))
         try:
             split_folders = split_folder_layout(top_with_images)
         except ValueError as e:
@@ -326,6 +332,8 @@ def plan_dataset(settings: Settings) -> Plan:
             for split_folder in (p.folder for p in probes if _has_images(p)):
                 _, images, folders = _top(settings, split_folder)
                 loose += images
+                if images and not folders:
+                    flat_splits.append((_name(split_folder, input_dir), len(images), split_folder.path))
                 class_probes += _probe_all(folders, settings)
             probes = class_probes
             folder_classes = sorted({_name(p.folder, input_dir).split("/")[1] for p in probes if _has_images(p)})
@@ -347,8 +355,13 @@ def plan_dataset(settings: Settings) -> Plan:
         raise UserError(
             f"found {len(loose)} images directly in {where} but no class folders: expected "
             "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
+            + ("" if split_folders else "; to convert them without labels (a test set to predict), give --unlabeled")
         )
     notes = [split_folder_note(top_with_images)] if split_folders else []
+    # Kaggle's layout: train/<class>/ and a flat test/ of images to predict
+    notes += [f"{name}/ holds {count} images and no class folders, an unlabeled set: they are skipped "
+              f"({NO_CLASS_FOLDER}); convert them on their own with --input_dir={path.rstrip('/')} --unlabeled"
+              for name, count, path in flat_splits]
     if settings.labels_file:
         class_names = read_labels_file(settings.labels_file)
         unknown = sorted(set(folder_classes) - set(class_names))
@@ -377,6 +390,38 @@ def plan_dataset(settings: Settings) -> Plan:
         sizing=shard_sizing(settings, sample, [size for _, _, size in sample_files]),
         unknown_classes=unknown,
         notes=notes,
+    )
+    return plan_metadata(settings, plan) if settings.metadata else plan
+
+
+def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str]) -> Plan:
+    """Plan an --unlabeled run: the images directly in --input_dir (`images`), no classes, one split; refused
+    when folders in it hold images (`folders`): class or split folders, whose images would be left out.
+
+    Raises:
+        UserError: for folders with images, or no image directly in --input_dir.
+    """
+    input_dir = settings.input_dir
+    if folders:
+        shown_folders = ", ".join(f"{shown(name, 40)}/" for name in folders[:5]) + (", ..." if len(folders) > 5
+                                                                                    else "")
+        flat = next((name for name in folders if split_of_folder(name) == UNLABELED_SPLIT), folders[0])
+        raise UserError(
+            f"--unlabeled converts the images directly in {input_dir}, and it holds folders of images "
+            f"({shown_folders}) whose images would be left out: give the folder of images itself, e.g. "
+            f"--input_dir={input_dir.rstrip('/')}/{flat}, or drop --unlabeled to read class folders")
+    if not images:
+        raise UserError(f"--unlabeled: no images directly in {input_dir}: put the images to convert in it")
+    sample_files = [(ref.path, ref.relpath, ref.size) for ref in images[:SAMPLE_IMAGES]]
+    sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
+    upscale = None if settings.quiet else upscale_notice(settings, sample_files, sample)
+    notes = [f"unlabeled set: the images directly in {input_dir} ({len(images)}) go into one split, "
+             f"{UNLABELED_SPLIT}, each record with an id (its file name without the extension) and no label"]
+    plan = Plan(
+        class_names=[],
+        split_folders=False,
+        sizing=shard_sizing(settings, sample, [size for _, _, size in sample_files]),
+        notes=([upscale] if upscale else []) + notes,
     )
     return plan_metadata(settings, plan) if settings.metadata else plan
 

@@ -249,7 +249,8 @@ def format_summary(info: dict) -> str:
     lines.extend(statistics_lines(info))
     lines.append(
         f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
-        f"{info['num_classes']} classes; labels in labels.txt."
+        + ("An unlabeled set: no labels, each record's id is its file name without the extension."
+           if info.get("unlabeled") else f"{info['num_classes']} classes; labels in labels.txt.")
     )
     if (info.get("tfds") or {}).get("note"):  # TFDS cannot load this folder: say why, once
         lines.append(f"Note: no TFDS files written: {info['tfds']['note']}.")

@@ -121,7 +121,7 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
                     per_class[split][class_names[i]] += count
                 if not label:
                     no_class[split] += count
-            else:
+            elif label is not None:  # None: an image of an unlabeled set (--unlabeled), of no class
                 per_class[split][class_names[label]] += count
             upscaled += count if was_upscaled else 0
         else:  # (stage, reason)
@@ -207,8 +207,11 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "options": options,
         "schema": schema,
         "features": feature_description(schema, bool(options.get("multi_label")),
-                                        extras=describe_features(extra_features)),
+                                        extras=describe_features(extra_features),
+                                        unlabeled=bool(options.get("unlabeled"))),
         **({"multi_label": True} if options.get("multi_label") else {}),
+        # --unlabeled: records of no class, with an id; no class_names, one split
+        **({"unlabeled": True} if options.get("unlabeled") else {}),
         "image": image_info,
         "compression": options["compression"],
         "class_names": list(class_names),
@@ -262,7 +265,8 @@ class _WriteInfo(beam.DoFn):
         tfds_files, tfds_note = tfds_metadata.tfds_files(
             counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
             description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).",
-            multi_label=bool(self._options.get("multi_label")), features=self._extra_features)
+            multi_label=bool(self._options.get("multi_label")), features=self._extra_features,
+            unlabeled=bool(self._options.get("unlabeled")))
         info = dataset_info(counts, self._run_id, self._class_names, self._schema, self._options,
                             self._image_info, self._start_time, self._tool_version,
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,

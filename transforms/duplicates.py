@@ -49,17 +49,19 @@ def kind(group: DuplicateGroup) -> str:
     return WITHIN_SPLIT
 
 
-def label_value(label) -> int | tuple[int, ...]:
+def label_value(label) -> int | tuple[int, ...] | None:
     """A copy's label: a class id, or (--multi_label) a tuple of class ids, compared as a set (sorted)."""
     if isinstance(label, list | tuple):
         return tuple(sorted({int(i) for i in label}))
-    return int(label)
+    return None if label is None else int(label)  # None: an unlabeled set's image (--unlabeled)
 
 
 def label_text(label, class_names: list[str]) -> str:
     """A copy's label as its class name; a multi-label set as its names joined by ';'."""
     if isinstance(label, list | tuple):
         return ";".join(label_text(i, class_names) for i in label)
+    if label is None:  # an unlabeled set's image (--unlabeled)
+        return ""
     return class_names[label] if 0 <= label < len(class_names) else str(label)
 
 

@@ -57,6 +57,19 @@ SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
 
 # Fields that older datasets lack: a reader gives them a default ('') instead of failing.
 OPTIONAL_FIELDS = frozenset({"sha256"})
+LABEL_FIELDS = ("label", "class_name")  # what an unlabeled set's records (--unlabeled) do not have
+ID_KEY = "id"  # the key of an unlabeled set's `id` under a schema that has none (every schema but kaggle)
+
+
+def record_fields(schema: str = "default", unlabeled: bool = False) -> dict[str, tuple[str, str]]:
+    """The fields a record holds under `schema`, {field: (key, dtype)}: SCHEMAS' own, or for an unlabeled set
+    (--unlabeled) those without the label and class_name and with an `id` (key ID_KEY unless the schema has one).
+    """
+    fields = SCHEMAS[schema]
+    if not unlabeled:
+        return fields
+    return {**{name: field for name, field in fields.items() if name not in LABEL_FIELDS},
+            "id": fields.get("id", (ID_KEY, "string"))}
 
 
 def _example_classes():
@@ -125,7 +138,7 @@ def build_example(
     *,
     image: bytes,
     image_format: str,
-    label: int,
+    label: int | None,
     class_name: str,
     height: int,
     width: int,
@@ -138,6 +151,8 @@ def build_example(
 ) -> bytes:
     """A serialized tf.train.Example holding one image and its label under `schema`'s keys.
 
+    With `label` None (an unlabeled set, --unlabeled) it holds no label and no class_name, and an `id`
+    (`record_fields`).
     With `labels` (--multi_label) the label key holds that list of class ids (an int64_list of any length,
     empty for an image of no class) and the class_name key the list `label_names`, instead of one each.
     `extras`: typed extra features, ((key, dtype, values), ...) with dtype int64 (an int64_list), float (a
@@ -156,7 +171,7 @@ def build_example(
     }
     example = Example()
     features = example.features.feature
-    for field_name, (key, dtype) in SCHEMAS[schema].items():
+    for field_name, (key, dtype) in record_fields(schema, unlabeled=label is None).items():
         value = values[field_name]
         if labels is not None and field_name in ("label", "class_name"):
             if field_name == "label":
@@ -186,16 +201,17 @@ def build_example(
 MULTI_LABEL_FIELDS = ("label", "class_name")  # lists of any length with --multi_label
 
 
-def feature_description(schema: str = "default", multi_label: bool = False, extras: dict | None = None
-                        ) -> dict[str, dict[str, object]]:
+def feature_description(schema: str = "default", multi_label: bool = False, extras: dict | None = None,
+                        unlabeled: bool = False) -> dict[str, dict[str, object]]:
     """The written keys as JSON-friendly {key: {dtype, shape, field}}; image_tfrecords.json's "features" holds this.
 
     With `multi_label` the label and class_name keys have shape [-1]: a list of any length (a VarLenFeature).
     `extras`: the typed extra features' own descriptions (transforms.features.describe), listed after the schema's.
+    `unlabeled`: an unlabeled set's keys (`record_fields`).
     """
     return {
         **{key: {"dtype": "int64" if dtype == "int64" else "string",
                  "shape": [-1] if multi_label and field_name in MULTI_LABEL_FIELDS else [], "field": field_name}
-           for field_name, (key, dtype) in SCHEMAS[schema].items()},
+           for field_name, (key, dtype) in record_fields(schema, unlabeled).items()},
         **(extras or {}),
     }

@@ -5,27 +5,33 @@ from __future__ import annotations
 import apache_beam as beam
 
 from transforms import counters
+from transforms.examples import record_id
 from transforms.layout import (
     GROUP_BY_TIMEOUT,
     UNKNOWN_CLASS,
     Placement,
     compile_group_by,
     display_path,
+    name_bytes,
     place,
+    quoted_name,
     shuffle_key,
 )
 from transforms.records import FileRef, ImageRef, Rejection
 
 UNLABELED = "unlabeled"
 GROUPS = "groups"  # with --group_by: (group or '', split, relpath) of every labelled image
+DUPLICATE_ID = "duplicate_id"  # --unlabeled: a file whose id (record_id) another file has, rejected
+REJECTED = "rejected"
 
 
 class _AssignLabel(beam.DoFn):
     def __init__(self, class_ids: dict[str, int], split_folders: bool, seed: int,
-                 validation_split: float, test_split: float, group_by: str | None = None):
+                 validation_split: float, test_split: float, group_by: str | None = None, unlabeled: bool = False):
         self._class_ids = class_ids
+        self._unlabeled = unlabeled
         self._placement = dict(split_folders=split_folders, seed=seed,
-                               validation_split=validation_split, test_split=test_split)
+                               validation_split=validation_split, test_split=test_split, unlabeled=unlabeled)
         self._seed = seed
         self._group_by = group_by
 
@@ -39,8 +45,8 @@ class _AssignLabel(beam.DoFn):
             counters.inc("files_unlabeled" if stage == "skipped" else f"rejected_{GROUP_BY_TIMEOUT}")
             yield beam.pvalue.TaggedOutput(UNLABELED, Rejection(ref.relpath, stage, *placed))
             return
-        label = self._class_ids.get(placed.class_name)
-        if label is None:
+        label = None if self._unlabeled else self._class_ids.get(placed.class_name)
+        if label is None and not self._unlabeled:
             counters.inc("files_unlabeled")
             yield beam.pvalue.TaggedOutput(
                 UNLABELED,
@@ -59,13 +65,45 @@ class _AssignLabel(beam.DoFn):
 
 class AssignLabels(beam.PTransform):
     """FileRef -> ImageRef (label, split, shuffle key), plus an UNLABELED output of Rejection and, with
-    `group_by` (a regex), a GROUPS output of (group or '', split, relpath) per labelled image."""
+    `group_by` (a regex), a GROUPS output of (group or '', split, relpath) per labelled image.
+
+    With `unlabeled` (--unlabeled), an image directly in the input folder gets no label (None) and the one
+    split UNLABELED_SPLIT; `class_names` is then empty."""
 
     def __init__(self, class_names: list[str], *, split_folders: bool, seed: int,
-                 validation_split: float, test_split: float, group_by: str | None = None):
+                 validation_split: float, test_split: float, group_by: str | None = None, unlabeled: bool = False):
         super().__init__()
         self._fn = _AssignLabel({name: i for i, name in enumerate(class_names)}, split_folders, seed,
-                                validation_split, test_split, group_by)
+                                validation_split, test_split, None if unlabeled else group_by, unlabeled)
 
     def expand(self, refs):
         return refs | "AssignLabel" >> beam.ParDo(self._fn).with_outputs(UNLABELED, GROUPS, main="images")
+
+
+def _first_of_each_id(item):
+    """(id, [ImageRef]) -> the first ImageRef by name; each other one as a Rejection on REJECTED."""
+    taken, refs = item
+    first, *others = sorted(refs, key=lambda ref: name_bytes(ref.relpath))
+    yield first
+    for ref in others:
+        counters.inc(f"rejected_{DUPLICATE_ID}")
+        yield beam.pvalue.TaggedOutput(REJECTED, Rejection(
+            ref.relpath, "rejected", DUPLICATE_ID,
+            f"its id {quoted_name(taken)} (the file name without its extension) is also the id of "
+            f"{quoted_name(first.relpath)}, which is written: rename one of them"))
+
+
+class UniqueIds(beam.PTransform):
+    """ImageRef -> ImageRef, one per id (`transforms.examples.record_id`, the key an unlabeled set's records
+    are told apart by): of the files that share an id the first by name is kept, each other goes to REJECTED
+    as a Rejection (duplicate_id)."""
+
+    def expand(self, images):
+        return (
+            images
+            # (id, ImageRef)
+            | "KeyById" >> beam.Map(lambda ref: (record_id(ref.relpath), ref))
+            # (id, [ImageRef]): a file's id is its name without the extension, so a group is a handful at most
+            | "GroupById" >> beam.GroupByKey()
+            | "KeepFirst" >> beam.FlatMap(_first_of_each_id).with_outputs(REJECTED, main="images")
+        )

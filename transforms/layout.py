@@ -42,6 +42,8 @@ def split_of_folder(name: str) -> str | None:
 
 
 SPLITS = ("train", "validation", "test")
+# --unlabeled: the one split of a set of images without labels (a test set to predict).
+UNLABELED_SPLIT = "test"
 
 # Skip reasons (stage 'skipped': the file is never opened).
 HIDDEN = "hidden_file"
@@ -49,6 +51,7 @@ NOT_AN_IMAGE_EXTENSION = "not_an_image_extension"
 NO_CLASS_FOLDER = "no_class_folder"
 UNKNOWN_CLASS = "unknown_class"
 OUTSIDE_SPLIT_FOLDERS = "outside_split_folders"
+IN_A_SUBFOLDER = "in_a_subfolder"  # --unlabeled takes the images directly in the input folder
 # Rejection reason (stage 'rejected'): --group_by found no answer on this path within its time limit.
 GROUP_BY_TIMEOUT = "group_by_timeout"
 # A match on one path takes microseconds; a pattern that backtracks (nested repeats such as (a|aa)+$) can take
@@ -236,6 +239,7 @@ def place(
     validation_split: float,
     test_split: float,
     group_by: regex.Pattern | None = None,
+    unlabeled: bool = False,
 ) -> Placement | tuple[str, str]:
     """The split and class of an image from its relative path, or a (reason, detail) skip (GROUP_BY_TIMEOUT: a
     rejection).
@@ -243,8 +247,13 @@ def place(
     With `group_by`, the split hash takes the image's group instead of its path, so every image of a group
     lands in the same split; a path without a group is its own group (its split is the one it has without
     `group_by`). Split folders keep their images: the group is only recorded (to check for leakage).
+    With `unlabeled`, an image directly in the input folder goes to UNLABELED_SPLIT, of no class ('').
     """
     parts = relpath.split("/")
+    if unlabeled:
+        if len(parts) > 1:
+            return IN_A_SUBFOLDER, "in a folder below the input folder; --unlabeled takes the images directly in it"
+        return Placement(UNLABELED_SPLIT, "")
     if split_folders:
         split = split_of_folder(parts[0])
         if split is None:

@@ -23,7 +23,7 @@ class ImageRef(NamedTuple):
     size: int
     split: str
     class_name: str
-    label: int
+    label: int | None  # None: an image of an unlabeled set (--unlabeled), which has no class
     shuffle_key: int  # 64-bit hash of (seed, relpath): a stable random order
     # --multi_label: the class ids (sorted, no repeats; () for an image of no class) and their names in the
     # same order; `label` is then -1 and `class_name` the names joined by ';'. None for a single label.

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from transforms.examples import MULTI_LABEL_FIELDS, SCHEMAS
+from transforms.examples import MULTI_LABEL_FIELDS, SCHEMAS, record_fields
 
 TFDS_INFO_FILE = "dataset_info.json"
 TFDS_FEATURES_FILE = "features.json"
@@ -82,14 +82,15 @@ def _leaf(field_name: str, dtype: str, image_info: dict, num_classes: int, multi
     return {"pythonClassName": _CLASSES["text"], "text": {}}
 
 
-def _nest(schema: str) -> dict:
+def _nest(schema: str, unlabeled: bool = False) -> dict:
     """The written keys as a nested dict of field names: 'image/class/label' -> {'image': {'class': {'label': ...}}}.
 
     TFDS flattens nested features with '/', so nested dicts give exactly the keys this tool writes.
     A key that is both a feature and a parent of others ('image' and 'image/encoded') cannot be nested.
+    `unlabeled`: an unlabeled set's keys (no label, an id: `transforms.examples.record_fields`).
     """
     tree: dict = {}
-    for field_name, (key, dtype) in SCHEMAS[schema].items():
+    for field_name, (key, dtype) in record_fields(schema, unlabeled).items():
         *parents, leaf = key.split("/")
         node = tree
         for part in parents:
@@ -114,13 +115,14 @@ def _features_content(tree: dict, image_info: dict, num_classes: int, multi_labe
 
 
 def features_json(schema: str, image_info: dict, num_classes: int, multi_label: bool = False,
-                  features: tuple = ()) -> dict:
+                  features: tuple = (), unlabeled: bool = False) -> dict:
     """TFDS's features.json: the top-level FeaturesDict of the written keys, as `FeatureConnector.save_config`.
 
     With `multi_label` the label is a Sequence of ClassLabel and class_name a Sequence of Text (lists).
     `features`: the typed extra features (transforms.features.FeatureType), each a top-level key of its own.
+    `unlabeled` (--unlabeled): no ClassLabel, the id a Text.
     """
-    content = _features_content(_nest(schema), image_info, num_classes, multi_label)
+    content = _features_content(_nest(schema, unlabeled), image_info, num_classes, multi_label)
     for feature in features:
         content["features"][feature.name] = _extra_leaf(feature)
     return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
@@ -167,8 +169,9 @@ def unsupported(splits: dict, compression: str) -> str | None:
     return None
 
 
-def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
-    """TFDS's dataset_info.json (the DatasetInfo proto in JSON), for splits as image_tfrecords.json lists them."""
+def dataset_info_json(splits: dict, schema: str, description: str = "", unlabeled: bool = False) -> dict:
+    """TFDS's dataset_info.json (the DatasetInfo proto in JSON), for splits as image_tfrecords.json lists them;
+    an unlabeled set (`unlabeled`) has no supervised keys."""
     keys = SCHEMAS[schema]
     extension = file_format(splits)
     info = {
@@ -188,25 +191,29 @@ def dataset_info_json(splits: dict, schema: str, description: str = "") -> dict:
         ],
     }
     image, label = keys["image"][0], keys["label"][0]
-    if "/" not in image + label:  # TFDS 4.9 looks supervised keys up at the top level only
+    if "/" not in image + label and not unlabeled:  # TFDS 4.9 looks supervised keys up at the top level only
         info["supervisedKeys"] = {"tuple": {"items": [{"featureKey": image}, {"featureKey": label}]}}
     return info
 
 
 def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[str], compression: str,
-               description: str = "", multi_label: bool = False, features: tuple = ()
+               description: str = "", multi_label: bool = False, features: tuple = (), unlabeled: bool = False
                ) -> tuple[dict[str, str], str | None]:
-    """{file name: text} of TFDS's files for this dataset, in the order to write them, and None; or ({}, why not)."""
+    """{file name: text} of TFDS's files for this dataset, in the order to write them, and None; or ({}, why not).
+
+    An unlabeled set (`unlabeled`, --unlabeled) has no ClassLabel, hence no labels file."""
     import json
 
     why_not = unsupported(splits, compression)
     if why_not:
         return {}, why_not
+    labels = {} if unlabeled else {labels_file(schema): "".join(f"{name}\n" for name in class_names)}
     return {
-        labels_file(schema): "".join(f"{name}\n" for name in class_names),
+        **labels,
         TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label,
-                                                     features=features), indent=4, sort_keys=True),
-        TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description), indent=2) + "\n",
+                                                     features=features, unlabeled=unlabeled),
+                                       indent=4, sort_keys=True),
+        TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description, unlabeled), indent=2) + "\n",
     }, None
 
 

@@ -105,6 +105,8 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
         raise UserError(f"the images of {dataset_dir} vary in size (--resize_mode={options.get('resize_mode')}); "
                         "pass --image_size=N or WxH to resize them to one size for batching")
     image_key, label_key = reader.image_label_keys(info["schema"])
+    if info.get("unlabeled"):  # an unlabeled set's records have no label key: the images alone are read
+        label_key = None
     return Source(
         name=dataset_dir, files=files, sizes=sizes, compression="GZIP" if info["compression"] == "gzip" else "",
         image_key=image_key, label_key=label_key, image_size=image_size or stored,

@@ -9,7 +9,8 @@ as a training job reads them, and each tile is captioned with the label id and
 class name stored next to it: a person sees at a glance that labels,
 orientation and colours are right. Records are read in shard order, so the same
 dataset always gives the same sheet; the shards are shuffled, so the first
-images of a class are a random sample of it. A record that cannot be shown (a
+images of a class are a random sample of it. An unlabeled set (--unlabeled) has
+one row, of its first records in shard order, each captioned with its id. A record that cannot be shown (a
 corrupt record, one that is not an Example, an image that does not decode) is
 skipped and named on a `problem:` line with its shard and index; the exit code
 is then 1, and 2 when no image at all could be shown.
@@ -43,6 +44,7 @@ TILE_BACKGROUND = (64, 64, 64)
 CAPTION_BACKGROUND = (0, 0, 0)
 CAPTION_TEXT = (255, 255, 255)
 # Bars of the class chart per split, in the same colour on every chart.
+UNLABELED_ROW = "unlabeled"  # the one row of an unlabeled set's contact sheet
 SPLIT_COLOURS = {"train": "#4C72B0", "validation": "#DD8452", "test": "#55A868"}
 
 
@@ -52,8 +54,8 @@ class Tile:
 
     row: int
     column: int
-    label: int
-    class_name: str
+    label: int  # -1 in an unlabeled set
+    class_name: str  # in an unlabeled set (--unlabeled), the record's id
     source_path: str
     record_index: int  # position of the record in the split, in shard order
     box: tuple[int, int, int, int]  # (left, top, right, bottom) of the image pixels on the sheet
@@ -138,9 +140,12 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     image_key, label_key = reader.image_label_keys(schema)
     budget = reader.decode_budget(info)  # an image is measured from its header before it is decoded
     multi_label = bool(info.get("multi_label"))  # a record goes in the row of each of its classes
+    unlabeled = bool(info.get("unlabeled"))  # one row (0): the split's first records
     # image_tfrecords.json says how many images each class has here: stop as soon as all of them are found.
     counts = info["splits"][split].get("class_counts", {})
     wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
+    if unlabeled:
+        wanted = {0: min(per_class, info["splits"][split]["records"])}
     chosen: dict[int, list] = {label: [] for label in wanted}
     read = offset = 0  # records read; position of the shard's first record in the split
     # Records are read one shard after another (CRCs checked without TensorFlow), so the sheet is the same on
@@ -153,7 +158,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                     return chosen, read
                 read += 1
                 label = "data checksum mismatch (the record's bytes are corrupt)" if data is None else \
-                    _label_of(data, label_key, multi_label)
+                    0 if unlabeled else _label_of(data, label_key, multi_label)
                 if isinstance(label, str):
                     problems.append(f"{name} record {index}: {label}; skipped")
                     continue
@@ -165,7 +170,8 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                     problems.append(f"{name} record {index}: cannot be shown ({too_large}); skipped")
                     continue
                 try:
-                    example = reader.parse_example(data, schema, decode=True, multi_label=multi_label)
+                    example = reader.parse_example(data, schema, decode=True, multi_label=multi_label,
+                                                   unlabeled=unlabeled)
                     example = {k: v.numpy() for k, v in example.items()}
                 except (tf.errors.OpError, UnicodeDecodeError) as e:
                     problems.append(f"{name} record {index}: cannot be shown ({reader.error_text(e)}); skipped")
@@ -181,8 +187,11 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
 
 def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, tile_size: int,
                        title: str = "") -> tuple[Image.Image, list[Tile]]:
-    """One row per class, `per_class` captioned tiles per row; returns the sheet and where each record went."""
-    names = info["class_names"]
+    """One row per class, `per_class` captioned tiles per row; returns the sheet and where each record went.
+
+    An unlabeled set has one row, each tile captioned with its record's id."""
+    unlabeled = bool(info.get("unlabeled"))
+    names = [UNLABELED_ROW] if unlabeled else info["class_names"]
     cell_w, cell_h = tile_size, tile_size + CAPTION_HEIGHT
     width = 2 * MARGIN + per_class * cell_w + (per_class - 1) * GAP
     height = HEADER_HEIGHT + MARGIN + len(names) * cell_h + (len(names) - 1) * GAP
@@ -204,7 +213,9 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
                     sheet.paste(caption_image(f"{row}  {name}: no more in {split}", cell_w), caption_box[:2])
                 continue
             index, example = records[column]
-            if example["label"].ndim:  # --multi_label: the row's class, and every name the record holds
+            if unlabeled:  # no label: the id, to match a prediction to its file
+                label, class_name = -1, example["id"].decode("utf-8")
+            elif example["label"].ndim:  # --multi_label: the row's class, and every name the record holds
                 label, class_name = row, ";".join(n.decode("utf-8") for n in example["class_name"])
             else:
                 label, class_name = int(example["label"]), example["class_name"].decode("utf-8")
@@ -213,7 +224,8 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
             y = top + (tile_size - image.height) // 2
             sheet.paste(image, (x, y))
             # The caption shows what the record says, so a wrong label in the data is visible as such.
-            sheet.paste(caption_image(caption_text(label, class_name), cell_w), caption_box[:2])
+            caption = class_name if unlabeled else caption_text(label, class_name)
+            sheet.paste(caption_image(caption, cell_w), caption_box[:2])
             tiles.append(Tile(row, column, label, class_name, example["source_path"].decode("utf-8"), index,
                               (x, y, x + image.width, y + image.height), caption_box))
     return sheet, tiles
@@ -250,8 +262,9 @@ def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: in
     elif missed and not found:
         _LOG.warning("Fewer images than %s counts were found in %s: %s; check the dataset with python -m "
                      "pipeline.verify", INFO_FILE, split, ", ".join(missed))
-    title = f"{dataset_dir.rstrip('/')}  |  {split}: {info['splits'][split]['records']} images, " \
-            f"{len(info['class_names'])} classes  |  label id and class name as stored"
+    what = "unlabeled  |  id as stored" if info.get("unlabeled") else \
+        f"{len(info['class_names'])} classes  |  label id and class name as stored"
+    title = f"{dataset_dir.rstrip('/')}  |  {split}: {info['splits'][split]['records']} images, {what}"
     return draw_contact_sheet(info, chosen, split, per_class, tile_size, title)
 
 
@@ -371,6 +384,9 @@ def run(argv: list[str]) -> int:
     from pipeline.readers import reader
 
     info = reader.load_info(args.dataset_dir)
+    if args.class_chart and info.get("unlabeled"):
+        raise UserError(f"--class_chart: {args.dataset_dir} is an unlabeled set (--unlabeled), with no classes to "
+                        "chart: drop --class_chart (--contact_sheet shows its images with their ids)")
     problems: list[str] = []
     if args.contact_sheet:
         sheet, tiles = make_contact_sheet(args.dataset_dir, args.split, args.per_class, args.tile_size,
@@ -385,8 +401,8 @@ def run(argv: list[str]) -> int:
         _save(sheet, args.contact_sheet)
         skipped = f"; {len(problems)} record{'s' if len(problems) > 1 else ''} could not be shown (listed " \
                   f"above); {_CHECK}" if problems else ""
-        print(f"Wrote {args.contact_sheet}: {len(tiles)} images of {len(info['class_names'])} classes "
-              f"({sheet.width}x{sheet.height} px){skipped}")
+        of = "an unlabeled set" if info.get("unlabeled") else f"{len(info['class_names'])} classes"
+        print(f"Wrote {args.contact_sheet}: {len(tiles)} images of {of} ({sheet.width}x{sheet.height} px){skipped}")
     if args.class_chart:
         _save(class_chart(info), args.class_chart)
         print(f"Wrote {args.class_chart}: images per class for {', '.join(info['splits'])}")

@@ -20,7 +20,7 @@ from pipeline.errors import DatasetError
 from pipeline.flags import bucket_problem
 from transforms import bounded
 from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
-from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS
+from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS, record_fields
 from transforms.features import from_description
 from transforms.listing import regular_file_problem
 from transforms.outputs import LEGACY_INFO_FILE
@@ -285,12 +285,14 @@ def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[
     return [join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
 
 
-def feature_spec(schema: str = "default", multi_label: bool = False, extras: tuple = ()) -> dict:
+def feature_spec(schema: str = "default", multi_label: bool = False, extras: tuple = (), unlabeled: bool = False
+                 ) -> dict:
     """The `tf.io.parse_single_example` spec of a schema ('default' or 'tf_slim'), keyed by stored key.
 
     With `multi_label` (a dataset written with --multi_label) the label and class_name keys are VarLenFeatures.
     `extras`: the typed extra features (`extra_features(info)`): one value as FixedLenFeature([]), N values as
     FixedLenFeature([N]), a list of any length as RaggedFeature (a 1-D tensor per example).
+    With `unlabeled` (an unlabeled set, "unlabeled": true in image_tfrecords.json): no label or class_name, an id.
     """
     import tensorflow as tf
 
@@ -299,7 +301,7 @@ def feature_spec(schema: str = "default", multi_label: bool = False, extras: tup
             if multi_label and field in MULTI_LABEL_FIELDS else
             tf.io.FixedLenFeature([], tf.int64 if dtype == "int64" else tf.string,
                                   default_value="" if field in OPTIONAL_FIELDS else None)
-            for field, (key, dtype) in SCHEMAS[schema].items()}
+            for field, (key, dtype) in record_fields(schema, unlabeled).items()}
     types = {"int64": tf.int64, "float": tf.float32, "string": tf.string}
     for feature in extras:
         dtype = types[feature.dtype]
@@ -328,20 +330,21 @@ def multi_hot(labels, num_classes: int):
 
 
 def parse_example(serialized, schema: str = "default", decode: bool = True, image_size=None,
-                  multi_label: bool = False, extras: tuple = ()) -> dict:
+                  multi_label: bool = False, extras: tuple = (), unlabeled: bool = False) -> dict:
     """Parse one serialized Example into canonical names: image, label, class_name, height, width, source_path,
     sha256 ('' in datasets written before it was recorded); and each of `extras` (typed extra features) under its
     own name: a scalar, a [N] tensor, or a 1-D tensor of the example's own length for a list.
 
     With `decode`, `image` is a uint8 [H, W, 3] tensor (JPEG or PNG); `image_size`
     (height, width) sets its static shape, as a TPU needs. With `multi_label`, `label` is an int64 [n] tensor
-    of class ids (n >= 0) and `class_name` a string [n] tensor of their names.
+    of class ids (n >= 0) and `class_name` a string [n] tensor of their names. With `unlabeled` (an unlabeled
+    set) there is no label or class_name, and `id` is the record's id (its file name without the extension).
     """
     import tensorflow as tf
 
-    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, multi_label, extras))
+    parsed = tf.io.parse_single_example(serialized, feature_spec(schema, multi_label, extras, unlabeled))
     out = {field: tf.sparse.to_dense(parsed[key]) if isinstance(parsed[key], tf.sparse.SparseTensor) else parsed[key]
-           for field, (key, _) in SCHEMAS[schema].items()}
+           for field, (key, _) in record_fields(schema, unlabeled).items()}
     out.update({feature.name: parsed[feature.name] for feature in extras})
     if decode:
         image = tf.io.decode_image(out["image"], channels=3, expand_animations=False)
@@ -407,9 +410,14 @@ def make_dataset(
     image), for `binary_crossentropy`; without it the label is the int64 [n] list (and `class_name` the
     names), and a batch holds them as tf.RaggedTensor.
 
+    An unlabeled set (--unlabeled, "unlabeled": true in image_tfrecords.json) has no label: each dict has `id`
+    (the file name without its extension) instead of label and class_name, and `supervised` gives
+    `(image, id)` pairs, to match predictions to their files.
+
     Raises:
         DatasetError: when `dataset_dir` holds no complete dataset or no such split.
-        ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale).
+        ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale), or `one_hot` on an
+        unlabeled set.
     """
     import tensorflow as tf
 
@@ -429,6 +437,9 @@ def make_dataset(
     num_classes = info.get("num_classes", len(info["class_names"]))
     extras = extra_features(info)
     multi_label = bool(info.get("multi_label"))
+    unlabeled = bool(info.get("unlabeled"))
+    if one_hot and unlabeled:
+        raise ValueError(f"one_hot needs labels, and {dataset_dir} is an unlabeled set (--unlabeled): drop one_hot")
     ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = False
@@ -439,14 +450,15 @@ def make_dataset(
         ds = ds.repeat()
 
     def parse(serialized):
-        fields = parse_example(serialized, info["schema"], decode, image_size, multi_label, extras=extras)
+        fields = parse_example(serialized, info["schema"], decode, image_size, multi_label, extras=extras,
+                               unlabeled=unlabeled)
         if scale:
             fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
         if one_hot and multi_label:
             fields["label"] = multi_hot(fields["label"], num_classes)
         elif one_hot:
             fields["label"] = tf.one_hot(fields["label"], num_classes, dtype=tf.float32)
-        return (fields["image"], fields["label"]) if supervised else fields
+        return (fields["image"], fields["id" if unlabeled else "label"]) if supervised else fields
 
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     # lists of any length per image: ragged (label and class_name with --multi_label, the image too without a

@@ -47,6 +47,7 @@ from pipeline.errors import DatasetError
 from pipeline.readers import reader
 from transforms import bounded, duplicates, tfds_metadata
 from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.examples import record_id
 from transforms.layout import SPLITS
 from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
 from transforms.shardfiles import scan_shard
@@ -114,10 +115,13 @@ class _RecordChecker:
         schema = info["schema"]
         extras = reader.extra_features(info)  # --features: each record must parse with its recorded types
         self._multi = multi = bool(info.get("multi_label"))
+        self._unlabeled = unlabeled = bool(info.get("unlabeled"))  # an id per record instead of a label
+        told_by = ("id",) if unlabeled else ("label", "class_name")
 
         def summarise(index, serialized, decode):
-            fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi, extras=extras)
-            facts = {key: fields[key] for key in ("label", "class_name", "source_path", "height", "width", "sha256")}
+            fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi, extras=extras,
+                                          unlabeled=unlabeled)
+            facts = {key: fields[key] for key in (*told_by, "source_path", "height", "width", "sha256")}
             if multi:  # lists of any length, as one string each so that a chunk batches
                 facts["label"] = tf.strings.reduce_join(tf.strings.as_string(fields["label"]), separator=",")
                 facts["class_name"] = tf.strings.reduce_join(fields["class_name"], separator=_UNIT)
@@ -125,7 +129,8 @@ class _RecordChecker:
             facts["head"] = tf.strings.substr(fields["image"], 0, 8)
             facts["format"] = fields["format"] if "format" in fields else tf.constant(self._format or "")
             if decode:
-                pixels = reader.parse_example(serialized, schema, decode=True, multi_label=multi)["image"]
+                pixels = reader.parse_example(serialized, schema, decode=True, multi_label=multi,
+                                              unlabeled=unlabeled)["image"]
                 facts["shape"] = tf.shape(pixels, out_type=tf.int64)
                 facts["fingerprint"] = tf.fingerprint(tf.reshape(pixels, [1, -1]))[0]
             else:
@@ -249,10 +254,21 @@ class _RecordChecker:
             result.without_labels += 1
         return expected  # a list, not the names joined: ['a;b'] and ['a', 'b'] are two label sets
 
+    @staticmethod
+    def _check_id(result: _ShardResult, index: int, row: dict, source_path: str) -> str:
+        """An unlabeled set's record: its id is its file's name without the extension; returns '' (no class)."""
+        stored, expected = row["id"].decode("utf-8", "replace"), record_id(source_path)
+        if stored != expected:
+            result.problem(index, f"id {stored!r} is not the file name of source_path {source_path!r} without its "
+                                  f"extension ({expected!r})")
+        return ""
+
     def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
         index = int(row["index"])
         source_path = row["source_path"].decode("utf-8", "replace")
-        if self._multi:
+        if self._unlabeled:
+            class_name = self._check_id(result, index, row, source_path)
+        elif self._multi:
             class_name = self._check_labels(result, index, row)  # the list of names
         else:
             class_name = self._check_label(result, index, row)
@@ -467,7 +483,7 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             if most > (expected or 0):
                 report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but a class counts "
                                        f"{most}")
-        elif class_sum != expected:
+        elif class_sum != expected and not info.get("unlabeled"):  # an unlabeled set has no classes to count
             report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but its class counts add "
                                    f"up to {class_sum}")
         shards = by_split.get(split, [])
@@ -626,7 +642,8 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
                                                info["compression"], multi_label=bool(info.get("multi_label")),
-                                               features=reader.extra_features(info))
+                                               features=reader.extra_features(info),
+                                               unlabeled=bool(info.get("unlabeled")))
     except (KeyError, TypeError, ValueError, DatasetError):
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
