@@ -18,9 +18,11 @@ venv: $(STAMP)
 demo: venv
 	$(PY) -m pipeline.demo
 
+# The tests run in one process per logical CPU (pytest-xdist); `make test TEST_WORKERS=0` runs them in one.
+TEST_WORKERS ?= logical
 test: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 lint: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
