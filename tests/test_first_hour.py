@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
-from tests.conftest import REPO, cli, convert
+from tests.conftest import REPO, cli, convert, main_in_process
 
 MB = 1_000_000
 
@@ -102,12 +102,12 @@ def test_num_shards_forms():
     ("train=8,train=2", "gives train twice"),
     ("train=", "is not a shard count"),
 ])
-def test_bad_num_shards_is_one_line(tmp_path, value, message):
-    run = cli("pipeline.main", f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",
-              f"--num_shards={value}")
-    assert run.returncode == 2
-    assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: --num_shards="), run.stderr
-    assert message in run.stderr
+def test_bad_num_shards_is_one_line(tmp_path, value, message, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",
+                                   f"--num_shards={value}")
+    assert code == 2
+    assert stderr.count("\n") == 1 and stderr.startswith("error: --num_shards="), stderr
+    assert message in stderr
 
 
 def _tree(root, per_class=30):
@@ -158,10 +158,11 @@ def test_help_is_answered_without_beam_and_marks_required_options():
     assert "--num_shards" in page and "train=64,validation=8" in page
 
 
-def test_a_mistyped_flag_prints_only_this_tools_line(tmp_path):
-    run = cli("pipeline.main", f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", "--imge_size=128")
-    assert run.returncode == 2
-    assert run.stderr == "error: unknown option --imge_size; run with --help to see the options\n"
+def test_a_mistyped_flag_prints_only_this_tools_line(tmp_path, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",
+                                   "--imge_size=128")
+    assert code == 2
+    assert stderr == "error: unknown option --imge_size; run with --help to see the options\n"
 
 
 # --- Messages -------------------------------------------------------------------------------------
