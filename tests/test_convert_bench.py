@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.conftest import cli
-from tests.test_pipeline import read_records, write_tiny_tree
+from tests.datasets import read_records, write_tiny_tree
 
 
 @pytest.mark.slow
