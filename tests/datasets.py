@@ -44,3 +44,17 @@ def write_tiny_tree(root, per_class: dict[str, int], size=(24, 24), start=0):
             Image.new("RGB", size, (40 * c % 256, 255 - 30 * c % 256, (i * 7) % 256)).save(path, quality=80)
             paths.append(f"{name}/{path.name}")
     return paths
+
+
+def convert_manifest(manifest, out, *args) -> int:
+    """`pipeline.launcher.run` on a --manifest, in-process (quiet, in memory, one worker); returns its exit code."""
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+
+    return run([f"--manifest={manifest}", f"--output_dir={out}", "--quiet", *args, *FAST])
+
+
+def error_rows(out) -> list[dict]:
+    """The rows of `out`/errors.jsonl ([] without one)."""
+    path = out / "errors.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
