@@ -140,12 +140,12 @@ def test_a_class_folder_name_that_cannot_round_trip_is_refused_up_front(tmp_path
 
 
 @pytest.mark.timeout(60)
-def test_a_bad_class_name_as_a_user_sees_it(tmp_path):
+def test_a_bad_class_name_is_the_one_line_on_stderr_and_exit_2(tmp_path, capsys):
     root = tmp_path / "in"
     tree.class_tree(root, {"cats": 2, "a\nb": 2})
-    result = cli("pipeline.main", f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}")
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
+    code, stderr = main_in_process(capsys, f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}")
+    assert code == 2
+    assert stderr.splitlines() == [
         "error: the class folder 'a\\nb' in " + str(root) + " has a line break in its name, which labels.txt "
         "(one class per line) cannot hold: rename the folder"
     ]
