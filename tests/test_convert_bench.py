@@ -9,6 +9,8 @@ import pytest
 from tests.conftest import cli
 from tests.datasets import read_records, write_tiny_tree
 
+pytestmark = pytest.mark.bench  # a benchmarks/ script: make test runs it; leave it out while you work
+
 
 @pytest.mark.slow
 def test_repeated_runs_report_the_median_pair_and_consistent_ratios(tmp_path):
