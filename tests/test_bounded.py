@@ -140,15 +140,15 @@ def test_hostile_metadata_rows_are_rejected_images(tmp_path):
     ('{"score": ' + DEEP + '}', "nested more than 64 levels deep"),
     ('{"score": "float", "n": ' + DIGITS + '}', "an integer of 5000 digits"),
 ])
-def test_a_hostile_schema_file_is_one_error_line(tmp_path, schema, why):
-    from tests.conftest import cli
+def test_a_hostile_schema_file_is_one_error_line(tmp_path, schema, why, capsys):
+    from tests.conftest import main_in_process
 
     src = tmp_path / "in"
     _images(src, ["0.png"])
     (src / "list.csv").write_text("path,label,score\n0.png,cat,1\n")
     (tmp_path / "schema.json").write_text(schema)
-    result = cli("pipeline.main", f"--manifest={src / 'list.csv'}", f"--output_dir={tmp_path / 'out'}",
-                 f"--features=@{tmp_path / 'schema.json'}", "--quiet", timeout=110)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --features"), lines
+    code, stderr = main_in_process(capsys, f"--manifest={src / 'list.csv'}", f"--output_dir={tmp_path / 'out'}",
+                                   f"--features=@{tmp_path / 'schema.json'}", "--quiet")
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --features"), lines
     assert why in lines[0], lines

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from tests.conftest import cli
-from tests.test_pipeline import read_records, write_tiny_tree
+from tests.datasets import read_records, write_tiny_tree
+
+pytestmark = pytest.mark.bench  # a benchmarks/ script: make test runs it; leave it out while you work
 
 
 @pytest.mark.slow

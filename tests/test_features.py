@@ -13,7 +13,7 @@ from PIL import Image
 
 from pipeline.errors import UserError
 from pipeline.launcher import run
-from tests.conftest import FAST, cli, doc_examples
+from tests.conftest import FAST, doc_examples, main_in_process
 from transforms import features as F
 
 SPEC = "score:float,size:int[2],box:float[4],float_data:float_list,source:string,tags:string_list"
@@ -405,13 +405,13 @@ def test_user_errors_in_process(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_user_errors_from_the_command_line(tmp_path):
+def test_user_errors_from_the_command_line(tmp_path, capsys):
     _images(tmp_path / "data" / "a", 1)
     (tmp_path / "data" / "list.csv").write_text("path,label,score\na/0.png,x,1\n")
-    result = cli("pipeline.main", f"--manifest={tmp_path / 'data' / 'list.csv'}", f"--output_dir={tmp_path / 'o'}",
-                 "--features=score:decimal")
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    code, stderr = main_in_process(capsys, f"--manifest={tmp_path / 'data' / 'list.csv'}",
+                                   f"--output_dir={tmp_path / 'o'}", "--features=score:decimal")
+    assert code == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines == ["error: --features=score:decimal gives 'score' the type 'decimal', which is not a type: the "
                      "types are int, float, string, int[N], float[N], string[N], int_list, float_list, string_list "
                      "(N a positive length, e.g. float[4])"]

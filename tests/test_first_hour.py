@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
-from tests.conftest import REPO, cli, convert
+from tests.conftest import REPO, convert, main_in_process
 
 MB = 1_000_000
 
@@ -31,14 +31,14 @@ def small_photos(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-def test_small_images_get_a_notice_before_converting(small_photos, tmp_path):
-    run = cli("pipeline.main", f"--input_dir={small_photos}", f"--output_dir={tmp_path / 'out'}",
-              "--direct_running_mode=in_memory", "--direct_num_workers=1", "--test_split=0.2")
-    assert run.returncode == 0, run.stderr
-    lines = run.stderr.splitlines()
+def test_small_images_get_a_notice_before_converting(small_photos, tmp_path, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={small_photos}", f"--output_dir={tmp_path / 'out'}",
+                                   "--direct_running_mode=in_memory", "--direct_num_workers=1", "--test_split=0.2")
+    assert code == 0, stderr
+    lines = stderr.splitlines()
     notice = [i for i, line in enumerate(lines) if "smaller than --image_size=512" in line]
     converting = [i for i, line in enumerate(lines) if line.startswith("INFO pipeline: Converting")]
-    assert notice and converting and notice[0] < converting[0], run.stderr
+    assert notice and converting and notice[0] < converting[0], stderr
     text = lines[notice[0]]
     assert text.startswith("WARNING")
     assert "36 of 36 sampled" in text and "typically 128x128 px" in text and "--image_size=128" in text
@@ -51,11 +51,11 @@ def test_small_images_get_a_notice_before_converting(small_photos, tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("args", [["--image_size=128"], ["--resize_mode=fit"], ["--quiet"]])
-def test_no_notice_when_the_images_are_not_enlarged(small_photos, tmp_path, args):
-    run = cli("pipeline.main", f"--input_dir={small_photos}", f"--output_dir={tmp_path / 'out'}",
-              "--direct_running_mode=in_memory", "--direct_num_workers=1", *args)
-    assert run.returncode == 0, run.stderr
-    assert "smaller than --image_size" not in run.stderr
+def test_no_notice_when_the_images_are_not_enlarged(small_photos, tmp_path, args, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={small_photos}", f"--output_dir={tmp_path / 'out'}",
+                                   "--direct_running_mode=in_memory", "--direct_num_workers=1", *args)
+    assert code == 0, stderr
+    assert "smaller than --image_size" not in stderr
 
 
 def _shard_sizes(out) -> dict[str, list[int]]:
@@ -102,12 +102,12 @@ def test_num_shards_forms():
     ("train=8,train=2", "gives train twice"),
     ("train=", "is not a shard count"),
 ])
-def test_bad_num_shards_is_one_line(tmp_path, value, message):
-    run = cli("pipeline.main", f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",
-              f"--num_shards={value}")
-    assert run.returncode == 2
-    assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: --num_shards="), run.stderr
-    assert message in run.stderr
+def test_bad_num_shards_is_one_line(tmp_path, value, message, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",
+                                   f"--num_shards={value}")
+    assert code == 2
+    assert stderr.count("\n") == 1 and stderr.startswith("error: --num_shards="), stderr
+    assert message in stderr
 
 
 def _tree(root, per_class=30):
@@ -158,10 +158,11 @@ def test_help_is_answered_without_beam_and_marks_required_options():
     assert "--num_shards" in page and "train=64,validation=8" in page
 
 
-def test_a_mistyped_flag_prints_only_this_tools_line(tmp_path):
-    run = cli("pipeline.main", f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", "--imge_size=128")
-    assert run.returncode == 2
-    assert run.stderr == "error: unknown option --imge_size; run with --help to see the options\n"
+def test_a_mistyped_flag_prints_only_this_tools_line(tmp_path, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",
+                                   "--imge_size=128")
+    assert code == 2
+    assert stderr == "error: unknown option --imge_size; run with --help to see the options\n"
 
 
 # --- Messages -------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
-from tests.conftest import cli, convert, doc_example
+from tests.conftest import convert, doc_example, main_in_process
 from transforms.examples import Example
 from transforms.outputs import own_outputs
 from transforms.tfrecord import iter_records
@@ -288,13 +288,13 @@ def test_array_record_refuses_gzip_and_index_files(tree, tmp_path, extra, messag
     assert not (tmp_path / "out").exists()
 
 
-def test_array_record_with_gzip_is_a_one_line_error_on_the_command_line(tree, tmp_path):
-    result = cli("pipeline.main", f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}",
-                 "--file_format=array_record", "--compression=gzip")
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
+def test_array_record_with_gzip_is_a_one_line_error_on_the_command_line(tree, tmp_path, capsys):
+    code, stderr = main_in_process(capsys, f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}",
+                                   "--file_format=array_record", "--compression=gzip")
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("error: --file_format=array_record takes no --compression"), \
-        result.stderr
+        stderr
 
 
 @pytest.mark.timeout(300)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from pipeline.errors import UserError
 from pipeline.report import format_summary
-from tests.conftest import cli, convert
+from tests.conftest import convert, main_in_process
 from transforms.examples import Example
 from transforms.layout import GROUP_BY_TIMEOUT, GroupByTimeout, compile_group_by, group_of, hash_split, place
 from transforms.tfrecord import iter_records
@@ -131,14 +131,14 @@ def test_without_group_by_the_summary_gives_the_reached_shares_too(sample_output
                         r"validation \d+\.\d % \(asked 20 %\)\.", line)
 
 
-def test_a_bad_regex_is_one_line_naming_the_flag(tmp_path):
+def test_a_bad_regex_is_one_line_naming_the_flag(tmp_path, capsys):
     (tmp_path / "in" / "a").mkdir(parents=True)
     with pytest.raises(UserError, match=r"^--group_by='\(patient' is not a regular expression \(missing \)"):
         convert(tmp_path / "in", tmp_path / "out", "--group_by=(patient")
-    result = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}",
-                 "--group_by=[a-")
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}",
+                                   "--group_by=[a-")
+    assert code != 0
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --group_by='[a-' is not a regular expression"), lines
     assert not (tmp_path / "out").exists()
 

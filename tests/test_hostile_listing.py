@@ -19,8 +19,8 @@ from pipeline.errors import UserError
 from pipeline.options import ConvertOptions, validate
 from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
-from tests.conftest import cli, convert
-from tests.test_pipeline import read_records
+from tests.conftest import cli, convert, main_in_process
+from tests.datasets import read_records
 from transforms.layout import hash_split, shuffle_key
 
 IS_ROOT = os.geteuid() == 0
@@ -140,12 +140,12 @@ def test_a_class_folder_name_that_cannot_round_trip_is_refused_up_front(tmp_path
 
 
 @pytest.mark.timeout(60)
-def test_a_bad_class_name_as_a_user_sees_it(tmp_path):
+def test_a_bad_class_name_is_the_one_line_on_stderr_and_exit_2(tmp_path, capsys):
     root = tmp_path / "in"
     tree.class_tree(root, {"cats": 2, "a\nb": 2})
-    result = cli("pipeline.main", f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}")
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
+    code, stderr = main_in_process(capsys, f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}")
+    assert code == 2
+    assert stderr.splitlines() == [
         "error: the class folder 'a\\nb' in " + str(root) + " has a line break in its name, which labels.txt "
         "(one class per line) cannot hold: rename the folder"
     ]
@@ -292,12 +292,12 @@ def test_glob_characters_in_the_input_folder_are_plain_characters(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", ["out[1]", "out*", "out?"])
-def test_glob_characters_in_the_output_folder_are_refused_with_one_line(tmp_path, name):
+def test_glob_characters_in_the_output_folder_are_refused_with_one_line(tmp_path, name, capsys):
     tree.class_tree(tmp_path / "in", {"cats": 2, "dogs": 2})
-    result = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / name}")
-    assert result.returncode == 2, result.stderr
-    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: --output_dir")
-    assert "glob" in result.stderr and "Traceback" not in result.stderr
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / name}")
+    assert code == 2, stderr
+    assert len(stderr.splitlines()) == 1 and stderr.startswith("error: --output_dir")
+    assert "glob" in stderr and "Traceback" not in stderr
     assert not (tmp_path / name).exists()
 
 
@@ -314,7 +314,7 @@ def test_an_infinite_image_timeout_is_refused(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("where", ["under_a_file", "dev_null", "under_dev_null", "proc"])
-def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, where):
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, where, capsys):
     tree.class_tree(tmp_path / "in", {"cats": 1, "dogs": 1})
     (tmp_path / "file").write_text("x")
     output = {
@@ -323,10 +323,10 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, where):
         "under_dev_null": "/dev/null/out",
         "proc": "/proc/no-such-process/out",
     }[where]
-    result = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={output}")
-    assert result.returncode == 2, result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith(f"error: --output_dir {output} ")
+    code, stderr = main_in_process(capsys, f"--input_dir={tmp_path / 'in'}", f"--output_dir={output}")
+    assert code == 2, stderr
+    assert len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith(f"error: --output_dir {output} ")
     assert (tmp_path / "file").read_text() == "x"
 
 

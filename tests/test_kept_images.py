@@ -9,8 +9,8 @@ import json
 from PIL import Image
 
 from tests.conftest import convert
+from tests.datasets import read_records
 from tests.image_cases import exif_orientation
-from tests.test_pipeline import read_records
 
 
 def _photo(size, seed: int) -> Image.Image:

@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import cli
 
+pytestmark = pytest.mark.bench  # a benchmarks/ script: make test runs it; leave it out while you work
+
 
 @pytest.mark.timeout(300)
 def test_a_small_listing_is_planned_and_measured(tmp_path):

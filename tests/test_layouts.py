@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import UserError
 from tests.conftest import cli, convert
-from tests.test_pipeline import read_records, write_tiny_tree
+from tests.datasets import read_records, write_tiny_tree
 from transforms.layout import nested_class_folders, split_folder_note, split_of_folder
 
 

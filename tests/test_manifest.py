@@ -10,8 +10,9 @@ import tensorflow as tf
 from PIL import Image
 
 from pipeline.errors import UserError
-from pipeline.launcher import run
-from tests.conftest import FAST, cli
+from tests.conftest import cli
+from tests.datasets import convert_manifest as _run
+from tests.datasets import error_rows as _errors
 
 
 def _images(folder, n, colour=(200, 30, 30)):
@@ -21,10 +22,6 @@ def _images(folder, n, colour=(200, 30, 30)):
         Image.new("RGB", (16 + i % 5, 16), colour).save(folder / f"img{i:04d}.png")
         names.append(f"img{i:04d}.png")
     return names
-
-
-def _run(manifest, out, *args):
-    return run([f"--manifest={manifest}", f"--output_dir={out}", "--quiet", *args, *FAST])
 
 
 def _records(out):
@@ -37,11 +34,6 @@ def _records(out):
             got.append((shard.name.split("-")[0], f["label"].int64_list.value[0] if "label" in f
                         else f["image/class/label"].int64_list.value[0], source))
     return got
-
-
-def _errors(out):
-    path = out / "errors.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.mark.timeout(300)

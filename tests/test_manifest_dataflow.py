@@ -66,7 +66,8 @@ EXPECTED_ERRORS = [
 @pytest.mark.timeout(300)
 def test_a_gs_manifest_cut_into_many_ranges_reads_every_row_once(gcs_emulator, manifest, tmp_path, monkeypatch):
     """Ranged reads through FileSystems (open + seek) on GCS: 40-byte ranges, the sequential row numbers."""
-    from tests.test_manifest import _errors, _run
+    from tests.datasets import convert_manifest as _run
+    from tests.datasets import error_rows as _errors
     from transforms import rows
 
     monkeypatch.setattr(rows, "RANGE_BYTES", 40)

@@ -180,7 +180,8 @@ def _images(folder, names):
 def test_a_manifest_cut_into_many_ranges_in_the_job(tmp_path, monkeypatch):
     """End to end, with ranges of 64 bytes: every row once, the bad rows with their sequential row numbers, a
     quoted field with line breaks across range ends, the class names found in the job."""
-    from tests.test_manifest import _errors, _run
+    from tests.datasets import convert_manifest as _run
+    from tests.datasets import error_rows as _errors
 
     data = tmp_path / "data"
     names = [f"img{i:03d}.png" for i in range(60)]
@@ -235,7 +236,8 @@ def test_a_compressed_manifest_is_one_stream_with_the_same_rows(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_gz_manifest_end_to_end(tmp_path):
     """A .gz manifest: the launcher reads its header and sample, the job reads it as one stream."""
-    from tests.test_manifest import _errors, _run
+    from tests.datasets import convert_manifest as _run
+    from tests.datasets import error_rows as _errors
 
     data = tmp_path / "data"
     names = [f"g{i}.png" for i in range(5)]
@@ -253,7 +255,8 @@ def test_a_gz_manifest_end_to_end(tmp_path):
 def test_a_manifest_without_a_usable_row_converts_nothing_and_says_why(tmp_path, capsys):
     """Before, the launcher refused it (it read every label); now the job finds no class: exit 1, each row's
     reason in errors.jsonl."""
-    from tests.test_manifest import _errors, _run
+    from tests.datasets import convert_manifest as _run
+    from tests.datasets import error_rows as _errors
 
     data = tmp_path / "data"
     _images(data, ["a.png", "b.png"])

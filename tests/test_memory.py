@@ -14,6 +14,7 @@ import random
 import shutil
 import threading
 import time
+import types
 
 import pytest
 from PIL import Image
@@ -147,7 +148,8 @@ def test_a_wait_with_no_memory_coming_back_gives_up_after_the_stall_period_and_l
 
 
 @pytest.mark.timeout(30)
-def test_a_wait_is_not_a_stall_while_memory_keeps_coming_back():
+def test_a_wait_is_not_a_stall_while_memory_keeps_coming_back(monkeypatch):
+    clock = injected_clock(monkeypatch)
     budget = MemoryBudget(100)
     for _ in range(10):
         budget.acquire(10)  # ten conversions that end one by one, a tenth of a second apart
@@ -155,12 +157,19 @@ def test_a_wait_is_not_a_stall_while_memory_keeps_coming_back():
     waiter = run_thread(lambda: result.setdefault("waited", budget.acquire(100, stall_s=0.3)))
     wait_until(lambda: budget.waiting == 1)
     for _ in range(10):
-        time.sleep(0.1)
+        clock[0] += 0.1  # however late the waiter looks, memory came back in each tenth
         assert "waited" not in result
         budget.release(10)
     waiter.join(10)
-    assert result["waited"] >= 0.9  # three stall periods and more, with memory coming back in each
+    assert result["waited"] == pytest.approx(1.0)  # three stall periods and more, with memory coming back in each
     assert (budget.held, budget.holders) == (100, 1)
+
+
+def injected_clock(monkeypatch) -> list[float]:
+    """The budget's clock (transforms.memory's time.monotonic) as [seconds], moved on by the test alone."""
+    clock = [100.0]
+    monkeypatch.setattr(memory, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    return clock
 
 
 def test_the_process_keeps_one_budget_per_size_and_none_for_zero():
@@ -234,16 +243,23 @@ def test_convert_image_holds_its_estimate_while_it_decodes_and_returns_it(tmp_pa
 
 
 @pytest.mark.timeout(60)
-def test_the_conversion_moves_its_own_deadline_on_by_the_time_it_waited_for_memory(tmp_path):
+def test_the_conversion_moves_its_own_deadline_on_by_the_time_it_waited_for_memory(tmp_path, monkeypatch):
+    clock = injected_clock(monkeypatch)  # the wait's; the image's deadline stays on the real clock
     path = tmp_path / "a.png"
     flat_png(path, 1000)
-    settings = ImageSettings(worker_memory_mb=11, timeout_s=5)  # a budget of its own
+    settings = ImageSettings(worker_memory_mb=11, timeout_s=0)  # a budget of its own; no stall period
     budget = memory.budget(settings.worker_memory_bytes)
-    budget.acquire(10 * MB)  # another conversion, ending in 4 s
-    threading.Timer(4.0, budget.release, (10 * MB,)).start()
-    # Two seconds left when it starts, gone by the time memory is free: without the wait's time given back,
-    # the check after decoding rejects it; with it, the decode has its 2 s however busy the machine.
-    image = imaging.convert_image(path.read_bytes(), settings, deadline=time.monotonic() + 2.0)
+    budget.acquire(10 * MB)  # another conversion, ending an hour later
+
+    def end_the_other():
+        wait_until(lambda: budget.waiting == 1)
+        clock[0] += 3600
+        budget.release(10 * MB)
+
+    run_thread(end_the_other)
+    # A deadline already a second past: without the hour's wait given back, the check after decoding rejects it;
+    # with it, the decode has an hour less a second, however busy the machine.
+    image = imaging.convert_image(path.read_bytes(), settings, deadline=time.monotonic() - 1.0)
     assert (image.width, image.height) == (512, 512)
     assert (budget.held, budget.holders) == (0, 0)
 

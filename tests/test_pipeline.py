@@ -10,43 +10,10 @@ import numpy as np
 from PIL import Image
 
 from tests.conftest import convert
+from tests.datasets import read_records, write_tiny_tree
 from transforms.examples import Example
 from transforms.layout import hash_split
 from transforms.tfrecord import iter_records
-
-
-def read_records(dataset_dir) -> dict[str, list[dict]]:
-    """Every record of every split, parsed without TensorFlow, in file order."""
-    info = json.loads((dataset_dir / "image_tfrecords.json").read_text())
-    out = {}
-    for split, split_info in info["splits"].items():
-        rows = []
-        for shard in split_info["shards"]:
-            for raw in iter_records(str(dataset_dir / shard["file"])):
-                feature = Example.FromString(raw).features.feature
-                rows.append({
-                    "shard": shard["file"],
-                    "label": feature["label"].int64_list.value[0],
-                    "class_name": feature["class_name"].bytes_list.value[0].decode(),
-                    "source_path": feature["source_path"].bytes_list.value[0].decode(),
-                    "height": feature["height"].int64_list.value[0],
-                    "width": feature["width"].int64_list.value[0],
-                    "image": feature["image"].bytes_list.value[0],
-                })
-        out[split] = rows
-    return out
-
-
-def write_tiny_tree(root, per_class: dict[str, int], size=(24, 24), start=0):
-    """Small solid-colour JPEGs: fast to convert in bulk."""
-    paths = []
-    for c, (name, count) in enumerate(sorted(per_class.items())):
-        os.makedirs(root / name, exist_ok=True)
-        for i in range(start, start + count):
-            path = root / name / f"img_{i:05d}.jpg"
-            Image.new("RGB", size, (40 * c % 256, 255 - 30 * c % 256, (i * 7) % 256)).save(path, quality=80)
-            paths.append(f"{name}/{path.name}")
-    return paths
 
 
 def test_every_image_becomes_one_record_with_its_folder_label(sample_tree, sample_output):

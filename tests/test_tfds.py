@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.sample_data import generate_dataset
 from tests.conftest import convert, doc_example
-from tests.test_pipeline import write_tiny_tree
+from tests.datasets import write_tiny_tree
 from transforms import tfds_metadata
 
 SIZE = 16
