@@ -157,7 +157,7 @@ UNHASHED = "unhashed"
 HASH_CHUNK = 1 << 20
 
 
-def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
+def hash_file(path: str, max_bytes: int, size: int | None = None, throttled_s: float | None = None) -> str:
     """The hex SHA-256 of the file at `path` (local or gs://), read in 1 MB pieces (memory stays small);
     '' for a file that is not hashed here: larger than `max_bytes`, not a regular file, or unreadable (the
     conversion then rejects it with its reason).
@@ -168,7 +168,7 @@ def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
     from apache_beam.io.filesystems import FileSystems
 
     from transforms.convert import check_regular_file
-    from transforms.transient import TransientReadError, with_retries
+    from transforms.transient import THROTTLED_RETRY_S, TransientReadError, with_retries
 
     def read(_timeout: float) -> str:
         digest, total = hashlib.sha256(), 0
@@ -185,7 +185,7 @@ def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
             size = check_regular_file(path)
         if size is not None and size > max_bytes:
             return ""
-        return with_retries(read, path)
+        return with_retries(read, path, throttled_s=THROTTLED_RETRY_S if throttled_s is None else throttled_s)
     except TransientReadError:
         raise
     except Exception:  # not this step's to judge: the conversion reads it again and rejects it with the reason
@@ -231,11 +231,12 @@ class _Hash(beam.DoFn):
     """ImageRef -> (sha256, ImageRef); one that is not hashed here on UNHASHED; (sha256, (split, label, relpath))
     on HASHES for the duplicate report."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, throttled_s: float | None = None):
         self._max_bytes = max_bytes
+        self._throttled_s = throttled_s
 
     def process(self, ref):
-        digest = hash_file(ref.path, self._max_bytes, ref.size)
+        digest = hash_file(ref.path, self._max_bytes, ref.size, self._throttled_s)
         if not digest:
             yield beam.pvalue.TaggedOutput(UNHASHED, ref)
             return
@@ -255,12 +256,13 @@ class DropDuplicates(beam.PTransform):
     images), and again when it is converted: that second read is the price of --duplicates=drop.
     """
 
-    def __init__(self, max_file_bytes: int):
+    def __init__(self, max_file_bytes: int, throttled_s: float | None = None):
         super().__init__()
         self._max_bytes = max_file_bytes
+        self._throttled_s = throttled_s  # --throttled_retry_s (None: transient.THROTTLED_RETRY_S)
 
     def expand(self, refs):
-        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes)).with_output_types(
+        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes, self._throttled_s)).with_output_types(
             tuple[str, typing.Any]).with_outputs(UNHASHED, HASHES, main="hashed")
         resolved = (
             hashed.hashed
