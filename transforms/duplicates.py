@@ -2,9 +2,11 @@
 
 Every written image comes with (sha256, (split, label, relpath)) from WriteShards.
 Grouping by the hash spreads the hashes over the workers (no worker holds them
-all); only the groups of two or more copies go on, and one combine reduces them
-to the counts and the first groups (by their first path) that image_tfrecords.json
-reports. A group is one of three kinds:
+all); only the groups of two or more copies go on, each as its count, its kind and
+its first `EXAMPLE_COPIES` copies by path (a group is streamed once, never held: a
+placeholder image repeated 5 million times is one group of five examples), and one
+combine reduces them to the counts and the `MAX_EXAMPLES` largest groups that
+image_tfrecords.json reports. A group is one of three kinds:
 
 - `within_split`: every copy has the same label and the same split (harmless, but weights the image twice);
 - `across_splits`: the same label in two splits (leakage: the model is evaluated on what it trained on);
@@ -27,21 +29,34 @@ WITHIN_SPLIT = "within_split"
 ACROSS_SPLITS = "across_splits"
 CONFLICTING_LABELS = "conflicting_labels"
 KINDS = (WITHIN_SPLIT, ACROSS_SPLITS, CONFLICTING_LABELS)
-MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json; the counts cover every group
+MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json, the largest first; the counts cover every group
+EXAMPLE_COPIES = 5  # copies listed per group, the first by path; the group's "count" has them all
 # How the converter's summary and pipeline.verify name each kind: one set of words for both.
 KIND_WORDS = {WITHIN_SPLIT: "within a split", ACROSS_SPLITS: "across splits (leakage)",
               CONFLICTING_LABELS: "with different labels (conflict)"}
 
 
 class DuplicateGroup(NamedTuple):
-    """Byte-identical source files: their hash and each copy's (split, label, relpath), sorted by path."""
+    """Byte-identical source files: their hash and copies' (split, label, relpath), sorted by path.
+
+    Built from a stream (`duplicate_groups`), `copies` holds the first EXAMPLE_COPIES only, `count` all of them
+    and `kind` their kind; built from every copy (pipeline.verify), the defaults say so.
+    """
 
     sha256: str
     copies: tuple[tuple[str, int, str], ...]
+    count: int = 0  # copies in all; 0: len(copies)
+    kind: str = ""  # of all the copies; "": from `copies`
+
+    @property
+    def size(self) -> int:
+        return self.count or len(self.copies)
 
 
 def kind(group: DuplicateGroup) -> str:
     """The group's kind: conflicting_labels before across_splits before within_split."""
+    if group.kind:
+        return group.kind
     if len({label for _, label, _ in group.copies}) > 1:
         return CONFLICTING_LABELS
     if len({split for split, _, _ in group.copies}) > 1:
@@ -64,11 +79,31 @@ def label_text(label, class_names: list[str]) -> str:
 
 
 def duplicate_groups(sha256: str, copies: Iterable[tuple[str, int, str]]) -> list[DuplicateGroup]:
-    """[the group] when `copies` holds two or more files, else []."""
-    copies = sorted(((str(s), label_value(label), str(path)) for s, label, path in copies), key=lambda c: (c[2], c))
-    if not sha256 or len(copies) < 2:
+    """[the group] when `copies` holds two or more files, else []. One pass over `copies`, in bounded memory:
+    the group keeps its count, its kind and its first EXAMPLE_COPIES copies by path."""
+    seen = {"count": 0, "labels_differ": False, "splits_differ": False}
+    first: list[tuple] = []
+
+    def stream():
+        for s, label, path in copies:
+            copy = (str(s), label_value(label), str(path))
+            seen["count"] += 1
+            if not first:
+                first.append(copy)
+            seen["labels_differ"] = seen["labels_differ"] or copy[1] != first[0][1]
+            seen["splits_differ"] = seen["splits_differ"] or copy[0] != first[0][0]
+            yield copy
+
+    examples = tuple(heapq.nsmallest(EXAMPLE_COPIES, stream(), key=_by_path))  # holds EXAMPLE_COPIES at most
+    if not sha256 or seen["count"] < 2:
         return []
-    return [DuplicateGroup(sha256, tuple(copies))]
+    found = (CONFLICTING_LABELS if seen["labels_differ"] else ACROSS_SPLITS if seen["splits_differ"]
+             else WITHIN_SPLIT)
+    return [DuplicateGroup(sha256, examples, seen["count"], found)]
+
+
+def _by_path(copy: tuple[str, int | tuple, str]):
+    return copy[2], copy
 
 
 def summary_line(found: dict) -> str:
@@ -83,7 +118,7 @@ def count_groups(groups: Iterable[DuplicateGroup]) -> dict:
     counts = {"groups": 0, "copies": 0, **dict.fromkeys(KINDS, 0)}
     for group in groups:
         counts["groups"] += 1
-        counts["copies"] += len(group.copies)
+        counts["copies"] += group.size
         counts[kind(group)] += 1
     return counts
 
@@ -92,18 +127,23 @@ def empty_summary() -> dict:
     return {"groups": 0, "copies": 0, **{k: 0 for k in KINDS}, "examples": []}
 
 
+def _rank(group: DuplicateGroup):
+    """Which groups image_tfrecords.json lists: the largest, then by first path."""
+    return -group.size, group.copies[0][2]
+
+
 class _Summarise(beam.CombineFn):
-    """DuplicateGroup -> the counts per kind and the first MAX_EXAMPLES groups by their first path."""
+    """DuplicateGroup -> the counts per kind and the MAX_EXAMPLES largest groups (then by first path)."""
 
     def create_accumulator(self):
         return empty_summary()
 
     def add_input(self, acc, group):
-        group = DuplicateGroup(group[0], tuple(tuple(c) for c in group[1]))
+        group = DuplicateGroup(group[0], tuple(tuple(c) for c in group[1]), *group[2:])
         acc["groups"] += 1
-        acc["copies"] += len(group.copies)
+        acc["copies"] += group.size
         acc[kind(group)] += 1
-        acc["examples"] = heapq.nsmallest(MAX_EXAMPLES, [*acc["examples"], (group.copies[0][2], group)])
+        acc["examples"] = heapq.nsmallest(MAX_EXAMPLES, [*acc["examples"], (_rank(group), group)])
         return acc
 
     def merge_accumulators(self, accs):
@@ -119,14 +159,16 @@ class _Summarise(beam.CombineFn):
 
 
 def describe(summary: dict | None, class_names: list[str]) -> dict:
-    """The `duplicates` section of dataset_info.json from the combined summary (None: no duplicates)."""
+    """The `duplicates` section of image_tfrecords.json from the combined summary (None: no duplicates):
+    the counts, and for each listed group its hash, kind, count and first copies."""
     summary = summary or empty_summary()
     examples = []
-    for _, (sha256, copies) in sorted(summary["examples"]):
-        group = DuplicateGroup(sha256, tuple((s, label_value(label), path) for s, label, path in copies))
+    for _, (sha256, copies, *rest) in sorted(summary["examples"]):
+        group = DuplicateGroup(sha256, tuple((s, label_value(label), path) for s, label, path in copies), *rest)
         examples.append({
             "sha256": sha256,
             "kind": kind(group),
+            "count": group.size,
             "copies": [{"relpath": path, "split": split,
                         "class_name": label_text(label, class_names)}
                        for split, label, path in group.copies],

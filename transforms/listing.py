@@ -37,6 +37,7 @@ SKIPPED = "skipped"
 FOUND = "found"
 FOLDERS = "folders"
 PARTS = "parts"
+SMALL_FOLDER_PAGES = 10  # a gs:// class folder listed whole by its worker when it ends within these pages
 
 # Reasons of entries the listing cannot use (stage 'rejected': the user meant them as input, probably).
 SYMLINK_LOOP = "symlink_loop"
@@ -249,19 +250,25 @@ def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, p
 
 
 def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool = False):
-    """Every entry below a class folder; for a gs:// folder longer than one page, the entries of its first page
-    and, on PARTS, the FolderParts that hold the rest (transforms.folder_parts), for any worker to list."""
+    """Every entry below a class folder. A gs:// folder is listed here page by page; one that is still not
+    at its end after SMALL_FOLDER_PAGES pages is large: the rest goes, on PARTS, as the FolderParts that hold
+    it (transforms.folder_parts), for any worker to list. Planning parts costs a few dozen requests, so a
+    folder of ImageNet's size (1,300 names) takes its 2 pages and nothing else."""
     if is_local(folder.path):
         yield from list_folder(folder, input_dir, follow_symlinks)
         return
     bucket, prefix = _gcs_prefix(folder.path)
     client = gcs_client(folder.path)
     blobs = client.list_blobs(bucket, prefix=prefix)
-    names = []
-    for blob in next(blobs.pages, ()):
-        names.append(blob.name)
-        if not blob.name.endswith("/"):
-            yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+    names: list[str] = []  # the names of the last page listed here
+    for number, page in enumerate(blobs.pages, 1):
+        names = []
+        for blob in page:
+            names.append(blob.name)
+            if not blob.name.endswith("/"):
+                yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+        if not names or blobs.next_page_token is None or number >= SMALL_FOLDER_PAGES:
+            break
     if not names or blobs.next_page_token is None:
         return
 
