@@ -106,6 +106,23 @@ def test_a_missing_bucket_is_still_one_clear_line(gcs_emulator, photos, proxy):
     assert proxy.refused == {}
 
 
+def test_objects_that_may_not_be_listed_are_one_line_naming_the_role(monkeypatch):
+    from pipeline import cloud
+
+    class Refusing:
+        def list_blobs(self, bucket, **kwargs):
+            assert kwargs == {"prefix": "photos", "max_results": 1}  # one object listing, never bucket metadata
+            raise api_exceptions.Forbidden("GET ...: caller does not have storage.objects.list access")
+
+    monkeypatch.setattr(cloud, "gcs_client", lambda: Refusing())
+    with pytest.raises(UserError) as error:
+        cloud.check_gcs_folder("--input_dir", "gs://locked/photos")
+    assert str(error.value) == (
+        "--input_dir gs://locked/photos: the objects of gs://locked cannot be listed (Forbidden): check the name and "
+        "that your credentials may list and read them (roles/storage.objectViewer, or objectAdmin for an output; "
+        "gcloud auth application-default login)")
+
+
 def test_beams_gcs_clients_are_the_process_client():
     """The one place that leans on Beam 2.77: if Beam stops building its clients through
     `gcsio.create_storage_client`, or keeps its options elsewhere, this fails."""
