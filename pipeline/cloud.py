@@ -32,6 +32,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipeline.errors import Terminated, UserError
+from transforms import gcs
 
 _LOG = logging.getLogger("pipeline")
 
@@ -209,38 +210,38 @@ def _check_with_beams_validator(options: PipelineOptions) -> None:
         raise UserError(f"{errors[0].rstrip('.')}: correct that Dataflow option and run again")
 
 
-def _gcs():
-    from apache_beam.io.gcp import gcsio
-
-    return gcsio.GcsIO(pipeline_options=_options or PipelineOptions())
-
-
 def gcs_client():
-    """The google-cloud-storage client of the run's options (credentials, --no_auth, emulator)."""
-    return _gcs().client
+    """The process's google-cloud-storage client, with the run's options (credentials, --no_auth, emulator)."""
+    return gcs.client()
 
 
 def check_gcs_folder(flag: str, path: str) -> None:
-    """The bucket of a gs:// path exists and can be read: one line about what to do when not.
+    """The bucket of a gs:// path exists and its objects can be listed: one line about what to do when not.
+
+    The probe is one object listing of the path's prefix (at most one name): `storage.objects.list`, which
+    roles/storage.objectViewer and objectAdmin grant, never the bucket's metadata (`storage.buckets.get`).
 
     Raises:
         UserError: naming the flag, the bucket and what to do.
     """
-    bucket = path[len("gs://"):].split("/", 1)[0]
+    from google.api_core import exceptions
+
+    bucket, _, prefix = path[len("gs://"):].partition("/")
     if not bucket:
         raise UserError(f"{flag} {path} has no bucket name: write gs://BUCKET/folder")
     try:
-        found = _gcs().get_bucket(bucket)
-    except Exception as e:
-        raise UserError(
-            f"{flag} {path}: the bucket gs://{bucket} cannot be read ({type(e).__name__}): check the name and that "
-            "your credentials can read it (gcloud auth application-default login)"
-        ) from None
-    if found is None:
+        next(iter(gcs_client().list_blobs(bucket, prefix=prefix, max_results=1)), None)
+    except exceptions.NotFound:
         raise UserError(
             f"{flag} {path}: the bucket gs://{bucket} does not exist: check the name, or create it with "
             f"gcloud storage buckets create gs://{bucket}"
-        )
+        ) from None
+    except Exception as e:
+        raise UserError(
+            f"{flag} {path}: the objects of gs://{bucket} cannot be listed ({type(e).__name__}): check the name and "
+            "that your credentials may list and read them (roles/storage.objectViewer, or objectAdmin for an "
+            "output; gcloud auth application-default login)"
+        ) from None
 
 
 def job_links(options: PipelineOptions, job_id: str) -> list[str]:

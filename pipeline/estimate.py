@@ -40,6 +40,7 @@ from transforms.pool import ConversionPool
 SIZE_SAMPLE = 200  # headers read to learn the input's image sizes
 ENCODE_SAMPLE = 12  # images converted to measure the output bytes of one image
 SAMPLE_LIMIT_S = 10.0  # per file: a slower read is left out of the sample
+SAMPLE_THROTTLED_S = 5.0  # waits on throttling answers per sampled file: the sample is advice, the job waits longer
 HEADER_BYTES = 256 * 1024  # read of each file for its size: headers sit at the start (a TIFF's may not: skipped)
 # The launcher converts its sample next to the workers already started: an image that needs more memory or a
 # larger file than these is left out of the sample (the workers still convert it within the run's limits).
@@ -75,7 +76,7 @@ def header_size(path: str, max_bytes: int = HEADER_BYTES) -> tuple[int, int] | N
     if not _readable(path):
         return None
     try:
-        head = read_head(path, max_bytes)
+        head = read_head(path, max_bytes, SAMPLE_THROTTLED_S)
         with Image.open(io.BytesIO(head), formats=DECODED_FORMATS) as image:
             width, height = image.size
     except Exception:  # not an image, unreadable: the conversion rejects it with its reason
@@ -133,7 +134,8 @@ def measure_output(files: Sequence[tuple[str, str, int]], settings: ImageSetting
 
     def work(path, relpath, size):
         def convert(deadline):
-            image = convert_image(read_bytes(path, settings.max_file_bytes, size), settings, deadline)
+            image = convert_image(read_bytes(path, settings.max_file_bytes, size, throttled_s=SAMPLE_THROTTLED_S),
+                                  settings, deadline)
             return size, build_example(
                 image=image.data, image_format=image.format, label=0, class_name=relpath.split("/")[-2],
                 height=image.height, width=image.width, source_path=display_path(relpath), schema=schema,

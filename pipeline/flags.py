@@ -179,6 +179,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
     add("--image_timeout_s", type=float, default=ImageSettings.timeout_s,
         help="Seconds one image may take to convert; a slower one is rejected as timeout. 0 = no limit. "
              f"Default: {ImageSettings.timeout_s:g}.")
+    add("--throttled_retry_s", type=float, default=ImageSettings.throttled_retry_s,
+        help="Seconds of waits with backoff one image read may spend on Cloud Storage's throttling answers (429, "
+             "503) before its bundle fails; a cold bucket ramps its read capacity up over minutes. These waits do "
+             f"not count against --image_timeout_s. Default: {ImageSettings.throttled_retry_s:g}.")
     add("--conversion_threads", type=int, default=2,
         help="Images converted at once in each worker process (decoding, resizing, encoding). Pillow decodes "
              "and resizes outside Python's lock, so two keep a core busy while the other waits, and let busy "

@@ -318,6 +318,9 @@ def validate(options: PipelineOptions) -> Settings:
         )
     if not (o.image_timeout_s >= 0 and math.isfinite(o.image_timeout_s)):
         raise UserError(f"--image_timeout_s={o.image_timeout_s} must be 0 (no limit) or a positive number of seconds")
+    if not (o.throttled_retry_s >= 0 and math.isfinite(o.throttled_retry_s)):
+        raise UserError(f"--throttled_retry_s={o.throttled_retry_s} must be 0 (fail at the first throttling answer "
+                        "after its retries) or a positive number of seconds; 600 suits a cold bucket")
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
         raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
                         "2 suits most machines")
@@ -365,6 +368,7 @@ def validate(options: PipelineOptions) -> Settings:
         worker_memory_mb=o.worker_memory_mb,
         max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
+        throttled_retry_s=o.throttled_retry_s,
     )
     return Settings(
         input_dir=input_dir.rstrip("/") or "/",

@@ -7,7 +7,11 @@ JSON error body, or their connection is reset ("reset": no response at all).
 Later requests for the object pass through. `requests` and `injected` count
 what happened, per object name. `read_latency_s` delays every read of an
 object's bytes (alt=media) by that much before it is passed on, as a store far
-away does (the benchmarks' latency case).
+away does (the benchmarks' latency case). `refuse_bucket_metadata` answers
+403 to every request for a bucket's metadata (`storage.buckets.get`), as GCS
+answers an account with object roles only (roles/storage.objectAdmin);
+`refused` counts them. `throttle(per_s, burst)` answers 429 to object reads
+above that rate (a token bucket), as a cold bucket does; `throttled` counts them.
 
 It also measures the traffic that passed through, per object name (see `Traffic`):
 - `uploaded`: the object's bytes in request bodies sent upstream, for every kind
@@ -187,6 +191,11 @@ class FaultProxy:
         self.traffic = Traffic()  # the requests passed on to the emulator, and their bytes
         self._sessions: dict[str, str] = {}  # resumable upload id -> object name
         self.read_latency_s = 0.0  # added before each media download is passed on
+        self.refuse_bucket_metadata = False  # True: 403 to GET/PATCH/... /storage/v1/b/BUCKET
+        self.refused: Counter = Counter()  # bucket -> metadata requests refused
+        self.throttled = 0  # object reads answered 429 by the rate limit
+        self._rate: tuple[float, float] | None = None  # (reads a second, burst) of `throttle`
+        self._tokens, self._filled = 0.0, 0.0
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
@@ -194,6 +203,23 @@ class FaultProxy:
     def fail(self, name: str, how: int | str, times: int | None = 1) -> None:
         """Fail the first `times` GET requests naming the object `name` (None: all of them)."""
         self._rules[name] = _Rule(how, times)
+
+    def throttle(self, per_s: float, burst: float) -> None:
+        """Answer 429 to object reads (GETs of an object's bytes or metadata) above `per_s` a second."""
+        with self._lock:
+            self._rate, self._tokens, self._filled = (per_s, burst), burst, time.monotonic()
+
+    def _over_rate(self) -> bool:  # under self._lock
+        if self._rate is None:
+            return False
+        per_s, burst = self._rate
+        now = time.monotonic()
+        self._tokens, self._filled = min(burst, self._tokens + (now - self._filled) * per_s), now
+        if self._tokens < 1:
+            self.throttled += 1
+            return True
+        self._tokens -= 1
+        return False
 
     def clear(self) -> None:
         """Pass every request on from now on."""
@@ -246,9 +272,17 @@ class FaultProxy:
 
     def _fault(self, method: str, path: str) -> int | str | None:
         """What to do instead of passing the request on, if anything; counts it."""
+        bucket = _BUCKET.match(urllib.parse.urlsplit(path).path)
+        if bucket and self.refuse_bucket_metadata:
+            with self._lock:
+                self.refused[bucket["bucket"]] += 1
+            return 403
         match = _OBJECT.match(urllib.parse.urlsplit(path).path)
         if method != "GET" or not match:
             return None
+        with self._lock:
+            if self._over_rate():
+                return 429
         name = urllib.parse.unquote(match["name"])
         media = path.startswith("/download/") or _query(path).get("alt") == "media"
         with self._lock:

@@ -154,6 +154,29 @@ def test_the_summary_lists_the_first_groups_by_path_and_counts_them_all():
     assert [g["copies"][0]["relpath"] for g in described["examples"]] == [f"c/{i:02d}a.png" for i in range(20)]
 
 
+def test_the_report_stays_bounded_with_100000_copies_of_one_image():
+    """A placeholder repeated 100,000 times (the elements built directly): one group, counted whole, with its
+    first copies only; the report is as small as for 2 copies."""
+    sha = "e" * 64
+    copies = ((("train", "validation")[i % 5 == 0], 0, f"c/{i:06d}.png") for i in range(100_000))
+    [group] = dup.duplicate_groups(sha, copies)  # a generator: streamed once, never held
+    assert group.size == 100_000 and dup.kind(group) == dup.ACROSS_SPLITS
+    assert [c[2] for c in group.copies] == [f"c/{i:06d}.png" for i in range(dup.EXAMPLE_COPIES)]
+    small = dup.duplicate_groups("d" * 64, [("train", 0, "c/x.png"), ("train", 1, "c/y.png")])
+    combine = dup._Summarise()
+    acc = combine.create_accumulator()
+    for g in [*small, group]:
+        acc = combine.add_input(acc, g)
+    described = dup.describe(combine.merge_accumulators([acc, combine.create_accumulator()]), ["c", "d"])
+    assert {k: v for k, v in described.items() if k != "examples"} == {
+        "groups": 2, "copies": 100_002, "within_split": 0, "across_splits": 1, "conflicting_labels": 1}
+    largest, other = described["examples"]  # the largest group first
+    assert (largest["sha256"], largest["count"], largest["kind"]) == (sha, 100_000, dup.ACROSS_SPLITS)
+    assert [c["relpath"] for c in largest["copies"]] == [f"c/{i:06d}.png" for i in range(5)]
+    assert (other["count"], other["kind"], len(other["copies"])) == (2, dup.CONFLICTING_LABELS, 2)
+    assert len(json.dumps(described)) < 2_000
+
+
 def test_the_reader_reads_records_written_before_sha256_was_stored():
     tf = pytest.importorskip("tensorflow")
     from pipeline import reader

@@ -11,6 +11,7 @@ import pytest
 
 from tests.fake_gcs_listing import BUCKET, serve
 from transforms import folder_parts as fp
+from transforms import listing
 
 PREFIX = "in/c/"
 
@@ -91,6 +92,7 @@ def test_a_large_folder_is_listed_in_parts_through_the_gcs_client_and_the_graph(
     from transforms.listing import ListImages
 
     monkeypatch.setattr(fp, "PART_NAMES", 1500)
+    monkeypatch.setattr(listing, "SMALL_FOLDER_PAGES", 1)  # parts after the first page (10 by default)
     with serve(2, 9000) as server:
         for name, value in server.client_env(str(tmp_path)).items():
             monkeypatch.setenv(name, value)
@@ -107,3 +109,22 @@ def test_a_large_folder_is_listed_in_parts_through_the_gcs_client_and_the_graph(
     result = p.result
     parts = result.metrics().query(beam.metrics.MetricsFilter().with_name("folder_parts"))["counters"]
     assert sum(c.committed for c in parts) >= 2 * 4  # 8,000 names after each first page, at 1,500 a part
+
+
+@pytest.mark.parametrize("per_class, requests", [(1300, 2), (10_000, 10)])
+def test_a_medium_folder_is_listed_whole_in_its_pages(monkeypatch, tmp_path, per_class, requests):
+    """ImageNet's class folders (1,300 names): 2 list requests each, no parts; up to SMALL_FOLDER_PAGES pages
+    the same. (Issue 29: planning parts took 144 requests for 1,300 names.)"""
+    from pipeline.cloud import skip_credential_lookup
+    from transforms.listing import Folder, list_folder_or_parts
+
+    with serve(1, per_class) as server:
+        for name, value in server.client_env(str(tmp_path)).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+        skip_credential_lookup()
+        listed = list(list_folder_or_parts(Folder(f"gs://{BUCKET}/in/class_0000"), f"gs://{BUCKET}/in"))
+        stats = server.stats()
+    assert [entry.path for entry in listed] == [f"gs://{BUCKET}/in/class_0000/img_{i:08d}.jpg"
+                                                for i in range(per_class)]
+    assert stats["list_requests"] == requests and stats["unknown"] == []

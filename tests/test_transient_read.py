@@ -101,7 +101,8 @@ def test_transient_errors_are_retried_and_no_image_is_lost(gcs_emulator, gcs_pho
 @pytest.mark.timeout(180)
 def test_a_read_that_keeps_failing_fails_the_run_in_one_line(gcs_emulator, gcs_photos, small_tree, proxy):
     _, names = small_tree
-    proxy.fail(f"photos/{names[5]}", 503, times=None)  # every request
+    # every request; a 500, not a throttling answer (429, 503: retried for minutes, see tests/test_gcs_access.py)
+    proxy.fail(f"photos/{names[5]}", 500, times=None)
     output = f"{gcs_photos}/out-failing"
     env = dict(gcs_emulator.env, STORAGE_EMULATOR_HOST=proxy.url, **{RETRY_BASE_ENV: FAST_BACKOFF})
     # A short time limit per image: before, google-cloud-storage's own retries ran until it, and the image
@@ -118,12 +119,12 @@ def test_a_read_that_keeps_failing_fails_the_run_in_one_line(gcs_emulator, gcs_p
     assert errors[0].startswith(f"error: reading {path} failed {transient.READ_ATTEMPTS} times with a transient "
                                 "error over ")
     assert errors[0].endswith(
-        f"s (retried with backoff); the last error: ServiceUnavailable: 503 GET {url}?alt=media: injected 503. "
+        f"s (retried with backoff); the last error: InternalServerError: 500 GET {url}?alt=media: injected 500. "
         "The storage service was overloaded or unreachable, so the run stopped rather than leave the image out; "
         "no dataset was written. Check the service's status and your network, then run the same command again "
         "(it removes this run's files first)")
     assert "Traceback" not in result.stderr
-    assert proxy.injected[(f"photos/{names[5]}", 503)] == proxy.requests[f"photos/{names[5]}"]
+    assert proxy.injected[(f"photos/{names[5]}", 500)] == proxy.requests[f"photos/{names[5]}"]
     # each try of the bundle, or of the launcher's sample (its header read and its conversions): 5 reads. Not
     # every GET: google-cloud-storage retries metadata requests a number of times that depends on timing.
     reads = proxy.media_requests[f"photos/{names[5]}"]
@@ -201,11 +202,11 @@ def test_retries_are_bounded_and_other_errors_pass_at_once(monkeypatch):
         return read
 
     with pytest.raises(TransientReadError) as error:
-        with_retries(always(api_exceptions.ServiceUnavailable("busy")), "gs://b/x.jpg")
+        with_retries(always(api_exceptions.InternalServerError("busy")), "gs://b/x.jpg")
     assert len(calls) == error.value.attempts == transient.READ_ATTEMPTS
     assert str(error.value).startswith(f"reading gs://b/x.jpg failed {transient.READ_ATTEMPTS} times with a "
                                        "transient error over ")
-    assert str(error.value).endswith("the last error: ServiceUnavailable: 503 busy")
+    assert str(error.value).endswith("the last error: InternalServerError: 500 busy")
 
     calls.clear()
     with pytest.raises(FileNotFoundError):
@@ -236,7 +237,7 @@ def test_retries_end_before_the_images_deadline(monkeypatch):
 
     def read(timeout):
         calls.append(timeout)
-        raise api_exceptions.ServiceUnavailable("busy")
+        raise api_exceptions.InternalServerError("busy")
 
     with pytest.raises(TransientReadError) as error:
         with_retries(read, "gs://b/x.jpg", deadline=time.monotonic() + 1.5)

@@ -43,7 +43,7 @@ from transforms.listing import file_kind, gcs_client
 from transforms.pool import ConversionPool, Job, core_slot, time_limit
 from transforms.records import ImageRef, Rejection
 from transforms.stats import ImageStats
-from transforms.transient import TransientReadError, describe, with_retries
+from transforms.transient import THROTTLED_RETRY_S, TransientReadError, describe, with_retries
 
 
 def check_regular_file(path: str) -> int:
@@ -71,7 +71,8 @@ def _too_large(size: int, limit: int, how: str) -> ImageRejected:
     )
 
 
-def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: float | None = None) -> bytes:
+def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: float | None = None,
+               throttled_s: float = THROTTLED_RETRY_S) -> bytes:
     """The whole file at `path` (local or gs://), if it is at most `max_bytes`.
 
     `size` is the size the listing gave. Never reads more than `max_bytes` + 1
@@ -93,13 +94,13 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: flo
         read = functools.partial(_read_gcs, path, max_bytes)
     else:
         read = lambda _timeout: _read_file(path, max_bytes, size)  # noqa: E731
-    data = with_retries(read, path, deadline)
+    data = with_retries(read, path, deadline, throttled_s)
     if len(data) > max_bytes:
         raise _too_large(len(data), max_bytes, "reading stopped at")
     return data
 
 
-def read_head(path: str, count: int) -> bytes:
+def read_head(path: str, count: int, throttled_s: float = THROTTLED_RETRY_S) -> bytes:
     """The first `count` bytes of the file at `path` (local or gs://): on GCS one ranged GET of just those.
 
     Beam's GCS reader would fetch its whole 16 MiB buffer for them. A transient
@@ -112,7 +113,7 @@ def read_head(path: str, count: int) -> bytes:
             return gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
                 start=0, end=count - 1, raw_download=True, checksum=None, retry=None, timeout=timeout)
 
-        return with_retries(head, path)
+        return with_retries(head, path, throttled_s=throttled_s)
     with FileSystems.open(path, compression_type="uncompressed") as f:
         return f.read(count)
 
@@ -206,12 +207,16 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
         if deadline is not None:
             deadline += waited
         started = time.monotonic()
+        job = memory.current_job()
+        paused_before = job.memory_waited if job is not None else 0.0
         try:
-            data = read_bytes(path, settings.max_file_bytes, size, deadline)
+            data = read_bytes(path, settings.max_file_bytes, size, deadline, settings.throttled_retry_s)
         except (ImageRejected, TransientReadError):
             raise
         except Exception as e:  # a vanished or unreadable file is this file's problem only
             raise ImageRejected(READ_ERROR, describe(e, limit=1000)) from None
+        if deadline is not None and job is not None:  # waits for the read rate or a throttled store: not its time
+            deadline += job.memory_waited - paused_before
         read_s = time.monotonic() - started
         digest = hashlib.sha256(data).hexdigest()  # the bytes already read: exact duplicates are found by this
         with core_slot(slots) as waited:

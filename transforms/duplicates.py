@@ -2,9 +2,11 @@
 
 Every written image comes with (sha256, (split, label, relpath)) from WriteShards.
 Grouping by the hash spreads the hashes over the workers (no worker holds them
-all); only the groups of two or more copies go on, and one combine reduces them
-to the counts and the first groups (by their first path) that image_tfrecords.json
-reports. A group is one of three kinds:
+all); only the groups of two or more copies go on, each as its count, its kind and
+its first `EXAMPLE_COPIES` copies by path (a group is streamed once, never held: a
+placeholder image repeated 5 million times is one group of five examples), and one
+combine reduces them to the counts and the `MAX_EXAMPLES` largest groups that
+image_tfrecords.json reports. A group is one of three kinds:
 
 - `within_split`: every copy has the same label and the same split (harmless, but weights the image twice);
 - `across_splits`: the same label in two splits (leakage: the model is evaluated on what it trained on);
@@ -27,21 +29,34 @@ WITHIN_SPLIT = "within_split"
 ACROSS_SPLITS = "across_splits"
 CONFLICTING_LABELS = "conflicting_labels"
 KINDS = (WITHIN_SPLIT, ACROSS_SPLITS, CONFLICTING_LABELS)
-MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json; the counts cover every group
+MAX_EXAMPLES = 20  # groups listed in image_tfrecords.json, the largest first; the counts cover every group
+EXAMPLE_COPIES = 5  # copies listed per group, the first by path; the group's "count" has them all
 # How the converter's summary and pipeline.verify name each kind: one set of words for both.
 KIND_WORDS = {WITHIN_SPLIT: "within a split", ACROSS_SPLITS: "across splits (leakage)",
               CONFLICTING_LABELS: "with different labels (conflict)"}
 
 
 class DuplicateGroup(NamedTuple):
-    """Byte-identical source files: their hash and each copy's (split, label, relpath), sorted by path."""
+    """Byte-identical source files: their hash and copies' (split, label, relpath), sorted by path.
+
+    Built from a stream (`duplicate_groups`), `copies` holds the first EXAMPLE_COPIES only, `count` all of them
+    and `kind` their kind; built from every copy (pipeline.verify), the defaults say so.
+    """
 
     sha256: str
     copies: tuple[tuple[str, int, str], ...]
+    count: int = 0  # copies in all; 0: len(copies)
+    kind: str = ""  # of all the copies; "": from `copies`
+
+    @property
+    def size(self) -> int:
+        return self.count or len(self.copies)
 
 
 def kind(group: DuplicateGroup) -> str:
     """The group's kind: conflicting_labels before across_splits before within_split."""
+    if group.kind:
+        return group.kind
     if len({label for _, label, _ in group.copies}) > 1:
         return CONFLICTING_LABELS
     if len({split for split, _, _ in group.copies}) > 1:
@@ -66,11 +81,31 @@ def label_text(label, class_names: list[str]) -> str:
 
 
 def duplicate_groups(sha256: str, copies: Iterable[tuple[str, int, str]]) -> list[DuplicateGroup]:
-    """[the group] when `copies` holds two or more files, else []."""
-    copies = sorted(((str(s), label_value(label), str(path)) for s, label, path in copies), key=lambda c: (c[2], c))
-    if not sha256 or len(copies) < 2:
+    """[the group] when `copies` holds two or more files, else []. One pass over `copies`, in bounded memory:
+    the group keeps its count, its kind and its first EXAMPLE_COPIES copies by path."""
+    seen = {"count": 0, "labels_differ": False, "splits_differ": False}
+    first: list[tuple] = []
+
+    def stream():
+        for s, label, path in copies:
+            copy = (str(s), label_value(label), str(path))
+            seen["count"] += 1
+            if not first:
+                first.append(copy)
+            seen["labels_differ"] = seen["labels_differ"] or copy[1] != first[0][1]
+            seen["splits_differ"] = seen["splits_differ"] or copy[0] != first[0][0]
+            yield copy
+
+    examples = tuple(heapq.nsmallest(EXAMPLE_COPIES, stream(), key=_by_path))  # holds EXAMPLE_COPIES at most
+    if not sha256 or seen["count"] < 2:
         return []
-    return [DuplicateGroup(sha256, tuple(copies))]
+    found = (CONFLICTING_LABELS if seen["labels_differ"] else ACROSS_SPLITS if seen["splits_differ"]
+             else WITHIN_SPLIT)
+    return [DuplicateGroup(sha256, examples, seen["count"], found)]
+
+
+def _by_path(copy: tuple[str, int | tuple, str]):
+    return copy[2], copy
 
 
 def summary_line(found: dict) -> str:
@@ -85,7 +120,7 @@ def count_groups(groups: Iterable[DuplicateGroup]) -> dict:
     counts = {"groups": 0, "copies": 0, **dict.fromkeys(KINDS, 0)}
     for group in groups:
         counts["groups"] += 1
-        counts["copies"] += len(group.copies)
+        counts["copies"] += group.size
         counts[kind(group)] += 1
     return counts
 
@@ -94,18 +129,23 @@ def empty_summary() -> dict:
     return {"groups": 0, "copies": 0, **{k: 0 for k in KINDS}, "examples": []}
 
 
+def _rank(group: DuplicateGroup):
+    """Which groups image_tfrecords.json lists: the largest, then by first path."""
+    return -group.size, group.copies[0][2]
+
+
 class _Summarise(beam.CombineFn):
-    """DuplicateGroup -> the counts per kind and the first MAX_EXAMPLES groups by their first path."""
+    """DuplicateGroup -> the counts per kind and the MAX_EXAMPLES largest groups (then by first path)."""
 
     def create_accumulator(self):
         return empty_summary()
 
     def add_input(self, acc, group):
-        group = DuplicateGroup(group[0], tuple(tuple(c) for c in group[1]))
+        group = DuplicateGroup(group[0], tuple(tuple(c) for c in group[1]), *group[2:])
         acc["groups"] += 1
-        acc["copies"] += len(group.copies)
+        acc["copies"] += group.size
         acc[kind(group)] += 1
-        acc["examples"] = heapq.nsmallest(MAX_EXAMPLES, [*acc["examples"], (group.copies[0][2], group)])
+        acc["examples"] = heapq.nsmallest(MAX_EXAMPLES, [*acc["examples"], (_rank(group), group)])
         return acc
 
     def merge_accumulators(self, accs):
@@ -121,14 +161,16 @@ class _Summarise(beam.CombineFn):
 
 
 def describe(summary: dict | None, class_names: list[str]) -> dict:
-    """The `duplicates` section of dataset_info.json from the combined summary (None: no duplicates)."""
+    """The `duplicates` section of image_tfrecords.json from the combined summary (None: no duplicates):
+    the counts, and for each listed group its hash, kind, count and first copies."""
     summary = summary or empty_summary()
     examples = []
-    for _, (sha256, copies) in sorted(summary["examples"]):
-        group = DuplicateGroup(sha256, tuple((s, label_value(label), path) for s, label, path in copies))
+    for _, (sha256, copies, *rest) in sorted(summary["examples"]):
+        group = DuplicateGroup(sha256, tuple((s, label_value(label), path) for s, label, path in copies), *rest)
         examples.append({
             "sha256": sha256,
             "kind": kind(group),
+            "count": group.size,
             "copies": [{"relpath": path, "split": split,
                         "class_name": label_text(label, class_names)}
                        for split, label, path in group.copies],
@@ -159,7 +201,7 @@ UNHASHED = "unhashed"
 HASH_CHUNK = 1 << 20
 
 
-def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
+def hash_file(path: str, max_bytes: int, size: int | None = None, throttled_s: float | None = None) -> str:
     """The hex SHA-256 of the file at `path` (local or gs://), read in 1 MB pieces (memory stays small);
     '' for a file that is not hashed here: larger than `max_bytes`, not a regular file, or unreadable (the
     conversion then rejects it with its reason).
@@ -170,7 +212,7 @@ def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
     from apache_beam.io.filesystems import FileSystems
 
     from transforms.convert import check_regular_file
-    from transforms.transient import TransientReadError, with_retries
+    from transforms.transient import THROTTLED_RETRY_S, TransientReadError, with_retries
 
     def read(_timeout: float) -> str:
         digest, total = hashlib.sha256(), 0
@@ -187,7 +229,7 @@ def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
             size = check_regular_file(path)
         if size is not None and size > max_bytes:
             return ""
-        return with_retries(read, path)
+        return with_retries(read, path, throttled_s=THROTTLED_RETRY_S if throttled_s is None else throttled_s)
     except TransientReadError:
         raise
     except Exception:  # not this step's to judge: the conversion reads it again and rejects it with the reason
@@ -233,11 +275,12 @@ class _Hash(beam.DoFn):
     """ImageRef -> (sha256, ImageRef); one that is not hashed here on UNHASHED; (sha256, (split, label, relpath))
     on HASHES for the duplicate report."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, throttled_s: float | None = None):
         self._max_bytes = max_bytes
+        self._throttled_s = throttled_s
 
     def process(self, ref):
-        digest = hash_file(ref.path, self._max_bytes, ref.size)
+        digest = hash_file(ref.path, self._max_bytes, ref.size, self._throttled_s)
         if not digest:
             yield beam.pvalue.TaggedOutput(UNHASHED, ref)
             return
@@ -257,12 +300,13 @@ class DropDuplicates(beam.PTransform):
     images), and again when it is converted: that second read is the price of --duplicates=drop.
     """
 
-    def __init__(self, max_file_bytes: int):
+    def __init__(self, max_file_bytes: int, throttled_s: float | None = None):
         super().__init__()
         self._max_bytes = max_file_bytes
+        self._throttled_s = throttled_s  # --throttled_retry_s (None: transient.THROTTLED_RETRY_S)
 
     def expand(self, refs):
-        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes)).with_output_types(
+        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes, self._throttled_s)).with_output_types(
             tuple[str, typing.Any]).with_outputs(UNHASHED, HASHES, main="hashed")
         resolved = (
             hashed.hashed

@@ -149,6 +149,7 @@ class ImageSettings:
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
+    throttled_retry_s: float = 600.0  # waits after 429/503 answers per read (`transforms.transient`), not timed
     max_file_mb: int = 256  # larger files are rejected by their listed size, and never read past it
     max_image_mb: int = 512  # memory one conversion may need (see `working_bytes`), checked before decoding
     # Memory all the conversions of one worker process may hold at once (see `transforms.memory`); 0 = no budget.

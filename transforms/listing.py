@@ -21,16 +21,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms import counters
+from transforms import counters, gcs
 from transforms.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
 from transforms.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, relative_path, skip_reason
 from transforms.records import FileRef, Rejection
@@ -39,7 +37,7 @@ SKIPPED = "skipped"
 FOUND = "found"
 FOLDERS = "folders"
 PARTS = "parts"
-_gcs_clients = threading.local()  # one GCS client a thread, reused for every request it makes
+SMALL_FOLDER_PAGES = 10  # a gs:// class folder listed whole by its worker when it ends within these pages
 
 # Reasons of entries the listing cannot use (stage 'rejected': the user meant them as input, probably).
 SYMLINK_LOOP = "symlink_loop"
@@ -97,18 +95,12 @@ def regular_file_problem(path: str) -> str | None:
 
 
 def gcs_client(path: str):
-    """The GCS client of this thread, made once from Beam's GCS file system (as its open() makes one per call).
+    """The process's one GCS client (`transforms.gcs`), for `path`'s reads, listings and writes.
 
-    A client per image would open a new connection (and TLS session) for every image. The client is
-    keyed by the storage host, which tests point at an emulator or a proxy.
+    One client for every image, not one per call as Beam's file system makes: a new client would open a new
+    connection (and TLS session) and fetch the bucket's metadata each time.
     """
-    key = os.environ.get("STORAGE_EMULATOR_HOST")
-    cached = getattr(_gcs_clients, "by_host", None)
-    if cached is None:
-        cached = _gcs_clients.by_host = {}
-    if key not in cached:
-        cached[key] = FileSystems.get_filesystem(path)._gcsIO().client  # Beam 2.77's private accessor
-    return cached[key]
+    return gcs.client()
 
 
 def _kind(mode: int) -> str | None:
@@ -258,19 +250,25 @@ def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, p
 
 
 def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool = False):
-    """Every entry below a class folder; for a gs:// folder longer than one page, the entries of its first page
-    and, on PARTS, the FolderParts that hold the rest (transforms.folder_parts), for any worker to list."""
+    """Every entry below a class folder. A gs:// folder is listed here page by page; one that is still not
+    at its end after SMALL_FOLDER_PAGES pages is large: the rest goes, on PARTS, as the FolderParts that hold
+    it (transforms.folder_parts), for any worker to list. Planning parts costs a few dozen requests, so a
+    folder of ImageNet's size (1,300 names) takes its 2 pages and nothing else."""
     if is_local(folder.path):
         yield from list_folder(folder, input_dir, follow_symlinks)
         return
     bucket, prefix = _gcs_prefix(folder.path)
     client = gcs_client(folder.path)
     blobs = client.list_blobs(bucket, prefix=prefix)
-    names = []
-    for blob in next(blobs.pages, ()):
-        names.append(blob.name)
-        if not blob.name.endswith("/"):
-            yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+    names: list[str] = []  # the names of the last page listed here
+    for number, page in enumerate(blobs.pages, 1):
+        names = []
+        for blob in page:
+            names.append(blob.name)
+            if not blob.name.endswith("/"):
+                yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+        if not names or blobs.next_page_token is None or number >= SMALL_FOLDER_PAGES:
+            break
     if not names or blobs.next_page_token is None:
         return
 

@@ -436,9 +436,9 @@ def _lock_store(output_dir: str, gcs_client=None) -> _GcsLock:
     path = lock_path(output_dir)
     if path.startswith("gs://"):
         if gcs_client is None:
-            from apache_beam.io.gcp import gcsio
+            from transforms import gcs
 
-            gcs_client = gcsio.GcsIO().client
+            gcs_client = gcs.client()
         return _GcsLock(path, gcs_client)
     raise ValueError(f"cannot lock {output_dir}: only local folders and gs:// are supported")
 

@@ -3,13 +3,19 @@
 Under load GCS answers 429 (slow down) or 500/502/503/504, and a connection can
 time out or be reset. None of that is the file's fault, so such an error must
 not make the image a rejection (the job would succeed with the image silently
-missing). A read is tried up to `READ_ATTEMPTS` times, with exponential backoff
-and full jitter between attempts: google.api_core's retry helpers, the ones
-google-cloud-storage and Beam's gcsio retry with. The retries stop early
-rather than run past `RETRY_BUDGET_S`, or past half of what is left of the
-image's --image_timeout_s (the other half is for converting it). When they are
-used up, `TransientReadError` is raised: the DoFn fails its bundle, Dataflow
-retries the bundle, and a local run stops with one `error:` line.
+missing). Waits are exponential with full jitter (google.api_core's
+generator, the one google-cloud-storage and Beam's gcsio retry with):
+
+- a throttling answer (429, 503: the bucket's read capacity is still ramping
+  up) is retried for up to --throttled_retry_s seconds of waits (10 minutes by
+  default), and it halves this process's read rate (`ReadRate`, a token
+  bucket that starts low and doubles every 20 minutes, as GCS asks). Those
+  waits do not count against the image's --image_timeout_s;
+- any other transient error is tried up to `READ_ATTEMPTS` times, and not
+  past `RETRY_BUDGET_S` or half of what is left of the image's time limit.
+
+When they are used up, `TransientReadError` is raised: the DoFn fails its
+bundle, Dataflow retries the bundle, and a local run stops with one `error:` line.
 
 A missing file (404, FileNotFoundError) or one that may not be read (403,
 PermissionError) is not transient: it stays a `read_error` rejection.
@@ -20,7 +26,9 @@ from __future__ import annotations
 import errno
 import http.client
 import json
+import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -28,9 +36,11 @@ from typing import TypeVar
 import requests
 import urllib3
 from google.api_core import exceptions as api_exceptions
-from google.api_core.retry import RetryFailureReason, exponential_sleep_generator, retry_target
+from google.api_core.retry import exponential_sleep_generator
 from google.auth import exceptions as auth_exceptions
 from google.resumable_media.common import InvalidResponse
+
+from transforms import memory
 
 T = TypeVar("T")
 
@@ -40,6 +50,15 @@ RETRY_MAX_S = 16.0  # bound of any one wait
 RETRY_BUDGET_S = 60.0  # no attempt starts after this long since the first one
 DEADLINE_SHARE = 0.5  # retries use at most this part of the time left before the image's deadline
 REQUEST_TIMEOUT_S = 60.0  # connect and read timeout of one GCS request (google-cloud-storage's default)
+THROTTLE_STATUSES = frozenset({429, 503})  # "slow down": retried for minutes (`THROTTLED_RETRY_S`), see is_throttled
+THROTTLED_RETRY_S = 600.0  # waits after throttling answers, per read, before the bundle fails (--throttled_retry_s)
+INITIAL_READS_PER_S = 50.0  # one worker process's reads a second at first: GCS's 5,000/s shared by 100 processes
+RAMP_DOUBLING_S = 20 * 60.0  # the rate doubles this often, GCS's ramp rule
+MOST_READS_PER_S = 2000.0  # bound of one process's rate (far above what it converts)
+LEAST_READS_PER_S = 5.0  # halving on throttling stops here
+SLOW_DOWN_GAP_S = 1.0  # the rate is halved at most this often
+RECOVERY_DOUBLING_S = 60.0  # after a slow-down the rate doubles this often, back to the rate that was throttled
+INITIAL_RATE_ENV = "IMAGE_TFRECORDS_INITIAL_READS_PER_S"  # tests: a fast start
 # Tests set the first wait's bound through the environment, which reaches worker processes too.
 RETRY_BASE_ENV = "IMAGE_TFRECORDS_RETRY_BASE_S"
 
@@ -119,6 +138,15 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS
 
 
+def is_throttled(error: BaseException) -> bool:
+    """Whether `error` is the store asking to slow down (429, 503): worth waiting minutes for, not seconds."""
+    if isinstance(error, api_exceptions.GoogleAPICallError):
+        return error.code in THROTTLE_STATUSES
+    if isinstance(error, InvalidResponse):
+        return getattr(error.response, "status_code", None) in THROTTLE_STATUSES
+    return False
+
+
 def _base_delay() -> float:
     try:
         base = float(os.environ.get(RETRY_BASE_ENV, RETRY_BASE_S))
@@ -127,38 +155,138 @@ def _base_delay() -> float:
     return base if base > 0 else RETRY_BASE_S
 
 
-def with_retries(read: Callable[[float], T], path: str, deadline: float | None = None) -> T:
+class ReadRate:
+    """A token bucket for one worker process's reads: a cold bucket is ramped up, not hammered.
+
+    Cloud Storage starts a bucket at about 5,000 object reads per second and
+    asks clients to at most double their rate every 20 minutes
+    (https://cloud.google.com/storage/docs/request-rate). A process starts at
+    `initial_per_s` reads a second (5,000 shared by 100 worker processes), and
+    its rate doubles every `doubling_s`, up to `most_per_s`, with a burst of
+    one second's reads. A throttling answer (429, 503) halves the rate (at
+    most once per `SLOW_DOWN_GAP_S`, never below `least_per_s`); it then
+    climbs back to the rate that was throttled, doubling every
+    `RECOVERY_DOUBLING_S`, and on from there at the 20-minute ramp.
+    `clock` and `sleep` are injectable (tests).
+    """
+
+    def __init__(self, initial_per_s: float = INITIAL_READS_PER_S, doubling_s: float = RAMP_DOUBLING_S,
+                 most_per_s: float = MOST_READS_PER_S, least_per_s: float = LEAST_READS_PER_S,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self._clock, self._sleep = clock, sleep
+        self.doubling_s, self.most_per_s, self.least_per_s = doubling_s, most_per_s, least_per_s
+        self._lock = threading.Lock()
+        self._base, self._since = initial_per_s, clock()
+        self._ceiling = initial_per_s  # the rate last throttled: climbed back to quickly
+        self._slowed = -math.inf  # when the rate was last halved
+        self._tokens, self._filled = max(1.0, initial_per_s), self._since
+
+    def rate(self) -> float:
+        """Reads a second allowed now."""
+        with self._lock:
+            return self._rate(self._clock())
+
+    def _rate(self, now: float) -> float:
+        rate, elapsed = self._base, now - self._since
+        if self._ceiling > rate:  # climbing back after a slow-down
+            climb = RECOVERY_DOUBLING_S * math.log2(self._ceiling / rate)
+            if elapsed < climb:
+                return min(self.most_per_s, rate * 2 ** (elapsed / RECOVERY_DOUBLING_S))
+            rate, elapsed = self._ceiling, elapsed - climb
+        return min(self.most_per_s, rate * 2 ** min(64.0, elapsed / self.doubling_s))  # 2**64: past any bound
+
+    def wait(self) -> float:
+        """Take one read's token, sleeping until there is one; returns the seconds slept."""
+        with self._lock:
+            now = self._clock()
+            rate = self._rate(now)
+            self._tokens = min(max(1.0, rate), self._tokens + (now - self._filled) * rate)  # a second's burst
+            self._filled = now
+            self._tokens -= 1.0
+            delay = -self._tokens / rate if self._tokens < 0 else 0.0
+        if delay > 0:
+            self._sleep(delay)
+        return delay
+
+    def slow_down(self) -> None:
+        """The store said 429 or 503: halve the rate (once per `SLOW_DOWN_GAP_S`: the answers of reads
+        already sent at the old rate say nothing new)."""
+        with self._lock:
+            now = self._clock()
+            if now - self._slowed < SLOW_DOWN_GAP_S:
+                return
+            current = self._rate(now)
+            self._ceiling, self._base = current, max(self.least_per_s, current / 2)
+            self._since, self._slowed = now, now
+
+
+_rates: dict[int, ReadRate] = {}
+_rates_lock = threading.Lock()
+
+
+def read_rate() -> ReadRate:
+    """This process's ReadRate (a forked child gets its own); the environment can set its start (tests)."""
+    with _rates_lock:
+        if os.getpid() not in _rates:
+            initial = _env_float(INITIAL_RATE_ENV, INITIAL_READS_PER_S)
+            _rates.clear()
+            _rates[os.getpid()] = ReadRate(initial_per_s=initial, least_per_s=min(LEAST_READS_PER_S, initial))
+        return _rates[os.getpid()]
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 and math.isfinite(value) else default
+
+
+def with_retries(read: Callable[[float], T], path: str, deadline: float | None = None,
+                 throttled_s: float = THROTTLED_RETRY_S, rate: ReadRate | None = None) -> T:
     """`read(timeout)`, tried again on transient errors; `timeout` is for each request it makes.
 
-    `deadline` (a time.monotonic() value, or None) is the image's: the retries end
-    well before it. Any other error is raised at once, unchanged.
+    `deadline` (a time.monotonic() value, or None) is the image's: the retries of
+    other transient errors end well before it. A throttling answer (429, 503)
+    is the store's load, not the image's: it is retried for up to `throttled_s`
+    seconds of waits, and those waits (and the read rate's, see `ReadRate`) do
+    not count against the image's time limit (`memory.paused`). Any other error
+    is raised at once, unchanged.
 
     Raises:
         TransientReadError: when the last try failed with a transient error too.
     """
+    rate = rate or read_rate()
     start = time.monotonic()
-    budget = RETRY_BUDGET_S
-    if deadline is not None:
-        budget = min(budget, max(0.0, deadline - start) * DEADLINE_SHARE)
-    attempts = 0
-
-    def attempt() -> T:
-        nonlocal attempts
+    budget = RETRY_BUDGET_S if deadline is None else min(RETRY_BUDGET_S, max(0.0, deadline - start) * DEADLINE_SHARE)
+    delays = exponential_sleep_generator(_base_delay(), RETRY_MAX_S)
+    attempts = others = 0
+    throttled_waited = paused = 0.0
+    while True:
+        with memory.paused() as pause:
+            rate.wait()
+        paused += pause.waited
         attempts += 1
-        left = REQUEST_TIMEOUT_S if deadline is None else (deadline - time.monotonic()) * DEADLINE_SHARE
-        return read(max(1.0, min(REQUEST_TIMEOUT_S, left)))
-
-    def used_up(error: BaseException) -> TransientReadError:
-        return TransientReadError(path, attempts, time.monotonic() - start, describe(error))
-
-    def on_error(error: Exception) -> None:  # each transient error, before the wait; what it raises is not caught
-        if attempts >= READ_ATTEMPTS:
-            raise used_up(error) from error
-
-    def give_up(errors: list[Exception], reason: RetryFailureReason, _timeout) -> tuple[Exception, Exception | None]:
-        if reason == RetryFailureReason.TIMEOUT:  # the next wait would end past the budget
-            return used_up(errors[-1]), errors[-1]
-        return errors[-1], None  # not transient: the caller's problem, unchanged
-
-    return retry_target(attempt, is_transient, exponential_sleep_generator(_base_delay(), RETRY_MAX_S),
-                        timeout=budget, on_error=on_error, exception_factory=give_up)
+        if deadline is None:
+            left = REQUEST_TIMEOUT_S
+        else:
+            left = (deadline + paused - time.monotonic()) * DEADLINE_SHARE
+        try:
+            return read(max(1.0, min(REQUEST_TIMEOUT_S, left)))
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            delay = next(delays)
+            if is_throttled(error):
+                rate.slow_down()
+                if throttled_waited + delay > throttled_s:
+                    raise TransientReadError(path, attempts, time.monotonic() - start, describe(error)) from error
+                with memory.paused() as pause:
+                    time.sleep(delay)
+                throttled_waited += pause.waited
+                paused += pause.waited
+                continue
+            others += 1
+            if others >= READ_ATTEMPTS or time.monotonic() - start - paused + delay > budget:
+                raise TransientReadError(path, attempts, time.monotonic() - start, describe(error)) from error
+            time.sleep(delay)
