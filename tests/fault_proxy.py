@@ -187,6 +187,9 @@ class FaultProxy:
         self.traffic = Traffic()  # the requests passed on to the emulator, and their bytes
         self._sessions: dict[str, str] = {}  # resumable upload id -> object name
         self.read_latency_s = 0.0  # added before each media download is passed on
+        # requests being passed on at this moment, and the most at once so far: whether a client works in parallel
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
@@ -304,6 +307,9 @@ class FaultProxy:
                     time.sleep(proxy.read_latency_s)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream = HTTPConnection(proxy.upstream, timeout=60)
+                with proxy._lock:
+                    proxy.in_flight += 1
+                    proxy.max_in_flight = max(proxy.max_in_flight, proxy.in_flight)
                 try:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     response = upstream.getresponse()
@@ -325,6 +331,8 @@ class FaultProxy:
                     if self.command != "HEAD":
                         self.wfile.write(data)
                 finally:
+                    with proxy._lock:
+                        proxy.in_flight -= 1
                     upstream.close()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve
