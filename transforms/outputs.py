@@ -362,7 +362,8 @@ def _gcsio(path: str):
 
 
 def delete_files(paths: list[str]) -> None:
-    """Delete files (a missing one is fine): locally one by one; on gs://, in batches of 100, up to 64 at once.
+    """Delete files: locally one by one (each must exist); on gs://, in batches of 100, up to 64 at once (a
+    missing one is fine there).
 
     Raises:
         OSError: naming the first file that could not be deleted, and how many more.
