@@ -49,6 +49,7 @@ from transforms.outputs import (
     check_own_tree,
     completion_marker,
     dataset_files,
+    delete_files,
     finish_publish,
     interrupted_publish,
     is_local,
@@ -285,8 +286,7 @@ def _prepare_output(settings: Settings, run_id: str, background: bool) -> OldOut
     # With a complete dataset, only temporary files are leftovers; its own files go when a new run publishes.
     stale = [p for p in (temporary_outputs if complete else own_outputs)(output_dir) if not p.startswith(mine + "/")]
     if not local:
-        if stale:
-            FileSystems.delete(stale)
+        delete_files(stale)  # in parallel batches: a leftover run's thousands of shards are no serial chore
         return OldOutputs(stale, done=done)
     check_own_paths(output_dir, [*stale, *dataset_files(output_dir)])  # what this run deletes, now or at the end
     os.makedirs(mine, exist_ok=True)

@@ -24,6 +24,9 @@ It also measures the traffic that passed through, per object name (see `Traffic`
   (named by its prefix), compose, rewrite, copy (named by their destination),
   delete, also the ones inside a `/batch` request; bucket (a bucket's metadata,
   named by the bucket) and other.
+`latency_s` delays every request so (a round trip to a store far away).
+`in_flight` and `max_in_flight` count the requests being passed on at once (a client
+working in parallel shows more than one).
 Server-side operations (compose, rewrite, copy) move no bytes through the
 client, so they count as calls, never as uploaded or downloaded bytes. Only
 requests passed on to the emulator are counted there, not failures a rule sent.
@@ -162,6 +165,7 @@ def classify(method: str, path: str, headers, body: bytes | None) -> list[tuple[
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # clients working in parallel connect at once
 
     def handle_error(self, request, client_address):  # a client that hung up (after a reset) is no error
         import sys
@@ -196,6 +200,10 @@ class FaultProxy:
         self.throttled = 0  # object reads answered 429 by the rate limit
         self._rate: tuple[float, float] | None = None  # (reads a second, burst) of `throttle`
         self._tokens, self._filled = 0.0, 0.0
+        self.latency_s = 0.0  # added before every request is passed on: a store a network round trip away
+        # requests being passed on at this moment, and the most at once so far: whether a client works in parallel
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
@@ -336,8 +344,13 @@ class FaultProxy:
                 if proxy.read_latency_s and self.command == "GET" and (
                         self.path.startswith("/download/") or _query(self.path).get("alt") == "media"):
                     time.sleep(proxy.read_latency_s)
+                if proxy.latency_s:
+                    time.sleep(proxy.latency_s)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream = HTTPConnection(proxy.upstream, timeout=60)
+                with proxy._lock:
+                    proxy.in_flight += 1
+                    proxy.max_in_flight = max(proxy.max_in_flight, proxy.in_flight)
                 try:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     response = upstream.getresponse()
@@ -359,6 +372,8 @@ class FaultProxy:
                     if self.command != "HEAD":
                         self.wfile.write(data)
                 finally:
+                    with proxy._lock:
+                        proxy.in_flight -= 1
                     upstream.close()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve

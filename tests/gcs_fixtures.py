@@ -10,12 +10,15 @@ can look for real credentials or reach a metadata server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,21 @@ class Emulator:
         self.client().bucket(bucket_name).blob(name).upload_from_string(data)
         return gs_path
 
+    def write_many(self, contents: dict, threads: int = 16) -> None:
+        """Write many small objects at once ({gs path: bytes}), on `threads` threads (a client each)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        local = threading.local()
+
+        def write(item):
+            if not hasattr(local, "client"):
+                local.client = self.client()
+            bucket_name, name = _split(item[0])
+            local.client.bucket(bucket_name).blob(name).upload_from_string(item[1])
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(write, contents.items()))
+
     def read(self, gs_path: str) -> bytes:
         bucket_name, name = _split(gs_path)
         return self.client().bucket(bucket_name).blob(name).download_as_bytes()
@@ -94,9 +112,12 @@ def _wait_until_up(host: str, process: subprocess.Popen, timeout: float = 30.0) 
     raise RuntimeError(f"gcp-storage-emulator did not answer on {host} within {timeout:.0f} s")
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory):
-    """A fresh in-memory GCS emulator for the session; yields an Emulator."""
+@contextlib.contextmanager
+def running_emulator(config_dir) -> Iterator[Emulator]:
+    """A fresh in-memory GCS emulator, with this process's environment pointed at it until the block ends.
+
+    `config_dir`: an empty folder for gcloud's configuration, so that no user's credentials are picked up.
+    """
     port = _free_port()
     host = f"http://127.0.0.1:{port}"
     closed_port = _free_port()  # nothing listens there: a metadata-server probe fails at once
@@ -106,7 +127,7 @@ def gcs_emulator(tmp_path_factory):
         "GCE_METADATA_HOST": f"127.0.0.1:{closed_port}",
         "GCE_METADATA_IP": f"127.0.0.1:{closed_port}",
         # An empty gcloud configuration: no user's credentials or project are ever picked up.
-        "CLOUDSDK_CONFIG": str(tmp_path_factory.mktemp("gcloud-config")),
+        "CLOUDSDK_CONFIG": str(config_dir),
         "GOOGLE_CLOUD_PROJECT": "test-project",
     }
     process = subprocess.Popen(
@@ -138,3 +159,10 @@ def gcs_emulator(tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """A fresh in-memory GCS emulator for the session; yields an Emulator."""
+    with running_emulator(tmp_path_factory.mktemp("gcloud-config")) as emulator:
+        yield emulator

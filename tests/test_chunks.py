@@ -9,6 +9,8 @@ on GCS the pieces are composed server-side, in a tree past 32.
 
 from __future__ import annotations
 
+import fnmatch
+
 import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -26,8 +28,10 @@ from transforms.write import (
     ChunkKey,
     WriteShards,
     assemble,
+    attempt_name,
     chosen_pieces,
     cut_chunks,
+    index_name,
     index_text,
     write_piece,
 )
@@ -65,8 +69,15 @@ def write_shards(refs, output, chunk_images, shards=1, compression="none", index
         _ = out["hashes"] | "Hashes" >> beam.Map(_collect, "hashes")
         assert_that(out["stats"] | beam.Map(lambda kv: (kv[0], kv[1].images)), equal_to(_expected_stats(refs, shards)),
                     label="stats")
-    return (sorted(_RESULTS.get("shards", [])), sorted(_RESULTS.get("rejected", [])),
+    # Each shard's file has its attempt's name (`shard_path`): the ShardInfos compared without it.
+    return (sorted(info._replace(temp="") for info in _RESULTS.get("shards", [])), sorted(_RESULTS.get("rejected", [])),
             sorted(_RESULTS.get("written", [])), sorted(_RESULTS.get("hashes", [])))
+
+
+def shard_path(output, info, run="run1"):
+    """The file of shard `info` in the run's shards folder: its one attempt's (train-00000-of-00001-<id>.tfrecord)."""
+    (path,) = shards_folder(output, run).glob(attempt_name(info.file, "*"))
+    return path
 
 
 def _expected_stats(refs, shards):
@@ -118,16 +129,16 @@ def test_a_shard_of_many_chunks_is_byte_identical_to_the_shard_written_in_one_pi
     assert rejected == ["c/004.png", "c/017.png"]
     assert sum(n for _, n in written) == 21 == sum(info.records for info in infos) == len(hashes)
     for info in infos:
-        data = (shards_folder(tmp_path / "many") / info.file).read_bytes()
-        assert data == (shards_folder(tmp_path / "one") / info.file).read_bytes(), info.file
+        data = shard_path(tmp_path / "many", info).read_bytes()
+        assert data == shard_path(tmp_path / "one", info).read_bytes(), info.file
         # what a shard written in one place holds: its records in rank order, framed one after another
         shard = int(info.file[6:11])
         mine = sorted((r for i, r in enumerate(refs) if i % 2 == shard and i not in (4, 17)), key=rank_order)
-        records = list(iter_records(str(shards_folder(tmp_path / "many") / info.file)))
+        records = list(iter_records(str(shard_path(tmp_path / "many", info))))
         assert paths_of(records) == [r.relpath for r in mine]
         assert data == b"".join(frame_record(r) for r in records) and info.bytes == len(data)
-        offsets = record_offsets(str(shards_folder(tmp_path / "many") / info.file))
-        index = (shards_folder(tmp_path / "many") / info.index).read_text()
+        offsets = record_offsets(str(shard_path(tmp_path / "many", info)))
+        index = (shards_folder(tmp_path / "many") / index_name(shard_path(tmp_path / "many", info).name)).read_text()
         assert index == index_text([b - a for a, b in zip(offsets, offsets[1:], strict=False)])
     assert not list((shards_folder(tmp_path / "many") / "pieces").iterdir())
 
@@ -138,7 +149,7 @@ def test_a_gzip_shard_of_several_members_reads_back_with_tf_data_and_beam(tmp_pa
     refs = refs_in(tmp_path / "in", 10)
     infos, _, _, _ = write_shards(refs, tmp_path / "out", chunk_images=3, compression="gzip")
     (info,) = infos
-    path = shards_folder(tmp_path / "out") / info.file
+    path = shard_path(tmp_path / "out", info)
     assert path.read_bytes().count(b"\x1f\x8b\x08") >= 4  # one gzip member per chunk: 4 chunks
     read = [r.numpy() for r in tf.data.TFRecordDataset(str(path), compression_type="GZIP")]
     assert paths_of(read) == [r.relpath for r in sorted(refs, key=rank_order)]
@@ -167,13 +178,15 @@ def test_a_chunk_converted_twice_leaves_one_correct_shard(tmp_path):
     chosen = chosen_pieces([pieces[2], again, pieces[0], pieces[1]])
     assert [p.chunk for p in chosen] == [0, 1, 2] and chosen == chosen_pieces([pieces[1], pieces[0], again,
                                                                                pieces[2]])
-    size = assemble(folder, "train-00000-of-00001.tfrecord", chosen)
-    shard = tmp_path / "shards" / "train-00000-of-00001.tfrecord"
+    name, size = assemble(folder, "train-00000-of-00001.tfrecord", chosen, attempt="a1")
+    assert name == "train-00000-of-00001-a1.tfrecord"
+    shard = tmp_path / "shards" / name
     assert list(iter_records(str(shard))) == records and size == shard.stat().st_size
     # the attempt not chosen stays in the pieces folder, removed with the run's temporary folder
     assert len(list((tmp_path / "shards" / "pieces").iterdir())) == 1
-    # a retry of the assembly after its pieces went finds the shard whole
-    assert assemble(folder, "train-00000-of-00001.tfrecord", chosen) == size
+    # a retry of the assembly (another attempt) after its pieces went finds the earlier attempt's shard whole
+    assert assemble(folder, "train-00000-of-00001.tfrecord", chosen, attempt="b2") == (name, size)
+    assert not (tmp_path / "shards" / "train-00000-of-00001-b2.tfrecord").exists()
     with pytest.raises(RuntimeError, match=r"chunks \[1\] of 3 never arrived"):
         chosen_pieces([pieces[0], pieces[2]])
 
@@ -211,7 +224,7 @@ def test_write_shards_on_gcs_gives_the_local_bytes(gcs_emulator, tmp_path):
     remote = write_shards(refs, f"{bucket}/out", chunk_images=2)
     assert remote == local
     (info,) = local[0]
-    names = gcs_emulator.list_names(f"{bucket}/out/.image-tfrecords-tmp/run1/shards")
-    assert names == [info.file]  # the pieces were removed once composed
-    assert gcs_emulator.read(f"{bucket}/out/.image-tfrecords-tmp/run1/shards/{info.file}") == (
-        shards_folder(tmp_path / "local") / info.file).read_bytes()
+    (name,) = gcs_emulator.list_names(f"{bucket}/out/.image-tfrecords-tmp/run1/shards")  # the pieces went
+    assert fnmatch.fnmatch(name, attempt_name(info.file, "*"))
+    assert gcs_emulator.read(f"{bucket}/out/.image-tfrecords-tmp/run1/shards/{name}") == (
+        shard_path(tmp_path / "local", info).read_bytes())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import random
+import re
 import struct
 
 import apache_beam as beam
@@ -17,7 +18,7 @@ from transforms.imaging import ImageSettings
 from transforms.records import ImageRef
 from transforms.sharding import BUCKETS, AssignShards, ShardKey, ShardSizing, bucket_of, lay_out, rank_order
 from transforms.tfrecord import frame_record, iter_records, masked_crc, record_offsets
-from transforms.write import ShardInfo, WriteShards, index_text
+from transforms.write import ShardInfo, WriteShards, index_name, index_text
 
 
 def frame(data: bytes) -> bytes:
@@ -171,7 +172,10 @@ def test_write_shards_converts_each_shard_in_rank_order_into_one_file(tmp_path, 
     assert sorted(i.file for i in infos) == [f"train-0000{k}-of-00002{suffix}" for k in (0, 1)]
     for info in infos:
         assert isinstance(info, ShardInfo)
-        path = folder / info.file
+        # its attempt's own file in the run's folder (train-00000-of-00002-<attempt>.tfrecord), published as info.file
+        stem, _, suffix = info.file.partition(".")
+        assert re.fullmatch(rf"{stem}-[0-9a-f]{{16}}\.{re.escape(suffix)}", info.temp)
+        path = folder / info.temp
         records = [parse(r) for r in iter_records(str(path))]
         mine = sorted((r for r in refs if shard_of[r.relpath] == int(info.file[6:11]) and r.relpath != "c/4.png"),
                       key=rank_order)
@@ -182,11 +186,11 @@ def test_write_shards_converts_each_shard_in_rank_order_into_one_file(tmp_path, 
         if index_files:
             offsets = record_offsets(str(path))
             sizes = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
-            assert (folder / info.index).read_text() == index_text(sizes)
+            assert (folder / index_name(info.temp)).read_text() == index_text(sizes)
         else:
             assert info.index == ""
-    assert sorted(p.name for p in folder.iterdir()) == sorted([i.file for i in infos] + [i.index for i in infos
-                                                                                        if i.index] + ["pieces"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([i.temp for i in infos] + [
+        index_name(i.temp) for i in infos if i.index] + ["pieces"])
     assert not list((folder / "pieces").iterdir())  # each piece went into its shard
 
 

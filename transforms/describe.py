@@ -294,8 +294,10 @@ class _WriteInfo(beam.DoFn):
             **{name: [text] for name, text in tfds_files.items()},  # TFDS's: label.labels.txt, features.json, ...
             INFO_FILE: [json.dumps(info, indent=2) + "\n"],  # last: the completion marker
         }
+        # Each shard's file (its committed attempt's) must hold the bytes its ShardInfo reports.
+        sizes = {renamed.get(s["file"], s["file"]): s["bytes"] for s in all_shards}
         # Written in full first, then the previous dataset (if any) gives way: transforms/outputs.py.
-        publish_dataset(self._output_dir, self._run_id, shard_files, descriptions)
+        publish_dataset(self._output_dir, self._run_id, shard_files, descriptions, sizes)
         # This run's own temporary folder and lock; another run's are never touched.
         remove_run_dir(self._output_dir, self._run_id)
         release_lock(self._output_dir, self._run_id)

@@ -39,14 +39,15 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import bounded, tfds_metadata
 from transforms.examples import SCHEMAS
 from transforms.layout import SPLITS
-from transforms.listing import is_local
+from transforms.listing import gcs_client, is_local
 
 _LOG = logging.getLogger(__name__)
 
@@ -69,6 +70,10 @@ LOCK_FILE = ".image-tfrecords.lock"
 # In a run's temporary folder: the descriptions, written before publishing, and the plan of the publishing.
 PUBLISH_DIR = "publish"
 PUBLISH_PLAN = "publishing.json"
+# Publishing on gs:// (copies, deletions): Cloud Storage's batches of at most 100 operations, up to 64 of them at
+# once, as Beam's FileBasedSink finalizes with up to 64 rename threads.
+GCS_BATCH = 100
+PUBLISH_THREADS = 64
 
 _SPLITS = "|".join(SPLITS)
 SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
@@ -137,6 +142,30 @@ class UnsafePath(RuntimeError):
     A symbolic link, something that is not a regular file or folder, or a folder on another device (a mount
     point): acting on it could change files outside --output_dir.
     """
+
+
+class ShardSizeMismatch(RuntimeError):
+    """A shard's file in the run's folder does not hold the bytes its writer reported (its ShardInfo): the run
+    publishes nothing."""
+
+
+def check_shard_sizes(folder: str, sizes: dict[str, int]) -> None:
+    """Each file of `sizes` (name in `folder` -> the bytes its writer reported) is there with that size: one
+    listing of `folder`.
+
+    Raises:
+        ShardSizeMismatch: naming the first file that differs, and how many more.
+    """
+    listed = list_folder(folder)
+    wrong = [(name, listed.get(FileSystems.join(folder, name)), size) for name, size in sorted(sizes.items())
+             if listed.get(FileSystems.join(folder, name)) != size]
+    if wrong:
+        name, found, size = wrong[0]
+        held = "is missing" if found is None else f"holds {found} bytes"
+        raise ShardSizeMismatch(f"the shard file {name} in {folder} {held}, but its writer reported {size} bytes"
+                                f"{f' (and {len(wrong) - 1} more shards differ)' if len(wrong) > 1 else ''}: "
+                                "nothing was published, and the dataset already in --output_dir (if any) is "
+                                "unchanged; run the same command again")
 
 
 def _refuse(path: str, what: str) -> UnsafePath:
@@ -265,7 +294,8 @@ def dataset_files(output_dir: str) -> list[str]:
     listed = [name for name in names if name in DESCRIPTION_FILES or name == os.path.basename(marker)
               or SHARD_NAME.fullmatch(name) or KAGGLE_NAME.fullmatch(name) or INDEX_NAME.fullmatch(name)]
     paths = [FileSystems.join(output_dir, name) for name in sorted(listed)]
-    return [p for p in paths if _exists(p)]
+    present = _present(paths)  # one listing of the folder, not a request per file
+    return [p for p in paths if p in present]
 
 
 def _exists(path: str) -> bool:
@@ -284,9 +314,70 @@ def delete_tree(folder: str, output_dir: str | None = None) -> None:
             return
         shutil.rmtree(folder, ignore_errors=True)
         return
-    paths = [m.path for m in FileSystems.match([FileSystems.join(folder, "**")])[0].metadata_list]
-    if paths:
+    delete_files(sorted(list_folder(folder, recursive=True)))
+
+
+def list_folder(folder: str, recursive: bool = False) -> dict[str, int]:
+    """The files in `folder` (below it, with `recursive`) and their sizes in bytes: one listing.
+
+    On gs://, one paged listing of the folder's prefix (with `recursive=False`, a delimited one, which does not
+    descend into subfolders); locally, lstat of each entry (a link is listed, never followed, with its own size).
+    A missing folder has none.
+    """
+    if is_local(folder):
+        if not os.path.isdir(folder) or os.path.islink(folder):
+            return {}
+        found = {}
+        for root, dirs, files in os.walk(folder) if recursive else [(folder, [], os.listdir(folder))]:
+            for name in files:
+                path = os.path.join(root, name)
+                entry = os.lstat(path)
+                if not stat.S_ISDIR(entry.st_mode):
+                    found[path] = entry.st_size
+            found.update((os.path.join(root, d), 0) for d in dirs if os.path.islink(os.path.join(root, d)))
+        return found
+    from apache_beam.io.gcp.gcsio import parse_gcs_path
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, prefix = parse_gcs_path(folder.rstrip("/") + "/", object_optional=True)
+    blobs = gcs_client(folder).list_blobs(bucket, prefix=prefix, delimiter=None if recursive else "/",
+                                          retry=DEFAULT_RETRY)
+    return {f"gs://{bucket}/{blob.name}": blob.size or 0 for blob in blobs}
+
+
+def _in_parallel(work: Callable[[list], list], items: list, chunk: int) -> list:
+    """`work` on `items` in chunks of `chunk`, up to PUBLISH_THREADS chunks at once; their results, in order."""
+    chunks = [items[start:start + chunk] for start in range(0, len(items), chunk)]
+    if len(chunks) <= 1:
+        return [result for part in chunks for result in work(part)]
+    with ThreadPoolExecutor(min(PUBLISH_THREADS, len(chunks)), thread_name_prefix="publish") as pool:
+        return [result for part in pool.map(work, chunks) for result in part]
+
+
+def _gcsio(path: str):
+    """Beam's GcsIO on this thread's storage client (`transforms.listing.gcs_client`)."""
+    from apache_beam.io.gcp import gcsio
+
+    return gcsio.GcsIO(storage_client=gcs_client(path))
+
+
+def delete_files(paths: list[str]) -> None:
+    """Delete files: locally one by one (each must exist); on gs://, in batches of 100, up to 64 at once (a
+    missing one is fine there).
+
+    Raises:
+        OSError: naming the first file that could not be deleted, and how many more.
+    """
+    if not paths:
+        return
+    if is_local(paths[0]):
         FileSystems.delete(paths)
+        return
+    results = _in_parallel(lambda part: _gcsio(part[0]).delete_batch(part), paths, GCS_BATCH)
+    failed = [(path, error) for path, error in results if error]
+    if failed:
+        path, error = failed[0]
+        raise OSError(f"deleting {path} failed ({error}), and {len(failed) - 1} more")
 
 
 def remove_run_dir(output_dir: str, run_id: str) -> None:
@@ -339,13 +430,16 @@ def write_file(path: str, lines: Iterable[str]) -> None:
             f.write(line.encode("utf-8"))
 
 
-def publish_dataset(output_dir: str, run_id: str, shard_files: list, descriptions: dict) -> None:
+def publish_dataset(output_dir: str, run_id: str, shard_files: list, descriptions: dict,
+                    sizes: dict[str, int] | None = None) -> None:
     """Replace the folder's previous dataset (if any) with this run's shards and `descriptions`.
 
     `shard_files` names every file of the run's shards folder to publish (the
     shards and their index files): a name, or a (name in the run's folder,
     final name) pair for a file whose final name differs (--shard_names=kaggle).
     `descriptions`: file name -> its lines (streamed), the completion marker INFO_FILE last.
+    `sizes`: name in the run's shards folder -> the bytes its writer reported, checked first
+    (`check_shard_sizes`: ShardSizeMismatch, and nothing published).
 
     1. The space is claimed first: every description is written in full into the
        run's folder (`publish/`), the marker last, while the previous dataset is
@@ -363,6 +457,8 @@ def publish_dataset(output_dir: str, run_id: str, shard_files: list, description
         check_own_path(output_dir, staging, folder=True)
     plan = _publish_plan(output_dir, run_id, _read_json(plan_path) if _exists(plan_path) else None)
     if plan is None:  # the first attempt (a retry finds the plan of an earlier one)
+        if sizes:
+            check_shard_sizes(shards_dir(output_dir, run_id), sizes)
         for name, lines in descriptions.items():
             check_own_paths(output_dir, [FileSystems.join(staging, name)])
             write_file(FileSystems.join(staging, name), lines)
@@ -427,9 +523,7 @@ def finish_publish(output_dir: str, plan: dict) -> None:
     if old_marker in present:
         FileSystems.delete([old_marker])
     _move([(src, dst) for src, dst in files if src in present])
-    gone = [path for path in delete if path in present]
-    if gone:
-        FileSystems.delete(gone)
+    delete_files([path for path in delete if path in present])
     _move([marker])  # the window closes: the new dataset is complete
 
 
@@ -437,23 +531,24 @@ def _present(paths: list[str]) -> set[str]:
     """Which of `paths` exist (a local link counts): locally by lstat, elsewhere one listing per folder."""
     if not paths or is_local(paths[0]):
         return {path for path in paths if os.path.lexists(path)}
-    folders = sorted({path.rsplit("/", 1)[0] for path in paths})
-    found = FileSystems.match([FileSystems.join(folder, "*") for folder in folders])
-    listed = {m.path for result in found for m in result.metadata_list}
+    listed = set()
+    for folder in sorted({path.rsplit("/", 1)[0] for path in paths}):
+        listed.update(list_folder(folder))
     return {path for path in paths if path in listed}
 
 
 def _move(moves: list) -> None:
-    """Give files their final names: renames locally; on gs://, batched server-side copies (a rename there is
-    a copy and a delete; the sources go with the run's folder, after the window)."""
+    """Give files their final names: renames locally; on gs://, server-side copies in batches of 100, up to 64
+    batches at once (a rename there is a copy and a delete; the sources go with the run's folder, after the
+    window)."""
     if not moves:
         return
     if is_local(moves[0][0]):
         FileSystems.rename([src for src, _ in moves], [dst for _, dst in moves])
         return
-    from apache_beam.io.gcp import gcsio
-
-    failed = [(src, dst, error) for src, dst, error in gcsio.GcsIO().copy_batch([tuple(m) for m in moves]) if error]
+    pairs = [tuple(move) for move in moves]
+    results = _in_parallel(lambda part: _gcsio(part[0][0]).copy_batch(part), pairs, GCS_BATCH)
+    failed = [(src, dst, error) for src, dst, error in results if error]
     if failed:
         src, dst, error = failed[0]
         raise OSError(f"copying {src} to {dst} failed ({error}), and {len(failed) - 1} more")

@@ -19,11 +19,14 @@ Its size, its record count and, with index files, its `offset length` index
 come from the pieces' records as they were written. ArrayRecord files cannot
 be concatenated: an ArrayRecord shard is one chunk, converted in one place.
 
-Shards are assembled under their standard names in the run's own temporary
-folder; the dataset description publishes them into the output folder, under
-their final names, once every count is checked. A final name can depend on
-what the shard holds (--shard_names=kaggle puts its record count in it), so
-ShardInfo carries both. The file itself is TFRecord or ArrayRecord
+Shards are assembled in the run's own temporary folder, each attempt under a
+name of its own (train-00000-of-00004-<attempt>.tfrecord): a retried and a
+stale attempt of one shard never write the same file, and the ShardInfo that
+is committed names the file that is published. The dataset description
+publishes them into the output folder, under their final names, once every
+count and each file's size is checked. A final name can depend on what the
+shard holds (--shard_names=kaggle puts its record count in it), so ShardInfo
+carries both. The file itself is TFRecord or ArrayRecord
 (`transforms.shardfiles`).
 """
 
@@ -74,7 +77,8 @@ STATS = "stats"  # (split, transforms.stats.SplitStats): one per shard, its imag
 
 class ShardInfo(NamedTuple):
     """One final shard: its split, final file name, record count, size in bytes, final index file name ('' for
-    none) and its file's name in the run's temporary folder ('' when the same as its final name)."""
+    none) and its file's name in the run's temporary folder (its attempt's: `attempt_name`; '' when the same
+    as its final name)."""
 
     split: str
     file: str
@@ -271,30 +275,49 @@ def chosen_pieces(pieces) -> list[PieceInfo]:
     return [chosen[chunk] for chunk in range(chunks)]
 
 
-def assemble(folder: str, name: str, pieces: list[PieceInfo]) -> int:
-    """Make shard file `name` in `folder` from its `pieces` (in order); returns its size. The pieces are removed.
+def attempt_name(name: str, attempt: str) -> str:
+    """An attempt's file of shard `name` in the run's folder: train-00000-of-00004-<attempt>.tfrecord."""
+    stem, _, suffix = name.partition(".")
+    return f"{stem}-{attempt}.{suffix}"
 
-    A single piece is renamed; several are concatenated by the file system
-    (`transforms.concat`), never read back. A retry after the pieces were
-    removed finds the shard already whole (its size is the pieces' sum).
+
+def _earlier_attempt(folder: str, name: str, expected: int) -> str | None:
+    """The file of an earlier attempt at shard `name` that holds its pieces' `expected` bytes, if any."""
+    pattern = FileSystems.join(folder, attempt_name(name, "*"))
+    found = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list if m.size_in_bytes == expected)
+    return found[0].rsplit("/", 1)[-1] if found else None
+
+
+def assemble(folder: str, name: str, pieces: list[PieceInfo], attempt: str | None = None) -> tuple[str, int]:
+    """Make shard `name`'s file in `folder` from its `pieces` (in order); returns its file's name and size. The
+    pieces are removed.
+
+    The file is the attempt's own (`attempt_name`; `name` itself without an `attempt`). A single piece is
+    renamed; several are concatenated by the file system (`transforms.concat`), never read back. A retry after
+    an earlier attempt removed the pieces finds that attempt's file whole (its size is the pieces' sum), and
+    names it.
 
     Raises:
         OSError: the shard does not hold exactly its pieces' bytes.
     """
-    dest = FileSystems.join(folder, name)
+    own = attempt_name(name, attempt) if attempt else name
+    dest = FileSystems.join(folder, own)
     sources = [FileSystems.join(folder, piece.file) for piece in pieces]
     expected = sum(piece.bytes for piece in pieces)
-    if not FileSystems.exists(sources[0]) and FileSystems.exists(dest) and file_size(dest) == expected:
-        return expected  # an earlier attempt assembled it and removed the pieces
+    if not FileSystems.exists(sources[0]):
+        earlier = own if FileSystems.exists(dest) and file_size(dest) == expected else None
+        earlier = earlier or (_earlier_attempt(folder, name, expected) if attempt else None)
+        if earlier:
+            return earlier, expected  # an earlier attempt assembled it and removed the pieces
     if len(sources) == 1:
         FileSystems.rename(sources, [dest])
         size = file_size(dest)
         if size != expected:
             raise OSError(f"{dest} holds {size} bytes, its piece {expected}: run the conversion again")
-        return size
+        return own, size
     size = concatenate(sources, dest, expected)
     FileSystems.delete(sources)
-    return size
+    return own, size
 
 
 def shard_of_piece(piece: PieceInfo) -> tuple:
@@ -318,7 +341,8 @@ class _AssembleShard(beam.DoFn):
         key = ShardKey(*key)
         pieces = chosen_pieces(pieces)
         name = shard_name(key.split, key.index, key.count, self._compression, self._file_format)
-        size = assemble(self._folder, name, pieces)
+        # this attempt's own file: another attempt at the shard, retried or stale, never writes it
+        temp, size = assemble(self._folder, name, pieces, attempt=uuid.uuid4().hex[:16])
         sizes = [record for piece in pieces for record in piece.sizes]
         written: Counter = Counter()
         for piece in pieces:
@@ -332,15 +356,14 @@ class _AssembleShard(beam.DoFn):
             final = kaggle_name(key.split, key.index, key.count, len(sizes), self._compression, self._file_format)
         index = ""
         if self._index_files:
-            index = index_name(name)
+            index = index_name(temp)
             write_index(self._folder, index, sizes)
         for kind, count in written.items():
             yield beam.pvalue.TaggedOutput(WRITTEN, (kind, count))
         stats = [piece.stats for piece in pieces if piece.stats is not None]
         if stats:
             yield beam.pvalue.TaggedOutput(STATS, (key.split, merge_stats(stats)))
-        yield ShardInfo(key.split, final, len(sizes), size, index_name(final) if index else "",
-                        name if final != name else "")
+        yield ShardInfo(key.split, final, len(sizes), size, index_name(final) if index else "", temp)
 
 
 class ConvertChunks(beam.PTransform):

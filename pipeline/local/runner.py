@@ -24,7 +24,7 @@ from pipeline.local.progress import REQUEST_SECONDS, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
-from transforms.outputs import UnsafePath, completion_marker, interrupted_publish
+from transforms.outputs import ShardSizeMismatch, UnsafePath, completion_marker, interrupted_publish
 from transforms.rows import TruncatedFile
 from transforms.transient import TransientReadError
 
@@ -139,6 +139,8 @@ def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None
     return "a worker process died"
 
 
+# transforms.outputs.ShardSizeMismatch's message, as the text of a worker's traceback shows it.
+_SHARD_SIZE = re.compile(r"ShardSizeMismatch: (the shard file .+? run the same command again)")
 # The message up to the end of its line (a literal "\n" when the traceback arrives as a repr).
 _TRANSIENT_READ = re.compile(
     r"TransientReadError: (reading .+? failed \d+ times with a transient error.*?)(?:\\n|\n|$)")
@@ -267,6 +269,9 @@ class LocalRun:
                 "--conversion_threads=1, or use fewer --direct_num_workers; then run the same command "
                 "again: it removes this run's files and starts over cleanly"
             )
+        mismatch = _reported(error, ShardSizeMismatch, _SHARD_SIZE)
+        if mismatch:  # nothing was published
+            return UserError(mismatch)
         truncated = truncated_file(error)
         if truncated:
             return InputDamaged(f"{truncated.rstrip('.')}; no dataset was written")
