@@ -355,7 +355,7 @@ def _in_parallel(work: Callable[[list], list], items: list, chunk: int) -> list:
 
 
 def _gcsio(path: str):
-    """Beam's GcsIO on this thread's storage client (`transforms.listing.gcs_client`)."""
+    """Beam's GcsIO on the process's one storage client (`transforms.listing.gcs_client`), shared by the threads."""
     from apache_beam.io.gcp import gcsio
 
     return gcsio.GcsIO(storage_client=gcs_client(path))
