@@ -11,7 +11,7 @@ import argparse
 import re
 
 from pipeline.errors import UserError
-from transforms.examples import SCHEMAS
+from transforms.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
 from transforms.imaging import (
     CHROMA_SUBSAMPLING,
     IMAGE_BACKENDS,
@@ -21,9 +21,6 @@ from transforms.imaging import (
     ImageSettings,
 )
 
-COMPRESSIONS = ("none", "gzip")
-FILE_FORMATS = ("tfrecord", "array_record")  # transforms.shardfiles writes them
-SHARD_NAMES = ("standard", "kaggle")
 IF_EXISTS = ("refuse", "overwrite", "skip")
 DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
@@ -55,7 +52,6 @@ def parse_bool(text: str) -> bool:
 
 # On/off flags: `--overwrite` alone, or `--overwrite=true|false` as Dataflow Flex Templates pass them.
 ON_OFF = dict(nargs="?", const=True, default=False, type=parse_bool, metavar="true|false")
-REQUIRED = ("--input_dir", "--output_dir")
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool = False) -> None:
@@ -74,7 +70,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
     add("--manifest", default=None,
         help="CSV (with a header) or JSON Lines file, local or gs://, listing the images instead of class "
              "folders: columns path (relative to the manifest's folder or --input_dir, absolute, or gs://), "
-             "label (a class name) and optionally split (train, validation or val, test). "
+             "label (a class name) and optionally split (train, validation, test, or a name that stands for one "
+             "as a split folder's does: val, valid, dev, training, ...). "
              "Default: none, class folders.")
     add("--features", default=None,
         help="Types of the extra manifest (or --metadata) columns, each written into every Example under the "

@@ -25,6 +25,7 @@ from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms import bounded, features, manifest, metadata
+from transforms.dataset_format import SHARD_NAME
 from transforms.layout import (
     IMAGE_EXTENSIONS,
     class_name_problem,
@@ -34,8 +35,9 @@ from transforms.layout import (
     split_folder_layout,
     split_folder_note,
 )
-from transforms.listing import Folder, classify, is_local, list_folder, list_top
-from transforms.outputs import SHARD_NAME, own_outputs
+from transforms.listing import Folder, classify, list_folder, list_top
+from transforms.outputs import own_outputs
+from transforms.paths import is_local
 from transforms.records import FileRef
 from transforms.sharding import ShardSizing
 

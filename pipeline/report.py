@@ -9,7 +9,8 @@ from __future__ import annotations
 import statistics
 
 from pipeline.readers.reader import load_info
-from transforms import duplicates
+from transforms.duplicate_kinds import summary_line
+from transforms.outputs import read_text
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -141,7 +142,7 @@ def duplicates_line(info: dict) -> str:
         return ""
     dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
                "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
-    return f"{duplicates.summary_line(found)}; see \"duplicates\" in image_tfrecords.json.{dropped}"
+    return f"{summary_line(found)}; see \"duplicates\" in image_tfrecords.json.{dropped}"
 
 
 def _size_bucket(edges: list, index: int) -> str:
@@ -195,8 +196,9 @@ def suggestion_lines(info: dict) -> list[str]:
 
 
 def read_info(output_dir: str) -> dict:
-    """The image_tfrecords.json just written to `output_dir`, read by the read-side tools' one loader."""
-    return load_info(output_dir)
+    """The image_tfrecords.json just written to `output_dir`, read by the one loader of the description, through
+    Beam's file systems as the converter wrote it."""
+    return load_info(output_dir, read_text=read_text)
 
 
 def _upscaled_shares(info: dict) -> str:

@@ -39,7 +39,8 @@ from transforms.imaging import (
     ImageSettings,
 )
 from transforms.layout import display_path
-from transforms.listing import file_kind, gcs_client
+from transforms.listing import gcs_client
+from transforms.paths import file_kind
 from transforms.pool import ConversionPool, Job, core_slot, time_limit
 from transforms.records import ImageRef, Rejection
 from transforms.stats import ImageStats

@@ -1,7 +1,8 @@
 """ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
 
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); with
+gs://), `label` (a class name) and, optionally, `split` (train, validation, test, or a name a split folder may
+have: val, valid, dev, ...); with
 --multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
 one group share a split). Its other columns are typed extra features (transforms.features), written into
 each Example. The file is cut into byte ranges that any worker reads (a compressed one is read as one
@@ -22,10 +23,10 @@ import apache_beam as beam
 
 from transforms import counters
 from transforms import rows as reading
+from transforms.dataset_format import split_of
 from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.layout import (
     GROUP_BY_TIMEOUT,
-    SPLIT_FOLDER_NAMES,
     UNKNOWN_CLASS,
     GroupByTimeout,
     class_name_problem,
@@ -86,10 +87,7 @@ CLASS_NAMES = "class_names"
 
 GROUPS = "groups"  # with a group column or --group_by: (group or '', split, relpath) of every labelled image
 
-KNOWN_COLUMNS = ("path", "label", "split", "labels", "group")
 LABELS_SEPARATOR = ";"  # between the class names of a CSV `labels` cell
-SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
-assert set(SPLIT_NAMES.values()) <= set(SPLIT_FOLDER_NAMES.values())
 
 
 class ManifestRow(NamedTuple):
@@ -183,10 +181,11 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         raise RowProblem(p.reason, f"row {row}: {p.detail}") from None
     if not label and labels is None:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
-    if split and split not in SPLIT_NAMES:
-        raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
+    if split and split_of(split) is None:
+        raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation or test (nor a "
+                                        "name that stands for one, such as val, valid, dev or training)")
     columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, group,
+    return ManifestRow(row, resolve(path, base), path, label, split_of(split) or "", labels, group,
                        columns=columns)
 
 

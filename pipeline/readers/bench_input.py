@@ -21,7 +21,7 @@ import tensorflow as tf
 from pipeline.errors import DatasetError, UserError
 from pipeline.readers import reader
 from pipeline.readers.bench_report import StageResult
-from transforms.describe import INFO_FILE
+from transforms.dataset_format import INFO_FILE, TFRECORD
 
 AUTOTUNE = tf.data.AUTOTUNE
 DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "uint8": tf.uint8}
@@ -89,8 +89,8 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     files = reader.shard_paths(dataset_dir, split, info)
     for path in files:
         reader.refuse_unless_regular(path)
-    file_format = (info.get("options") or {}).get("file_format", "tfrecord")
-    if file_format != "tfrecord":
+    file_format = (info.get("options") or {}).get("file_format", TFRECORD)
+    if file_format != TFRECORD:
         raise DatasetError(f"{dataset_dir} holds {file_format} shards: the benchmark reads TFRecord shards with "
                            "tf.data; convert the folder again without --file_format to benchmark it")
     if not files:

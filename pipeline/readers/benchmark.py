@@ -39,7 +39,7 @@ from pipeline.readers.bench_report import (
     write_json,
     write_plot,
 )
-from transforms.examples import SCHEMAS
+from transforms.dataset_format import SCHEMAS
 
 DTYPE_NAMES = ("float32", "bfloat16", "uint8")
 

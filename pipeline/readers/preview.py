@@ -28,7 +28,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from pipeline.cli import import_tensorflow, main_of
 from pipeline.errors import DatasetError, UserError
-from transforms.describe import INFO_FILE
+from transforms.dataset_format import INFO_FILE
+from transforms.paths import is_local, write_bytes
 
 _LOG = logging.getLogger("pipeline.preview")
 _CHECK = "check the dataset with python -m pipeline.verify"
@@ -129,8 +130,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     import tensorflow as tf
 
     from pipeline.readers import reader
-    from transforms.shardfiles import scan_shard
-    from transforms.tfrecord import CorruptRecord
+    from transforms.tfrecord import CorruptRecord, scan_shard
 
     problems = [] if problems is None else problems
     paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
@@ -311,8 +311,6 @@ def _save(image_or_figure, path: str) -> None:
     """Save a PIL image or a matplotlib figure to a local path or gs:// (format from the extension)."""
     import io
 
-    from apache_beam.io.filesystems import FileSystems
-
     ext = _check_image_path(path)
     image = image_or_figure
     if not isinstance(image, Image.Image):  # a figure: rendered by Agg, then encoded like a sheet
@@ -321,12 +319,11 @@ def _save(image_or_figure, path: str) -> None:
         image = Image.open(io.BytesIO(rendered.getvalue())).convert("RGB")
     buffer = io.BytesIO()
     image.save(buffer, format=_FORMATS[ext], **({"optimize": True} if ext == ".png" else {"quality": 90}))
-    if "://" not in path:
+    if is_local(path):
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise UserError(f"cannot write {path}: the folder {directory} does not exist")
-    with FileSystems.create(path, mime_type="application/octet-stream") as f:
-        f.write(buffer.getvalue())
+    write_bytes(path, buffer.getvalue())
 
 
 def _configure_logging(verbose: bool) -> None:
