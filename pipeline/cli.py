@@ -24,13 +24,15 @@ from collections.abc import Callable
 
 from pipeline.errors import Terminated, UserError
 
-_STOPPED = "no image_tfrecords.json was written, so run the same command again"
+# What a stopped conversion left, as the converter says it; each read-side tool says its own.
+CONVERTER_STOPPED = "no image_tfrecords.json was written, so run the same command again"
 
 
-def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
+def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None, stopped: str = CONVERTER_STOPPED) -> int:
     """Call `run(argv)` and turn a UserError into `error: <message>` and its exit code.
 
-    Ctrl-C ends it with exit code 130, SIGTERM with 143, each after the same clean-up and with one line.
+    Ctrl-C ends it with exit code 130, SIGTERM with 143, each after the same clean-up and with one line that
+    ends in `stopped`: what the stopped tool left, and what to do.
     """
     try:
         with sigterm_as_interrupt():
@@ -39,10 +41,10 @@ def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> i
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except Terminated as e:
-        print(f"error: terminated (SIGTERM); {_STOPPED}", file=sys.stderr)
+        print(f"error: terminated (SIGTERM); {stopped}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"error: interrupted; {_STOPPED}", file=sys.stderr)
+        print(f"error: interrupted; {stopped}", file=sys.stderr)
         return 130
 
 

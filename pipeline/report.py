@@ -7,6 +7,7 @@ Everything printed here is also in image_tfrecords.json (`splits.*.class_counts`
 from __future__ import annotations
 
 import statistics
+import sys
 
 from pipeline.readers.reader import load_info
 from transforms.duplicate_kinds import summary_line
@@ -256,3 +257,21 @@ def format_summary(info: dict) -> str:
     if (info.get("tfds") or {}).get("note"):  # TFDS cannot load this folder: say why, once
         lines.append(f"Note: no TFDS files written: {info['tfds']['note']}.")
     return "\n".join(lines)
+
+
+def summarise_run(output_dir: str) -> int:
+    """Print the summary of the dataset a finished run (local or on Dataflow) just wrote; the run's exit code: 1
+    if no image could be converted, or if no written image has a class (a --multi_label manifest whose labels
+    cells are all empty), each with one error line; else 0."""
+    info = read_info(output_dir)
+    print(format_summary(info))
+    if not info["files"]["written"]:
+        print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
+              file=sys.stderr)
+        return 1
+    if not info.get("num_classes", len(info.get("class_names") or ())):
+        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
+              "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -2,9 +2,11 @@
 the read side's plain file access.
 
 "Local" means no URL scheme (no '://'): gs://, s3:// and hdfs:// paths are not. The read-side tools
-(pipeline/readers/) read and list files through `open_read`, `read_text`, `list_files` and `write_bytes`: the
-operating system's files locally, TensorFlow's file systems (tf.io.gfile, which reads gs://) elsewhere, so that the
-read side needs no Beam. The converter keeps Beam's file systems (its GCS client, retries and STORAGE_EMULATOR_HOST).
+(pipeline/readers/) read and list files through `open_read`, `read_text`, `list_files` and `write_bytes`, so that
+the read side needs no Beam: the operating system's files locally; gs:// through the google-cloud-storage client
+when it is installed (it is wherever Beam's GCP extra is; it honours the application-default credentials and
+STORAGE_EMULATOR_HOST), else through TensorFlow's own file systems (tf.io.gfile), as for any other scheme. The
+converter keeps Beam's file systems.
 """
 
 from __future__ import annotations
@@ -59,14 +61,41 @@ def _gfile():
     return tf.io.gfile
 
 
+_storage: list = []  # [the read side's google-cloud-storage client, or None when the package is missing]
+
+
+def _blob(path: str):
+    """The google-cloud-storage blob of a gs:// `path`; None for another scheme, or without that package."""
+    if not path.startswith("gs://"):
+        return None
+    if not _storage:
+        try:
+            from google.cloud import storage
+        except ImportError:
+            _storage.append(None)
+        else:
+            _storage.append(storage.Client())
+    if _storage[0] is None:
+        return None
+    bucket, _, name = path[len("gs://"):].partition("/")
+    return _storage[0].bucket(bucket).blob(name)
+
+
 def open_read(path: str, decompress: bool = False):
     """`path` opened for reading bytes; with `decompress`, a name ending in .gz is read through gzip."""
-    raw = open(path, "rb") if is_local(path) else _gfile().GFile(path, "rb")
+    if is_local(path):
+        raw = open(path, "rb")
+    else:
+        blob = _blob(path)
+        raw = blob.open("rb") if blob is not None else _gfile().GFile(path, "rb")
     return gzip.GzipFile(fileobj=raw, mode="rb") if decompress and path.endswith(".gz") else raw
 
 
 def exists(path: str) -> bool:
-    return os.path.exists(path) if is_local(path) else _gfile().exists(path)
+    if is_local(path):
+        return os.path.exists(path)
+    blob = _blob(path)
+    return blob.exists() if blob is not None else _gfile().exists(path)
 
 
 def read_text(path: str) -> str | None:
@@ -99,9 +128,15 @@ def list_files(folder: str, pattern: str = "*") -> list[tuple[str, int]]:
                     except OSError:
                         continue
         return sorted(found)
+    folder = folder.rstrip("/")
+    blob = _blob(folder + "/")
+    if blob is not None:
+        prefix = blob.name
+        listed = blob.client.list_blobs(blob.bucket, prefix=prefix, delimiter="/")
+        return sorted((f"{folder}/{b.name[len(prefix):]}", b.size) for b in listed
+                      if fnmatch.fnmatchcase(b.name[len(prefix):], pattern))
     gfile = _gfile()
-    paths = gfile.glob(folder.rstrip("/") + "/" + pattern)
-    return sorted((path, gfile.stat(path).length) for path in paths)
+    return sorted((path, gfile.stat(path).length) for path in gfile.glob(folder + "/" + pattern))
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -109,6 +144,10 @@ def write_bytes(path: str, data: bytes) -> None:
     if is_local(path):
         with open(path, "wb") as f:
             f.write(data)
+        return
+    blob = _blob(path)
+    if blob is not None:
+        blob.upload_from_string(data, content_type="application/octet-stream")
         return
     with _gfile().GFile(path, "wb") as f:
         f.write(data)

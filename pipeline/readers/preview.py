@@ -390,5 +390,15 @@ def run(argv: list[str]) -> int:
     return 1 if problems else 0
 
 
+# What Ctrl-C or SIGTERM leaves (pipeline.cli.main_of's last line).
+STOPPED = ("preview stopped; the dataset is unchanged, and a contact sheet or chart it was writing may be "
+           "incomplete: run the same command again")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point: `run`, with one error line for a bad input or an interruption."""
+    return main_of(run, argv, stopped=STOPPED)
+
+
 if __name__ == "__main__":
-    sys.exit(main_of(run))
+    sys.exit(main())

@@ -726,5 +726,14 @@ def run(argv: list[str]) -> int:
     return 0 if report.ok else 1
 
 
+# What Ctrl-C or SIGTERM leaves (pipeline.cli.main_of's last line).
+STOPPED = "verify stopped before it checked the whole dataset, which it never changes: run the same command again"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point: `run`, with one error line for a bad input or an interruption."""
+    return main_of(run, argv, stopped=STOPPED)
+
+
 if __name__ == "__main__":
-    sys.exit(main_of(run))
+    sys.exit(main())
