@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -109,3 +110,14 @@ def import_tensorflow(verbose: bool = False):
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     return tf
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
+    width = int(match.group(1))
+    height = int(match.group(2) or width)
+    if not (1 <= width <= 16384 and 1 <= height <= 16384):
+        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
+    return width, height

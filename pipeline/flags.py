@@ -8,9 +8,7 @@ from them with --input_dir and --output_dir marked required.
 from __future__ import annotations
 
 import argparse
-import re
 
-from pipeline.errors import UserError
 from transforms.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
 from transforms.imaging import (
     CHROMA_SUBSAMPLING,
@@ -25,21 +23,6 @@ IF_EXISTS = ("refuse", "overwrite", "skip")
 DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
-
-# A Cloud Storage bucket name: lower-case letters, digits, '-', '_', '.', starting and ending with a letter or
-# digit. (Cloud Storage also wants 3 to 63 characters; shorter ones are left to its own "does not exist".)
-_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")
-
-
-def bucket_problem(path: str) -> str | None:
-    """Why the bucket of a gs:// `path` is not a Cloud Storage bucket name, or None (also for a local path)."""
-    if not path.startswith("gs://"):
-        return None
-    bucket = path[len("gs://"):].split("/", 1)[0]
-    if _BUCKET.fullmatch(bucket) and ".." not in bucket:
-        return None
-    return (f"{bucket!r} is not a Cloud Storage bucket name (lower-case letters, digits, '-', '_' or '.', "
-            "starting and ending with a letter or digit): give gs://BUCKET/folder")
 
 def parse_bool(text: str) -> bool:
     value = str(text).strip().lower()
@@ -228,14 +211,3 @@ def help_text() -> str:
     )
     add_convert_arguments(parser, mark_required=True)
     return parser.format_help()
-
-
-def parse_image_size(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
-    if not match:
-        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
-    width = int(match.group(1))
-    height = int(match.group(2) or width)
-    if not (1 <= width <= 16384 and 1 <= height <= 16384):
-        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
-    return width, height

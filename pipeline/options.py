@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import regex
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
 from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, parse_bool, help_text stay importable here)
     COMPRESSIONS,
@@ -25,17 +26,15 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     MAX_CONVERSION_THREADS,
     ON_OFF,
     add_convert_arguments,
-    bucket_problem,
     help_text,
     parse_bool,
-    parse_image_size,
 )
 from pipeline.inputs import read_small_file
 from transforms.dataset_format import SPLITS
 from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
 from transforms.layout import compile_group_by
-from transforms.paths import is_local
+from transforms.paths import bucket_problem, is_local
 
 NAMED_COLOURS = {
     "white": (255, 255, 255),

@@ -27,7 +27,6 @@ from pipeline.report import human_bytes
 from transforms import bounded, features, manifest, metadata
 from transforms.dataset_format import SHARD_NAME
 from transforms.layout import (
-    IMAGE_EXTENSIONS,
     class_name_problem,
     nested_class_folders,
     quoted_name,
@@ -37,7 +36,7 @@ from transforms.layout import (
 )
 from transforms.listing import Folder, classify, list_folder, list_top
 from transforms.outputs import own_outputs
-from transforms.paths import is_local
+from transforms.paths import IMAGE_EXTENSIONS, is_local
 from transforms.records import FileRef
 from transforms.sharding import ShardSizing
 

@@ -39,6 +39,11 @@ LEGACY_INFO_FILE = "dataset_info.json"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # the read-side tools read a version-1 folder's dataset_info.json as its description
 
+# The converter's defaults of --max_pixels and --max_image_mb, which a reader applies to a description that does
+# not record them (transforms.imaging.ImageSettings takes its defaults from here).
+DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
+DEFAULT_MAX_IMAGE_MB = 512
+
 # Everything temporary lives in this one folder, which this tool alone writes.
 TEMP_DIR = ".image-tfrecords-tmp"
 LOCK_FILE = ".image-tfrecords.lock"

@@ -27,6 +27,7 @@ from transforms.duplicate_kinds import (
     label_value,
 )
 from transforms.layout import display_path
+from transforms.paths import is_local
 
 
 class _Summarise(beam.CombineFn):
@@ -118,7 +119,7 @@ def hash_file(path: str, max_bytes: int, size: int | None = None) -> str:
         return digest.hexdigest()
 
     try:
-        if FileSystems.get_scheme(path) is None:
+        if is_local(path):
             size = check_regular_file(path)
         if size is not None and size > max_bytes:
             return ""

@@ -17,16 +17,7 @@ from typing import NamedTuple
 import regex
 
 from transforms.dataset_format import SPLITS, split_of
-
-# Extensions recognised as images (case-insensitive). Decoding goes by content,
-# so a PNG behind a .jpg name is fine; a file with another extension is skipped.
-IMAGE_EXTENSIONS = frozenset(
-    {
-        ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib",
-        ".webp", ".tif", ".tiff", ".mpo",
-    }
-)
-
+from transforms.paths import IMAGE_EXTENSIONS, is_local
 
 # Skip reasons (stage 'skipped': the file is never opened).
 HIDDEN = "hidden_file"
@@ -55,7 +46,7 @@ def relative_path(path: str, input_dir: str) -> str:
     A backslash is a separator only in a local path on Windows; on POSIX and
     in gs:// names it is an ordinary character of the name.
     """
-    separators = "/\\" if os.sep == "\\" and "://" not in path else "/"
+    separators = "/\\" if os.sep == "\\" and is_local(path) else "/"
     base = input_dir.rstrip(separators)
     if not path.startswith(base):
         raise ValueError(f"{path!r} is not below {input_dir!r}")

@@ -37,6 +37,7 @@ from transforms.layout import (
     quoted_name,
     shuffle_key,
 )
+from transforms.paths import is_local
 from transforms.records import ImageRef, Rejection
 from transforms.rows import (  # noqa: F401  (the reading's names stay importable here: tests, benchmarks)
     MAX_LINE_BYTES,
@@ -128,7 +129,7 @@ def normal_path(path: str) -> str:
     """A manifest path as one spelling of its file: `a/./b.jpg`, `a//b.jpg` and `a/../a/b.jpg` are `a/b.jpg`
     (posixpath.normpath). A gs:// URL is kept as written: object names are not folders (`a//b` is an object of
     its own). Raises RowProblem for a relative path that leads out of its base with '..', or names no file."""
-    if "://" in path or not (path.startswith(".") or "/." in path or "//" in path or path.endswith("/")):
+    if not is_local(path) or not (path.startswith(".") or "/." in path or "//" in path or path.endswith("/")):
         return path  # already one spelling (the common case: no '.', '..' or empty part)
     normal = posixpath.normpath(path)
     if normal.startswith("//"):  # normpath keeps a leading '//'
@@ -145,7 +146,7 @@ def normal_path(path: str) -> str:
 def resolve(path: str, base: str) -> str:
     """A manifest path (normal_path) as a full path or URL: gs:// and absolute paths as given, others below
     `base`."""
-    if "://" in path or path.startswith("/"):
+    if not is_local(path) or path.startswith("/"):
         return path
     return base.rstrip("/") + "/" + path
 

@@ -21,6 +21,7 @@ import apache_beam as beam
 
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
+from transforms.paths import is_local
 from transforms.records import Rejection
 from transforms.rows import ROWS, SPANNING, SPANNING_ROWS, ReadRows, RowFields, SummariseRows, read_records, spanned
 
@@ -36,12 +37,12 @@ class MetadataRow(NamedTuple):
 
 def key_of(path: str, input_dir: str) -> str:
     """The relative path a metadata row names, as the listing's relpath: no './', no leading input_dir."""
-    path = path.strip().replace("\\", "/") if "://" not in path else path.strip()
+    path = path.strip().replace("\\", "/") if is_local(path) else path.strip()
     base = input_dir.rstrip("/") + "/"
     if path.startswith(base):
         path = path[len(base):]
     # one spelling of the file, as the listing names it: a/./b.jpg, a//b.jpg and a/../a/b.jpg are a/b.jpg
-    return posixpath.normpath(path) if "://" not in path and path else path
+    return posixpath.normpath(path) if is_local(path) and path else path
 
 
 def metadata_row(row: int, fields: dict | str, input_dir: str):

@@ -14,7 +14,19 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import os
+import re
 import stat
+
+# Extensions recognised as images (case-insensitive). Decoding goes by content,
+# so a PNG behind a .jpg name is fine; a file with another extension is skipped.
+IMAGE_EXTENSIONS = frozenset(
+    {
+        ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib",
+        ".webp", ".tif", ".tiff", ".mpo",
+    }
+)
+# Those that tf.io.decode_image reads (JPEG, PNG, GIF, BMP): the benchmark's --compare_files.
+TF_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
 _FILE_TYPES = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -33,6 +45,22 @@ def is_local(path: str) -> bool:
 def relative_to(path: str, folder: str) -> str:
     """The part of `path` below `folder` ('/' separators), without the leading '/'."""
     return path[len(folder.rstrip("/")):].lstrip("/")
+
+
+# A Cloud Storage bucket name: lower-case letters, digits, '-', '_', '.', starting and ending with a letter or
+# digit. (Cloud Storage also wants 3 to 63 characters; shorter ones are left to its own "does not exist".)
+_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")
+
+
+def bucket_problem(path: str) -> str | None:
+    """Why the bucket of a gs:// `path` is not a Cloud Storage bucket name, or None (also for a local path)."""
+    if not path.startswith("gs://"):
+        return None
+    bucket = path[len("gs://"):].split("/", 1)[0]
+    if _BUCKET.fullmatch(bucket) and ".." not in bucket:
+        return None
+    return (f"{bucket!r} is not a Cloud Storage bucket name (lower-case letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit): give gs://BUCKET/folder")
 
 
 def file_kind(mode: int) -> str:

@@ -27,9 +27,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.cli import import_tensorflow, main_of
+from pipeline.cli import import_tensorflow, main_of, parse_image_size  # no Beam: --help and errors come fast
 from pipeline.errors import UserError
-from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
 from pipeline.readers.bench_report import (
     FILE_STAGES,
     STAGES,

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
-from pipeline.flags import bucket_problem
 from transforms import paths
 from transforms.dataset_format import (
+    DEFAULT_MAX_IMAGE_MB,
+    DEFAULT_MAX_PIXELS,
     ERRORS_FILE,
     MULTI_LABEL_FIELDS,
     OPTIONAL_FIELDS,
@@ -30,7 +31,7 @@ from transforms.dataset_format import (
     load_description,
 )
 from transforms.features import from_description
-from transforms.paths import regular_file_problem
+from transforms.paths import bucket_problem, regular_file_problem
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -63,16 +64,13 @@ def decode_budget(info: dict) -> tuple[int, int]:
     """(pixels, bytes) an image of the dataset may take decoded: the --max_pixels and --max_image_mb of the
     conversion that wrote it, as image_tfrecords.json records them (the converter's defaults when it does not).
     No record the conversion wrote is larger, so a larger one is damage, or a decode bomb."""
-    from transforms.imaging import ImageSettings
-
     options = info.get("options") if isinstance(info.get("options"), dict) else {}
-    defaults = ImageSettings()
 
     def positive(name: str, default: int) -> int:
         value = options.get(name)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
-    return positive("max_pixels", defaults.max_pixels), positive("max_image_mb", defaults.max_image_mb) * 1_000_000
+    return positive("max_pixels", DEFAULT_MAX_PIXELS), positive("max_image_mb", DEFAULT_MAX_IMAGE_MB) * 1_000_000
 
 
 def image_too_large(image: bytes, budget: tuple[int, int]) -> str | None:
@@ -83,8 +81,7 @@ def image_too_large(image: bytes, budget: tuple[int, int]) -> str | None:
 
     from PIL import Image
 
-    from transforms import imaging  # noqa: F401  (it lifts Pillow's own bomb limit, which would hide the size)
-
+    Image.MAX_IMAGE_PIXELS = None  # as the converter does: Pillow's own limit would hide the size; `budget` applies
     try:
         with Image.open(io.BytesIO(image)) as opened:
             width, height = opened.size
