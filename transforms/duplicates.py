@@ -57,7 +57,7 @@ class _Summarise(beam.CombineFn):
 
 
 def describe(summary: dict | None, class_names: list[str]) -> dict:
-    """The `duplicates` section of dataset_info.json from the combined summary (None: no duplicates)."""
+    """The `duplicates` section of image_tfrecords.json from the combined summary (None: no duplicates)."""
     summary = summary or empty_summary()
     examples = []
     for _, (sha256, copies) in sorted(summary["examples"]):
