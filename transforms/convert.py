@@ -297,10 +297,10 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
             label_names=ref.label_names,
             extras=ref.extras,
         )
-        counters.inc("images_converted")
+        counters.inc(counters.CONVERTED)
         yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats, kept=image.kept)
 
 
 def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:
-    counters.inc(f"rejected_{reason}")
+    counters.inc(counters.rejected(reason))
     return Converted(ref, None, False, Rejection(ref.relpath, "rejected", reason, detail))

@@ -147,7 +147,7 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
     labels = sorted(map(repr, shown.values()))
     if len(labels) > 1:
         for ref in refs:
-            counters.inc(f"rejected_{DUPLICATE_CONFLICT}")
+            counters.inc(counters.rejected(DUPLICATE_CONFLICT))
             others = [display_path(r.relpath) for r in refs if r is not ref]
             yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
                 ref.relpath, "rejected", DUPLICATE_CONFLICT,
@@ -158,7 +158,7 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
     keeper, *copies = refs
     yield keeper
     for ref in copies:
-        counters.inc(f"rejected_{DUPLICATE}")
+        counters.inc(counters.rejected(DUPLICATE))
         yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
             ref.relpath, "rejected", DUPLICATE,
             f"the same bytes as {display_path(keeper.relpath)!r}, which is written "

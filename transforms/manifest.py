@@ -326,7 +326,7 @@ class _Label(beam.DoFn):
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", GROUP_BY_TIMEOUT,
                                                               f"row {row.row}: {e}"))
             return
-        counters.inc("images_to_convert")
+        counters.inc(counters.TO_CONVERT)
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
         ref = ref._replace(split=split, extras=extras)
         if group:  # its split is settled with the rest of its group (SettleGroups)

@@ -100,7 +100,7 @@ class _Join(beam.DoFn):
         joined = 0
         for ref in images:
             if not rows:
-                counters.inc(f"rejected_{METADATA_MISSING}")  # counted by AssignLabels as to convert: done here
+                counters.inc(counters.rejected(METADATA_MISSING))  # counted by AssignLabels as to convert: done here
                 yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
                     ref.relpath, "skipped", METADATA_MISSING,
                     "no row of --metadata names this image: add a row with its path below --input_dir"))
@@ -108,7 +108,7 @@ class _Join(beam.DoFn):
             try:
                 extras = row_extras(self._features, dict(rows[0].columns))
             except BadValue as e:
-                counters.inc(f"rejected_{METADATA_BAD_VALUE}")
+                counters.inc(counters.rejected(METADATA_BAD_VALUE))
                 yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(ref.relpath, "rejected", METADATA_BAD_VALUE,
                                                                   f"metadata row {rows[0].row}: {e}"))
                 continue
