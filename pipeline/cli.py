@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -24,7 +25,8 @@ from collections.abc import Callable
 
 from pipeline.errors import Terminated, UserError
 
-_STOPPED = "no image_tfrecords.json was written, so run the same command again"
+# What a stopped conversion left, as the converter says it; each read-side tool says its own.
+CONVERTER_STOPPED = "no image_tfrecords.json was written, so run the same command again"
 _program_name: str | None = None  # set while the image-tfrecords command runs a tool (pipeline/command.py)
 
 
@@ -45,10 +47,11 @@ def running_as(name: str):
         _program_name = saved
 
 
-def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
+def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None, stopped: str = CONVERTER_STOPPED) -> int:
     """Call `run(argv)` and turn a UserError into `error: <message>` and its exit code.
 
-    Ctrl-C ends it with exit code 130, SIGTERM with 143, each after the same clean-up and with one line.
+    Ctrl-C ends it with exit code 130, SIGTERM with 143, each after the same clean-up and with one line that
+    ends in `stopped`: what the stopped tool left, and what to do.
     """
     try:
         with sigterm_as_interrupt():
@@ -57,10 +60,10 @@ def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None) -> i
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except Terminated as e:
-        print(f"error: terminated (SIGTERM); {_STOPPED}", file=sys.stderr)
+        print(f"error: terminated (SIGTERM); {stopped}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"error: interrupted; {_STOPPED}", file=sys.stderr)
+        print(f"error: interrupted; {stopped}", file=sys.stderr)
         return 130
 
 
@@ -125,3 +128,14 @@ def import_tensorflow(verbose: bool = False):
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     return tf
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
+    width = int(match.group(1))
+    height = int(match.group(2) or width)
+    if not (1 <= width <= 16384 and 1 <= height <= 16384):
+        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
+    return width, height

@@ -373,7 +373,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     from apache_beam.runners.runner import PipelineState
 
     from pipeline.options import ConvertOptions
-    from pipeline.report import format_summary, read_info
+    from pipeline.report import summarise_run
     from transforms.lock import update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
@@ -428,6 +428,4 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
               f"errors with: gcloud dataflow jobs show {job_id} --region={cloud.region} --project={cloud.project}, "
               "fix them and run the same command again", file=sys.stderr)
         return 1
-    info = read_info(settings.output_dir)
-    print(format_summary(info))
-    return 0 if info["files"]["written"] else 1
+    return summarise_run(settings.output_dir)

@@ -35,6 +35,7 @@ from transforms.convert import read_bytes, read_head
 from transforms.examples import build_example
 from transforms.imaging import DECODED_FORMATS, ImageSettings, convert_image
 from transforms.layout import display_path
+from transforms.paths import is_local
 from transforms.pool import ConversionPool
 
 SIZE_SAMPLE = 200  # headers read to learn the input's image sizes
@@ -59,7 +60,7 @@ def spread(items: Sequence, count: int) -> list:
 
 def _readable(path: str) -> bool:
     """A local path must be a regular file (no FIFO or device); gs:// objects always are."""
-    if FileSystems.get_scheme(path) is not None:
+    if not is_local(path):
         return True
     try:
         return stat.S_ISREG(os.stat(path).st_mode)

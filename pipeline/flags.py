@@ -8,11 +8,9 @@ from them with --input_dir and --output_dir marked required.
 from __future__ import annotations
 
 import argparse
-import re
 
 from pipeline.cli import program_name
-from pipeline.errors import UserError
-from transforms.examples import SCHEMAS
+from transforms.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
 from transforms.imaging import (
     CHROMA_SUBSAMPLING,
     IMAGE_BACKENDS,
@@ -22,28 +20,10 @@ from transforms.imaging import (
     ImageSettings,
 )
 
-COMPRESSIONS = ("none", "gzip")
-FILE_FORMATS = ("tfrecord", "array_record")  # transforms.shardfiles writes them
-SHARD_NAMES = ("standard", "kaggle")
 IF_EXISTS = ("refuse", "overwrite", "skip")
 DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
-
-# A Cloud Storage bucket name: lower-case letters, digits, '-', '_', '.', starting and ending with a letter or
-# digit. (Cloud Storage also wants 3 to 63 characters; shorter ones are left to its own "does not exist".)
-_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")
-
-
-def bucket_problem(path: str) -> str | None:
-    """Why the bucket of a gs:// `path` is not a Cloud Storage bucket name, or None (also for a local path)."""
-    if not path.startswith("gs://"):
-        return None
-    bucket = path[len("gs://"):].split("/", 1)[0]
-    if _BUCKET.fullmatch(bucket) and ".." not in bucket:
-        return None
-    return (f"{bucket!r} is not a Cloud Storage bucket name (lower-case letters, digits, '-', '_' or '.', "
-            "starting and ending with a letter or digit): give gs://BUCKET/folder")
 
 def parse_bool(text: str) -> bool:
     value = str(text).strip().lower()
@@ -56,7 +36,6 @@ def parse_bool(text: str) -> bool:
 
 # On/off flags: `--overwrite` alone, or `--overwrite=true|false` as Dataflow Flex Templates pass them.
 ON_OFF = dict(nargs="?", const=True, default=False, type=parse_bool, metavar="true|false")
-REQUIRED = ("--input_dir", "--output_dir")
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool = False) -> None:
@@ -75,7 +54,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
     add("--manifest", default=None,
         help="CSV (with a header) or JSON Lines file, local or gs://, listing the images instead of class "
              "folders: columns path (relative to the manifest's folder or --input_dir, absolute, or gs://), "
-             "label (a class name) and optionally split (train, validation or val, test). "
+             "label (a class name) and optionally split (train, validation, test, or a name that stands for one "
+             "as a split folder's does: val, valid, dev, training, ...). "
              "Default: none, class folders.")
     add("--features", default=None,
         help="Types of the extra manifest (or --metadata) columns, each written into every Example under the "
@@ -241,14 +221,3 @@ def help_text() -> str:
     )
     add_convert_arguments(parser, mark_required=True)
     return parser.format_help()
-
-
-def parse_image_size(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
-    if not match:
-        raise UserError(f"--image_size={text!r} is not a size: give N (square) or WxH such as 640x480")
-    width = int(match.group(1))
-    height = int(match.group(2) or width)
-    if not (1 <= width <= 16384 and 1 <= height <= 16384):
-        raise UserError(f"--image_size={text!r} is out of range: each side must be 1 to 16384 pixels")
-    return width, height

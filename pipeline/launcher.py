@@ -25,11 +25,11 @@ from pipeline.local import LocalRun
 from pipeline.options import Settings, check_flags, help_text, ignored_options, validate
 from pipeline.output import OldOutputs, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset
-from pipeline.report import format_summary, read_info
+from pipeline.report import summarise_run
 from transforms.lock import holder_record
 from transforms.outputs import new_run_id
 
-__all__ = ["format_summary", "read_info", "run"]
+__all__ = ["run"]
 
 _LOG = logging.getLogger("pipeline")
 
@@ -97,7 +97,7 @@ def run(argv: list[str] | None = None) -> int:
         try:
             local.run(job)
             old.wait()  # only after a successful run: if this one fails, the next one finishes the deletion
-            return report(settings.output_dir)
+            return summarise_run(settings.output_dir)
         finally:
             give_back_lock(settings, run_id)  # the job's last step released it, unless the run failed
 
@@ -139,19 +139,3 @@ def _give_back_lock(options: PipelineOptions, settings: Settings, run_id: str) -
     if not cloud.is_dry_run(options):  # a dry run took none
         give_back_lock(settings, run_id)
 
-
-def report(output_dir: str) -> int:
-    """Print the summary of the dataset just written; the exit code: 1 if no image could be converted, or if
-    no written image has a class (a --multi_label manifest whose labels cells are all empty)."""
-    info = read_info(output_dir)
-    print(format_summary(info))
-    if not info["files"]["written"]:
-        print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
-              file=sys.stderr)
-        return 1
-    if not info.get("unlabeled") and not info.get("num_classes", len(info.get("class_names") or ())):
-        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
-              "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
-              file=sys.stderr)
-        return 1
-    return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import regex
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
 from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, parse_bool, help_text stay importable here)
     COMPRESSIONS,
@@ -25,16 +26,15 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     MAX_CONVERSION_THREADS,
     ON_OFF,
     add_convert_arguments,
-    bucket_problem,
     help_text,
     parse_bool,
-    parse_image_size,
 )
 from pipeline.inputs import read_small_file
+from transforms.dataset_format import SPLITS
 from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
 from transforms.layout import UNLABELED_SPLIT, compile_group_by
-from transforms.listing import is_local
+from transforms.paths import bucket_problem, is_local
 
 NAMED_COLOURS = {
     "white": (255, 255, 255),
@@ -126,9 +126,6 @@ class Settings:
         }
 
 
-SPLIT_NAMES = ("train", "validation", "test")
-
-
 def parse_num_shards(text) -> dict[str, int]:
     """--num_shards: N (train only; 0 for automatic) or split=N,... -> {split: N} for the splits that are set.
 
@@ -145,9 +142,9 @@ def parse_num_shards(text) -> dict[str, int]:
         if not match:
             raise UserError(f"--num_shards={text!r} is not a shard count: {forms}")
         split, count = match.group(1), int(match.group(2))
-        if split not in SPLIT_NAMES:
+        if split not in SPLITS:
             raise UserError(f"--num_shards={text!r} names the split {split!r}: the splits are "
-                            f"{', '.join(SPLIT_NAMES)}")
+                            f"{', '.join(SPLITS)}")
         if split in counts:
             raise UserError(f"--num_shards={text!r} gives {split} twice: give each split once")
         counts[split] = count
@@ -160,7 +157,7 @@ def format_num_shards(counts: dict[str, int]):
         return 0
     if set(counts) == {"train"}:
         return counts["train"]
-    return ",".join(f"{split}={counts[split]}" for split in SPLIT_NAMES if split in counts)
+    return ",".join(f"{split}={counts[split]}" for split in SPLITS if split in counts)
 
 
 def parse_colour(text: str) -> tuple[int, int, int]:

@@ -30,6 +30,7 @@ from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from transforms import bounded
+from transforms.dataset_format import TEMP_DIR
 from transforms.lock import (
     LockHeld,
     LockUnsupported,
@@ -42,7 +43,6 @@ from transforms.lock import (
 )
 from transforms.outputs import (
     BEAM_TEMP_DIR,
-    TEMP_DIR,
     UnsafePath,
     check_own_path,
     check_own_paths,
@@ -52,12 +52,12 @@ from transforms.outputs import (
     delete_files,
     finish_publish,
     interrupted_publish,
-    is_local,
     own_outputs,
     remove_run_dir,
     run_dir,
     temporary_outputs,
 )
+from transforms.paths import is_local
 
 _LOG = logging.getLogger("pipeline")
 # A Dataflow lock without a job id (a Flex Template launch, or a launcher stopped while it submitted)

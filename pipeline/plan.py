@@ -25,8 +25,8 @@ from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms import bounded, features, manifest, metadata
+from transforms.dataset_format import SHARD_NAME, split_of
 from transforms.layout import (
-    IMAGE_EXTENSIONS,
     NO_CLASS_FOLDER,
     UNLABELED_SPLIT,
     class_name_problem,
@@ -35,10 +35,10 @@ from transforms.layout import (
     relative_path,
     split_folder_layout,
     split_folder_note,
-    split_of_folder,
 )
-from transforms.listing import Folder, classify, is_local, list_folder, list_top
-from transforms.outputs import SHARD_NAME, own_outputs
+from transforms.listing import Folder, classify, list_folder, list_top
+from transforms.outputs import own_outputs
+from transforms.paths import IMAGE_EXTENSIONS, is_local
 from transforms.records import FileRef
 from transforms.sharding import ShardSizing
 
@@ -405,7 +405,7 @@ def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str]
     if folders:
         shown_folders = ", ".join(f"{shown(name, 40)}/" for name in folders[:5]) + (", ..." if len(folders) > 5
                                                                                     else "")
-        flat = next((name for name in folders if split_of_folder(name) == UNLABELED_SPLIT), folders[0])
+        flat = next((name for name in folders if split_of(name) == UNLABELED_SPLIT), folders[0])
         raise UserError(
             f"--unlabeled converts the images directly in {input_dir}, and it holds folders of images "
             f"({shown_folders}) whose images would be left out: give the folder of images itself, e.g. "

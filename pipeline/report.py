@@ -7,9 +7,11 @@ Everything printed here is also in image_tfrecords.json (`splits.*.class_counts`
 from __future__ import annotations
 
 import statistics
+import sys
 
 from pipeline.readers.reader import load_info
-from transforms import duplicates
+from transforms.duplicate_kinds import summary_line
+from transforms.outputs import read_text
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -141,7 +143,7 @@ def duplicates_line(info: dict) -> str:
         return ""
     dropped = (" --duplicates=drop wrote one copy of each group with one label and none of a conflict (see "
                "errors.jsonl)." if (info.get("options") or {}).get("duplicates") == "drop" else "")
-    return f"{duplicates.summary_line(found)}; see \"duplicates\" in image_tfrecords.json.{dropped}"
+    return f"{summary_line(found)}; see \"duplicates\" in image_tfrecords.json.{dropped}"
 
 
 def _size_bucket(edges: list, index: int) -> str:
@@ -195,8 +197,9 @@ def suggestion_lines(info: dict) -> list[str]:
 
 
 def read_info(output_dir: str) -> dict:
-    """The image_tfrecords.json just written to `output_dir`, read by the read-side tools' one loader."""
-    return load_info(output_dir)
+    """The image_tfrecords.json just written to `output_dir`, read by the one loader of the description, through
+    Beam's file systems as the converter wrote it."""
+    return load_info(output_dir, read_text=read_text)
 
 
 def _upscaled_shares(info: dict) -> str:
@@ -255,3 +258,21 @@ def format_summary(info: dict) -> str:
     if (info.get("tfds") or {}).get("note"):  # TFDS cannot load this folder: say why, once
         lines.append(f"Note: no TFDS files written: {info['tfds']['note']}.")
     return "\n".join(lines)
+
+
+def summarise_run(output_dir: str) -> int:
+    """Print the summary of the dataset a finished run (local or on Dataflow) just wrote; the run's exit code: 1
+    if no image could be converted, or if no written image has a class (a --multi_label manifest whose labels
+    cells are all empty), each with one error line; else 0."""
+    info = read_info(output_dir)
+    print(format_summary(info))
+    if not info["files"]["written"]:
+        print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
+              file=sys.stderr)
+        return 1
+    if not info.get("unlabeled") and not info.get("num_classes", len(info.get("class_names") or ())):
+        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
+              "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from transforms.describe import FORMAT_VERSION
+from transforms.dataset_format import FORMAT_VERSION
 from transforms.examples import build_example, feature_description
 from transforms.tfrecord import masked_crc
 

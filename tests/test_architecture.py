@@ -182,3 +182,93 @@ def test_the_read_side_tools_old_import_names_are_the_moved_modules():
     from pipeline.readers import verify as verify_
 
     assert (reader, verify, preview, benchmark) == (reader_, verify_, preview_, benchmark_)
+
+
+# -- the read side without Beam (issues 27 and 31) -------------------------------------------------------------------
+
+READ_SIDE = ("pipeline.reader", "pipeline.verify", "pipeline.preview", "pipeline.benchmark", "pipeline.readers.reader",
+             "pipeline.readers.verify", "pipeline.readers.preview", "pipeline.readers.benchmark",
+             "pipeline.readers.bench_input", "pipeline.readers.bench_report", "pipeline.readers.strategy")
+# What a dataset folder is (names, shards, schemas, splits, the description's loader) and paths: imported by the
+# converter and the read side alike, so neither Beam nor TensorFlow.
+GROUND = ("transforms.dataset_format", "transforms.paths", "transforms.duplicate_kinds", "transforms.tfrecord")
+# Apache Beam made unimportable, as in an environment that has TensorFlow and not Beam.
+NO_BEAM = """
+import sys
+class NoBeam:
+    def find_spec(self, name, path=None, target=None):
+        if name == "apache_beam" or name.startswith("apache_beam."):
+            raise ImportError("No module named 'apache_beam' (blocked by the test)")
+sys.meta_path.insert(0, NoBeam())
+"""
+
+
+def _python(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def test_the_read_side_imports_no_beam():
+    imports = "; ".join(f"import {module}" for module in READ_SIDE)
+    result = _python(f"import sys; {imports}; print(sorted(m for m in sys.modules if m.startswith('apache_beam')))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_format_and_paths_modules_import_neither_beam_nor_tensorflow():
+    imports = "; ".join(f"import {module}" for module in GROUND)
+    result = _python(f"import sys; {imports}; "
+                     "print(sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'tensorflow'}))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _module_constants(path: str) -> set[str]:
+    """The upper-case public names a module assigns at its top level."""
+    with open(path, encoding="utf-8") as f:
+        body = ast.parse(f.read(), path).body
+    targets = [t for node in body if isinstance(node, ast.Assign) for t in node.targets]
+    targets += [node.target for node in body if isinstance(node, ast.AnnAssign)]
+    return {t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper() and not t.id.startswith("_")}
+
+
+def test_what_a_dataset_folder_is_has_one_home():
+    # A second home would define one of dataset_format's names again (a file name, the shard patterns, the splits,
+    # the schemas): only dataset_format assigns them at module level.
+    files = module_files()
+    own = _module_constants(files["transforms.dataset_format"])
+    assert {"INFO_FILE", "SPLITS", "SCHEMAS", "SHARD_NAME", "KAGGLE_NAME", "SPLIT_NAMES"} <= own
+    again = sorted(f"{module}.{name}" for module, path in files.items() if module != "transforms.dataset_format"
+                   for name in _module_constants(path) & own)
+    assert not again, f"defined again outside transforms/dataset_format.py: {again}"
+
+
+@pytest.mark.timeout(600)
+def test_a_tensorflow_only_environment_reads_verifies_and_previews_a_dataset(sample_output, tmp_path):
+    sheet, chart = tmp_path / "sheet.png", tmp_path / "chart.png"
+    code = NO_BEAM + f"""
+import runpy
+sys.argv = ["pipeline.verify", {str(sample_output)!r}, "--no_decode"]
+try:
+    runpy.run_module("pipeline.verify", run_name="__main__")
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+sys.argv = ["pipeline.preview", {str(sample_output)!r}, "--contact_sheet", {str(sheet)!r}, "--class_chart",
+            {str(chart)!r}]
+try:
+    runpy.run_module("pipeline.preview", run_name="__main__")
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+from pipeline import reader
+batch = next(iter(reader.make_dataset({str(sample_output)!r}, "train", batch_size=4)))
+print("batch", tuple(batch["image"].shape)[0], sorted(batch)[:2])
+print("beam", "apache_beam" in sys.modules)
+"""
+    result = _python(code, timeout=540)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "beam False"
+    assert lines[-2].startswith("batch 4 ")
+    assert any(line.startswith("OK") or "records" in line for line in lines), result.stdout
+    assert sheet.stat().st_size > 0 and chart.stat().st_size > 0

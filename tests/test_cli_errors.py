@@ -301,3 +301,28 @@ def test_benchmark_names_a_bucket_cloud_storage_refuses_in_one_line_as_a_user_se
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == REFUSED_BUCKET_LINE
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("tool, says", [
+    ("pipeline.readers.verify", "verify stopped before it checked the whole dataset, which it never changes: run "
+                                "the same command again"),
+    ("pipeline.readers.preview", "preview stopped; the dataset is unchanged, and a contact sheet or chart it was "
+                                 "writing may be incomplete: run the same command again"),
+    ("pipeline.readers.benchmark", "the benchmark stopped before its report; the dataset is unchanged: run the "
+                                   "same command again"),
+])
+@pytest.mark.parametrize("signal_name, code", [("interrupted", 130), ("terminated (SIGTERM)", 143)])
+def test_each_read_side_tool_says_what_its_own_interruption_left(tool, says, signal_name, code, monkeypatch, capsys):
+    # The converter's advice (no image_tfrecords.json was written) is not a read-side tool's: each says its own.
+    import importlib
+
+    from pipeline.errors import Terminated
+
+    module = importlib.import_module(tool)
+
+    def stopped(argv):
+        raise KeyboardInterrupt() if code == 130 else Terminated()
+
+    monkeypatch.setattr(module, "run", stopped)
+    assert module.main(["x"]) == code
+    assert capsys.readouterr().err == f"error: {signal_name}; {says}\n"

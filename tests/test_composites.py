@@ -122,7 +122,8 @@ def test_drop_duplicates_keeps_the_first_path_of_each_copy_and_drops_the_rest_or
 
 
 def test_find_duplicates_counts_each_kind_of_group_and_lists_them_by_their_first_path():
-    from transforms.duplicates import ACROSS_SPLITS, CONFLICTING_LABELS, WITHIN_SPLIT, FindDuplicates
+    from transforms.duplicate_kinds import ACROSS_SPLITS, CONFLICTING_LABELS, WITHIN_SPLIT
+    from transforms.duplicates import FindDuplicates
 
     hashes = [("h1", ("train", 0, "cat/b.jpg")), ("h1", ("train", 0, "cat/a.jpg")),
               ("h2", ("train", 0, "cat/c.jpg")), ("h2", ("validation", 0, "cat/d.jpg")),

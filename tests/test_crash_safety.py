@@ -31,8 +31,7 @@ from pipeline.plan import SHARD_NAME, own_outputs
 from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
-from transforms.describe import INFO_FILE
-from transforms.outputs import LOCK_FILE, TEMP_DIR
+from transforms.dataset_format import INFO_FILE, LOCK_FILE, TEMP_DIR
 
 HEX = "0123456789abcdef0123456789abcdef"
 RUN = "20261130-120000-0123abcd"  # the id of the run that prepares the folder in these tests

@@ -11,10 +11,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from transforms.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.describe import (
-    ERRORS_FILE,
-    INFO_FILE,
-    LABELS_FILE,
     DatasetIncomplete,
     DescribeDataset,
     check_accounting,

@@ -10,6 +10,7 @@ from PIL import Image
 
 from pipeline.report import format_summary
 from tests.conftest import convert
+from transforms import duplicate_kinds
 from transforms import duplicates as dup
 from transforms.examples import Example, build_example
 from transforms.layout import hash_split
@@ -141,9 +142,9 @@ def test_no_duplicates_no_line(tmp_path):
 
 def test_the_summary_lists_the_first_groups_by_path_and_counts_them_all():
     combine = dup._Summarise()
-    groups = [g for i in range(30) for g in dup.duplicate_groups(f"{i:064x}", [("train", 0, f"c/{i:02d}b.png"),
-                                                                              ("train", 0, f"c/{i:02d}a.png")])]
-    assert dup.duplicate_groups("f" * 64, [("train", 0, "c/alone.png")]) == []
+    pairs = {f"{i:064x}": [("train", 0, f"c/{i:02d}b.png"), ("train", 0, f"c/{i:02d}a.png")] for i in range(30)}
+    groups = [g for sha256, copies in pairs.items() for g in duplicate_kinds.duplicate_groups(sha256, copies)]
+    assert duplicate_kinds.duplicate_groups("f" * 64, [("train", 0, "c/alone.png")]) == []
     half = [combine.add_input(combine.create_accumulator(), g) for g in groups[:1]]
     acc = combine.create_accumulator()
     for g in reversed(groups[1:]):
@@ -159,10 +160,10 @@ def test_the_report_stays_bounded_with_100000_copies_of_one_image():
     first copies only; the report is as small as for 2 copies."""
     sha = "e" * 64
     copies = ((("train", "validation")[i % 5 == 0], 0, f"c/{i:06d}.png") for i in range(100_000))
-    [group] = dup.duplicate_groups(sha, copies)  # a generator: streamed once, never held
-    assert group.size == 100_000 and dup.kind(group) == dup.ACROSS_SPLITS
-    assert [c[2] for c in group.copies] == [f"c/{i:06d}.png" for i in range(dup.EXAMPLE_COPIES)]
-    small = dup.duplicate_groups("d" * 64, [("train", 0, "c/x.png"), ("train", 1, "c/y.png")])
+    [group] = duplicate_kinds.duplicate_groups(sha, copies)  # a generator: streamed once, never held
+    assert group.size == 100_000 and duplicate_kinds.kind(group) == duplicate_kinds.ACROSS_SPLITS
+    assert [c[2] for c in group.copies] == [f"c/{i:06d}.png" for i in range(duplicate_kinds.EXAMPLE_COPIES)]
+    small = duplicate_kinds.duplicate_groups("d" * 64, [("train", 0, "c/x.png"), ("train", 1, "c/y.png")])
     combine = dup._Summarise()
     acc = combine.create_accumulator()
     for g in [*small, group]:
@@ -171,9 +172,9 @@ def test_the_report_stays_bounded_with_100000_copies_of_one_image():
     assert {k: v for k, v in described.items() if k != "examples"} == {
         "groups": 2, "copies": 100_002, "within_split": 0, "across_splits": 1, "conflicting_labels": 1}
     largest, other = described["examples"]  # the largest group first
-    assert (largest["sha256"], largest["count"], largest["kind"]) == (sha, 100_000, dup.ACROSS_SPLITS)
+    assert (largest["sha256"], largest["count"], largest["kind"]) == (sha, 100_000, duplicate_kinds.ACROSS_SPLITS)
     assert [c["relpath"] for c in largest["copies"]] == [f"c/{i:06d}.png" for i in range(5)]
-    assert (other["count"], other["kind"], len(other["copies"])) == (2, dup.CONFLICTING_LABELS, 2)
+    assert (other["count"], other["kind"], len(other["copies"])) == (2, duplicate_kinds.CONFLICTING_LABELS, 2)
     assert len(json.dumps(described)) < 2_000
 
 
@@ -244,7 +245,7 @@ def test_multi_label_copies_report_and_drop_agree_on_one_label_set(tmp_path):
             assert "under the classes ['a', 'b'], ['a;b']" in errors[0]["detail"], errors[0]["detail"]
             assert info["files"]["rejected"] == 2 and info["rejected_by_reason"] == {dup.DUPLICATE_CONFLICT: 2}
     for mode in ("keep", "drop"):
-        assert reports[mode][dup.CONFLICTING_LABELS] == 1 and reports[mode]["groups"] == 1, reports[mode]
+        assert reports[mode][duplicate_kinds.CONFLICTING_LABELS] == 1 and reports[mode]["groups"] == 1, reports[mode]
 
 
 def test_resolve_compares_label_sets_not_their_joined_names():

@@ -304,7 +304,7 @@ def test_array_record_shards_on_gcs(gcs_emulator, tree, arrays):
 
     from pipeline.verify import verify_dataset
     from tests.gcs_fixtures import NO_AUTH
-    from transforms.shardfiles import scan_array_records
+    from transforms.tfrecord import scan_array_records
 
     bucket = gcs_emulator.create_bucket("formats-arrays")
     output = f"{bucket}/arrayrecords"

@@ -15,11 +15,10 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import main_of
-from pipeline.errors import DatasetError
 from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
 from tests.conftest import cli, convert, doc_example
-from transforms.outputs import TEMP_DIR, index_name
+from transforms.dataset_format import TEMP_DIR, index_name
 from transforms.write import index_text
 
 # The `tfrecord` package (a dev extra) registers its own copy of TensorFlow's Example protos, so it cannot share a
@@ -274,15 +273,15 @@ def test_verify_checks_a_users_own_index_of_a_shard(tree, tmp_path, capsys):
 
 
 def test_a_malformed_index_entry_in_dataset_info_is_a_dataset_error(indexed):
-    from pipeline.readers import reader
+    from transforms.dataset_format import DescriptionError, check_description
 
     info = json.loads((indexed / "image_tfrecords.json").read_text())
     info["splits"]["train"]["shards"][0]["index"] = "../elsewhere.idx"
-    with pytest.raises(DatasetError, match=r"splits.train.shards\[0\].index '../elsewhere.idx' is not a file name"):
-        reader.check_info(info)
+    with pytest.raises(DescriptionError, match=r"splits.train.shards\[0\].index '../elsewhere.idx' is not a file "):
+        check_description(info)
     info["splits"]["train"]["shards"][0]["index"] = 3
-    with pytest.raises(DatasetError, match=r"splits.train.shards\[0\].index is 3, not a string"):
-        reader.check_info(info)
+    with pytest.raises(DescriptionError, match=r"splits.train.shards\[0\].index is 3, not a string"):
+        check_description(info)
 
 
 # --- the README's examples ----------------------------------------------------------------------------------

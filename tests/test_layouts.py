@@ -10,7 +10,8 @@ import pytest
 from pipeline.errors import UserError
 from tests.conftest import cli, convert
 from tests.datasets import read_records, write_tiny_tree
-from transforms.layout import nested_class_folders, split_folder_note, split_of_folder
+from transforms.dataset_format import split_of
+from transforms.layout import nested_class_folders, split_folder_note
 
 
 @pytest.mark.parametrize("name, split", [
@@ -19,8 +20,8 @@ from transforms.layout import nested_class_folders, split_folder_note, split_of_
     ("dev", "validation"), ("Validation_Set", "validation"), ("testing", "test"), ("test_set", "test"),
     ("test-set", "test"), ("cats", None), ("trainer", None), ("pretest", None),
 ])
-def test_split_of_folder(name, split):
-    assert split_of_folder(name) == split
+def test_split_of(name, split):
+    assert split_of(name) == split
 
 
 def test_split_folder_note_names_each_folder_in_split_order():

@@ -28,8 +28,8 @@ from pipeline.output import take_lock, why_stale
 from pipeline.readers import verify
 from tests import hostile_files as hostile
 from tests.conftest import REPO, convert
+from transforms.dataset_format import LOCK_FILE, TEMP_DIR
 from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock
-from transforms.outputs import LOCK_FILE, TEMP_DIR
 
 # Holds the flock of the lock file argv[1] until its stdin closes: a run in another PID namespace, as the kernel
 # sees it (the lock file names a process that does not exist here).

@@ -326,6 +326,40 @@ def test_an_all_empty_labels_column_ends_in_an_error_without_labels_file(tmp_pat
     assert (info["num_classes"], info["files"]["written"]) == (0, 1)
 
 
+def test_a_dataflow_run_whose_labels_cells_are_all_empty_exits_1_as_a_local_run_does(tmp_path, monkeypatch, capsys):
+    """The summary and the exit code of a run are one function's, on the local runner and on Dataflow alike."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.runner import PipelineState
+
+    from pipeline import cloud
+
+    _image(tmp_path / "0.png", (0, 0, 0))
+    manifest = _csv(tmp_path / "list.csv", [("path", "labels"), ("0.png", "")])
+    out = tmp_path / "out"
+    assert _run(manifest, out, "--multi_label") == 1  # the local run
+    local = capsys.readouterr().err.strip().splitlines()[-1]
+    assert local.startswith("error: no image has a class: every labels cell")
+
+    class Finished:  # a Dataflow job that wrote that same folder and ended DONE
+        has_job, state = True, PipelineState.DONE
+
+        def job_id(self):
+            return "2026-12-02_00_00_00-1"
+
+        def wait_until_finish(self):
+            return self.state
+
+    class Submitted:
+        def run(self):
+            return Finished()
+
+    monkeypatch.setattr("transforms.lock.update_lock", lambda *args, **kwargs: None)
+    options = PipelineOptions(["--runner=DataflowRunner", "--project=p", "--region=europe-west4"])
+    settings = type("Settings", (), {"output_dir": str(out)})()
+    assert cloud.run_on_dataflow(Submitted(), options, settings, "run-1", lambda: None) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == local
+
+
 # Groups
 
 

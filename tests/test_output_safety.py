@@ -39,7 +39,7 @@ from tests.test_crash_safety import (
     write_files,
 )
 from tests.test_hostile_listing import bounded_cli, error_line
-from transforms.outputs import DESCRIPTION_FILES, ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR
+from transforms.dataset_format import DESCRIPTION_FILES, ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR
 
 DEAD_RUN = "20261129-230000-89abcdef"  # an interrupted run's folder in .image-tfrecords-tmp/
 # A folder outside --output_dir: nothing in it may ever change.

@@ -19,7 +19,14 @@ import pytest
 from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.local.progress import BundleCounts, format_duration, observe_bundles, processed_images, progress_line
+from pipeline.local.progress import (
+    BundleCounts,
+    bundle_counts,
+    format_duration,
+    observe_bundles,
+    processed_images,
+    progress_line,
+)
 from tests.conftest import REPO
 from transforms import counters
 
@@ -40,6 +47,18 @@ def test_processed_images_sums_converted_and_rejected_counters_of_our_namespace(
     ]
     assert processed_images(infos) == 10
     assert processed_images([]) == 0
+
+
+def test_the_counters_the_transforms_name_are_the_ones_the_progress_display_counts():
+    # One set of names (transforms/counters.py) for the steps that count and the display that adds up.
+    from transforms.duplicates import DUPLICATE
+    from transforms.layout import GROUP_BY_TIMEOUT
+    from transforms.metadata import METADATA_MISSING
+
+    reasons = [DUPLICATE, GROUP_BY_TIMEOUT, METADATA_MISSING, "truncated"]
+    infos = [_counter(counters.CONVERTED, 5), *(_counter(counters.rejected(r), 1) for r in reasons),
+             _counter(counters.TO_CONVERT, 12), _counter("files_listed", 12)]
+    assert bundle_counts(infos) == (5 + len(reasons), 12)
 
 
 def test_bundle_counts_add_running_and_finished_bundles_without_double_counting():

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fault_proxy import COPY, DELETE, LIST, METADATA, FaultProxy
 from transforms import outputs
-from transforms.outputs import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
 
 RUN = "20261202-010000-0a1b2c3d"
 OLD_SHARDS = 3

@@ -8,8 +8,7 @@ import statistics
 
 import pytest
 
-from pipeline.launcher import format_summary
-from pipeline.report import class_count_lines, human_bytes, shard_size_line
+from pipeline.report import class_count_lines, format_summary, human_bytes, shard_size_line
 
 
 def test_dataset_info_holds_every_number_of_the_report(sample_output):

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.launcher import format_summary
-from pipeline.report import human_bytes
+from pipeline.report import format_summary, human_bytes
 from tests.conftest import cli, convert
 from transforms.examples import Example
 from transforms.stats import (

@@ -18,7 +18,8 @@ from pipeline.errors import UserError
 from tests.conftest import cli, convert, doc_example
 from tests.test_formats import count_data_items
 from tests.test_pipeline import write_tiny_tree
-from transforms.examples import SCHEMAS, Example, build_example, record_fields
+from transforms.dataset_format import SCHEMAS, record_fields
+from transforms.examples import Example, build_example
 from transforms.labels import DUPLICATE_ID, REJECTED, UNLABELED, AssignLabels, UniqueIds
 from transforms.layout import IN_A_SUBFOLDER, Placement, place
 from transforms.records import FileRef

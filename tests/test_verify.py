@@ -21,7 +21,8 @@ from pipeline.cli import main_of
 from pipeline.errors import DatasetError
 from pipeline.readers import verify
 from tests.conftest import convert
-from transforms.describe import FORMAT_VERSION, DatasetIncomplete, _WriteInfo
+from transforms.dataset_format import FORMAT_VERSION
+from transforms.describe import DatasetIncomplete, _WriteInfo
 from transforms.examples import build_example, feature_description
 from transforms.layout import hash_split
 from transforms.records import Rejection

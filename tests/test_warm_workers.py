@@ -37,7 +37,8 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def test_a_default_local_run_uses_the_started_workers_and_leaves_none_behind(tmp_path, monkeypatch):
-    from pipeline.launcher import read_info, run
+    from pipeline.launcher import run
+    from pipeline.report import read_info
 
     generate_dataset(str(tmp_path / "in"), images_per_class=12, seed=3, min_side=24, max_side=48)
     handed_out, addresses, pools = [], [], []
@@ -155,7 +156,8 @@ def test_workers_are_forked_from_the_launcher_with_beam_already_loaded(tmp_path)
 
 def test_where_forking_is_unsafe_spawned_workers_do_the_job(tmp_path, monkeypatch):
     """Not Linux, or threads already running: each worker is a fresh interpreter that imports Beam itself."""
-    from pipeline.launcher import read_info, run
+    from pipeline.launcher import run
+    from pipeline.report import read_info
 
     generate_dataset(str(tmp_path / "in"), images_per_class=10, seed=7, min_side=24, max_side=48)
     monkeypatch.setattr(warm_workers, "can_fork", lambda: False)

@@ -23,7 +23,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from transforms.listing import gcs_client, is_local
+from transforms.listing import gcs_client
+from transforms.paths import is_local
 
 MAX_COMPOSE = 32  # Cloud Storage composes at most 32 source objects in one call
 _COPY_CHUNK = 8 << 20

@@ -39,7 +39,8 @@ from transforms.imaging import (
     ImageSettings,
 )
 from transforms.layout import display_path
-from transforms.listing import file_kind, gcs_client
+from transforms.listing import gcs_client
+from transforms.paths import file_kind, is_local
 from transforms.pool import ConversionPool, Job, core_slot, time_limit
 from transforms.records import ImageRef, Rejection
 from transforms.stats import ImageStats
@@ -86,7 +87,7 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: flo
         TransientReadError: the read still failed with a transient error after every retry.
         OSError, google.api_core.exceptions.GoogleAPICallError: any other read error (a missing file, 403, ...).
     """
-    if FileSystems.get_scheme(path) is None:  # a local path
+    if is_local(path):
         size = check_regular_file(path)
     if size is not None and size > max_bytes:
         raise _too_large(size, max_bytes, "the file has")
@@ -301,10 +302,10 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
             label_names=ref.label_names,
             extras=ref.extras,
         )
-        counters.inc("images_converted")
+        counters.inc(counters.CONVERTED)
         yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats, kept=image.kept)
 
 
 def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:
-    counters.inc(f"rejected_{reason}")
+    counters.inc(counters.rejected(reason))
     return Converted(ref, None, False, Rejection(ref.relpath, "rejected", reason, detail))

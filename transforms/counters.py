@@ -3,7 +3,22 @@
 from apache_beam.metrics import Metrics
 
 NAMESPACE = "image_tfrecords"
+# The counters the progress line adds up (pipeline/local/progress.py): an image leaves conversion either converted
+# or rejected (under a name `rejected(reason)` gives), out of the images labelled for conversion.
+CONVERTED = "images_converted"
+TO_CONVERT = "images_to_convert"  # counted by AssignLabels (or the manifest's labels): the job's own total
+_REJECTED_PREFIX = "rejected_"
 _counters = {}
+
+
+def rejected(reason: str) -> str:
+    """The counter of the images rejected for `reason` after they were labelled for conversion."""
+    return _REJECTED_PREFIX + reason
+
+
+def leaves_conversion(name: str) -> bool:
+    """Whether counter `name` counts images that left conversion (converted, or rejected after labelling)."""
+    return name == CONVERTED or name.startswith(_REJECTED_PREFIX)
 
 
 def inc(name: str, value: int = 1) -> None:

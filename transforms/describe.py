@@ -22,32 +22,31 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from transforms import bounded, tfds_metadata
 from transforms import duplicates as dup
 from transforms import stats as pixel_stats
+from transforms import tfds_metadata
+from transforms.dataset_format import (
+    ERRORS_FILE,
+    FORMAT_VERSION,
+    INFO_FILE,
+    LABELS_FILE,
+    SPLITS,
+    index_name,
+    parse_description,
+)
 from transforms.examples import feature_description
 from transforms.features import describe as describe_features
 from transforms.groups import SummariseGroups
-from transforms.layout import SPLITS
 from transforms.lock import release_lock
 from transforms.outputs import (
-    ERRORS_FILE,
-    FEATURES_FILE,
-    INFO_FILE,
-    LABELS_FILE,
-    index_name,
     publish_dataset,
+    read_text,
     remove_run_dir,
     write_file,
 )
 
-__all__ = ["ERRORS_FILE", "FEATURES_FILE", "FORMAT_VERSION", "INFO_FILE", "LABELS_FILE", "READABLE_VERSIONS",
-           "Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise",
+__all__ = ["Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise",
            "write_lines", "write_text"]
-# 2: the description moved from dataset_info.json to image_tfrecords.json; dataset_info.json and
-# features.json are TFDS's now. Its fields are version 1's, plus "tfds".
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # the read-side tools read a version-1 folder's dataset_info.json as its description
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 
 _LOG = logging.getLogger(__name__)
@@ -82,8 +81,7 @@ def _summary(values: list[int]) -> dict:
 def _published_by(info_path: str, run_id: str) -> dict | None:
     """The dataset description at `info_path` if run `run_id` wrote it, else None."""
     try:
-        with FileSystems.open(info_path, compression_type="uncompressed") as f:
-            info = bounded.loads(f.read().decode("utf-8"))
+        info = parse_description(read_text(info_path), info_path, check=False, lenient=True)
     except Exception:  # none there (the usual case), or not readable: not this run's
         return None
     return info if isinstance(info, dict) and info.get("run_id") == run_id else None

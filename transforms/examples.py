@@ -15,61 +15,7 @@ from collections.abc import Sequence
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-# Key schemas. Each maps a logical field to (key, dtype) with dtype one of
-# 'bytes', 'int64', 'string' (a UTF-8 bytes feature). `sha256` is the hex SHA-256 of the source file's
-# bytes (as read, before decoding); datasets written before it was added lack the key (OPTIONAL_FIELDS).
-SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
-    # The seed cheat sheet's keys, plus what a user needs to trace a record back.
-    "default": {
-        "image": ("image", "bytes"),
-        "label": ("label", "int64"),
-        "class_name": ("class_name", "string"),
-        "height": ("height", "int64"),
-        "width": ("width", "int64"),
-        "source_path": ("source_path", "string"),
-        "sha256": ("sha256", "string"),
-    },
-    # The keys TensorFlow's reference image models (TF-Slim, the TPU ResNet) read.
-    "tf_slim": {
-        "image": ("image/encoded", "bytes"),
-        "format": ("image/format", "string"),
-        "label": ("image/class/label", "int64"),
-        "class_name": ("image/class/text", "string"),
-        "height": ("image/height", "int64"),
-        "width": ("image/width", "int64"),
-        "source_path": ("image/filename", "string"),
-        "sha256": ("image/key/sha256", "string"),
-    },
-    # The keys Kaggle's TPU notebooks parse (Flower Classification with TPUs and its forks): `image`, `class`
-    # and `id` (the file name without its extension), plus this tool's own keys for verify and the reader.
-    "kaggle": {
-        "image": ("image", "bytes"),
-        "label": ("class", "int64"),
-        "id": ("id", "string"),
-        "class_name": ("class_name", "string"),
-        "height": ("height", "int64"),
-        "width": ("width", "int64"),
-        "source_path": ("source_path", "string"),
-        "sha256": ("sha256", "string"),
-    },
-}
-
-
-# Fields that older datasets lack: a reader gives them a default ('') instead of failing.
-OPTIONAL_FIELDS = frozenset({"sha256"})
-LABEL_FIELDS = ("label", "class_name")  # what an unlabeled set's records (--unlabeled) do not have
-ID_KEY = "id"  # the key of an unlabeled set's `id` under a schema that has none (every schema but kaggle)
-
-
-def record_fields(schema: str = "default", unlabeled: bool = False) -> dict[str, tuple[str, str]]:
-    """The fields a record holds under `schema`, {field: (key, dtype)}: SCHEMAS' own, or for an unlabeled set
-    (--unlabeled) those without the label and class_name and with an `id` (key ID_KEY unless the schema has one).
-    """
-    fields = SCHEMAS[schema]
-    if not unlabeled:
-        return fields
-    return {**{name: field for name, field in fields.items() if name not in LABEL_FIELDS},
-            "id": fields.get("id", (ID_KEY, "string"))}
+from transforms.dataset_format import MULTI_LABEL_FIELDS, record_fields
 
 
 def _example_classes():
@@ -198,7 +144,6 @@ def build_example(
     return example.SerializeToString(deterministic=True)
 
 
-MULTI_LABEL_FIELDS = ("label", "class_name")  # lists of any length with --multi_label
 
 
 def feature_description(schema: str = "default", multi_label: bool = False, extras: dict | None = None,

@@ -23,7 +23,7 @@ import struct
 from typing import NamedTuple
 
 from transforms import bounded
-from transforms.examples import SCHEMAS
+from transforms.dataset_format import SCHEMAS
 
 BAD_VALUE = "manifest_bad_value"
 METADATA_BAD_VALUE = "metadata_bad_value"

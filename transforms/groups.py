@@ -1,4 +1,4 @@
-"""SummariseGroups: what --group_by found, for dataset_info.json and the summary.
+"""SummariseGroups: what --group_by found, for image_tfrecords.json and the summary.
 
 AssignLabels emits (group, split, relpath) for every labelled image ('' as the
 group when the regex is not found in the path: the image is then its own group).

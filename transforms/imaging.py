@@ -35,6 +35,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
 
 from transforms import fast_imaging, memory
+from transforms.dataset_format import DEFAULT_MAX_IMAGE_MB, DEFAULT_MAX_PIXELS
 from transforms.stats import ImageStats, histogram_stats, image_stats
 
 # Truncated files are rejected, never padded with grey.
@@ -147,11 +148,11 @@ class ImageSettings:
     image_backend: str = "auto"  # "auto": the fast core for the common case (see `_fast_kind`); "pillow": never
     reencode: bool = False  # True: an image already at the output size is re-encoded, not stored as it is
     background: tuple[int, int, int] = (255, 255, 255)
-    max_pixels: int = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
+    max_pixels: int = DEFAULT_MAX_PIXELS  # Pillow's own bomb limit: ~537 MB of RGB pixels
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
     throttled_retry_s: float = 600.0  # waits after 429/503 answers per read (`transforms.transient`), not timed
     max_file_mb: int = 256  # larger files are rejected by their listed size, and never read past it
-    max_image_mb: int = 512  # memory one conversion may need (see `working_bytes`), checked before decoding
+    max_image_mb: int = DEFAULT_MAX_IMAGE_MB  # memory a conversion may need (`working_bytes`), checked before decoding
     # Memory all the conversions of one worker process may hold at once (see `transforms.memory`); 0 = no budget.
     # Dataflow runs one SDK process per vCPU and a standard machine has 3.75-4 GB per vCPU: 2 GB for
     # conversions leaves room for the process itself (~170 MB), the files being read and Beam's buffers.

@@ -42,7 +42,7 @@ class _AssignLabel(beam.DoFn):
         placed = place(ref.relpath, **self._placement)
         if not isinstance(placed, Placement):
             stage = "rejected" if placed[0] == GROUP_BY_TIMEOUT else "skipped"
-            counters.inc("files_unlabeled" if stage == "skipped" else f"rejected_{GROUP_BY_TIMEOUT}")
+            counters.inc("files_unlabeled" if stage == "skipped" else counters.rejected(GROUP_BY_TIMEOUT))
             yield beam.pvalue.TaggedOutput(UNLABELED, Rejection(ref.relpath, stage, *placed))
             return
         label = None if self._unlabeled else self._class_ids.get(placed.class_name)
@@ -54,7 +54,7 @@ class _AssignLabel(beam.DoFn):
                           f"class folder {placed.class_name!r} is not in the labels file"),
             )
             return
-        counters.inc("images_to_convert")
+        counters.inc(counters.TO_CONVERT)
         if self._group_by:
             # As text for the report: a name that is not UTF-8 shows its bytes as \xNN (and can be encoded).
             yield beam.pvalue.TaggedOutput(GROUPS, (display_path(placed.group), placed.split,

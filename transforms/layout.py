@@ -16,32 +16,9 @@ from typing import NamedTuple
 
 import regex
 
-# Extensions recognised as images (case-insensitive). Decoding goes by content,
-# so a PNG behind a .jpg name is fine; a file with another extension is skipped.
-IMAGE_EXTENSIONS = frozenset(
-    {
-        ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib",
-        ".webp", ".tif", ".tiff", ".mpo",
-    }
-)
+from transforms.dataset_format import SPLITS, split_of
+from transforms.paths import IMAGE_EXTENSIONS, is_local
 
-# Split folder names, matched case-insensitively, with '-', '.' and ' ' read as '_' (Training_Set, test-set):
-# the names Kaggle and course datasets ship with.
-SPLIT_FOLDER_NAMES = {
-    **dict.fromkeys(("train", "training", "train_set", "training_set", "trainset", "trainingset", "train_data",
-                     "training_data"), "train"),
-    **dict.fromkeys(("validation", "valid", "val", "dev", "validation_set", "valid_set", "val_set", "dev_set",
-                     "validation_data", "valid_data", "val_data"), "validation"),
-    **dict.fromkeys(("test", "testing", "test_set", "testing_set", "testset", "test_data", "testing_data"), "test"),
-}
-
-
-def split_of_folder(name: str) -> str | None:
-    """The split a top-level folder name stands for ('training_set' -> 'train'), or None for another name."""
-    return SPLIT_FOLDER_NAMES.get(re.sub(r"[-. ]", "_", name.lower()))
-
-
-SPLITS = ("train", "validation", "test")
 # --unlabeled: the one split of a set of images without labels (a test set to predict).
 UNLABELED_SPLIT = "test"
 
@@ -73,7 +50,7 @@ def relative_path(path: str, input_dir: str) -> str:
     A backslash is a separator only in a local path on Windows; on POSIX and
     in gs:// names it is an ordinary character of the name.
     """
-    separators = "/\\" if os.sep == "\\" and "://" not in path else "/"
+    separators = "/\\" if os.sep == "\\" and is_local(path) else "/"
     base = input_dir.rstrip(separators)
     if not path.startswith(base):
         raise ValueError(f"{path!r} is not below {input_dir!r}")
@@ -147,14 +124,14 @@ def skip_reason(relpath: str) -> tuple[str, str] | None:
 
 def split_folder_layout(top_level_folders: Iterable[str]) -> bool:
     """True when the top-level folders are split folders (train/, validation/ or val/, test/, or another name of
-    SPLIT_FOLDER_NAMES: training_set/, test_set/, dev/, ...).
+    transforms.dataset_format.SPLIT_NAMES: training_set/, test_set/, dev/, ...).
 
     Raises ValueError when split folders are mixed with other folders, because
     then neither reading of the tree is safe.
     """
     names = set(top_level_folders)
-    split_like = {n for n in names if split_of_folder(n)}
-    if "train" not in {split_of_folder(n) for n in split_like}:
+    split_like = {n for n in names if split_of(n)}
+    if "train" not in {split_of(n) for n in split_like}:
         return False
     others = sorted(names - split_like)
     if others:
@@ -163,12 +140,12 @@ def split_folder_layout(top_level_folders: Iterable[str]) -> bool:
             f"folders ({', '.join(others[:5])}); use either <input>/<split>/<class>/<image> "
             "or <input>/<class>/<image>"
         )
-    canonical = [split_of_folder(n) for n in split_like]
+    canonical = [split_of(n) for n in split_like]
     dupes = sorted({c for c in canonical if canonical.count(c) > 1})
     if dupes:
         raise ValueError(
             f"the input folder has more than one folder for the split {dupes[0]!r} "
-            f"({', '.join(sorted(n for n in split_like if split_of_folder(n) == dupes[0]))}); keep one"
+            f"({', '.join(sorted(n for n in split_like if split_of(n) == dupes[0]))}); keep one"
         )
     return True
 
@@ -255,7 +232,7 @@ def place(
             return IN_A_SUBFOLDER, "in a folder below the input folder; --unlabeled takes the images directly in it"
         return Placement(UNLABELED_SPLIT, "")
     if split_folders:
-        split = split_of_folder(parts[0])
+        split = split_of(parts[0])
         if split is None:
             return OUTSIDE_SPLIT_FOLDERS, "not inside a train/, validation/ (or val/, dev/) or test/ folder"
         parts = parts[1:]
@@ -274,7 +251,7 @@ def place(
 
 def split_folder_note(top_level_folders: Iterable[str]) -> str:
     """The one line that says which folder became which split: 'split folders: test_set/ -> test, ...'."""
-    pairs = sorted((split_of_folder(n) or "", n) for n in top_level_folders)
+    pairs = sorted((split_of(n) or "", n) for n in top_level_folders)
     order = {name: i for i, name in enumerate(SPLITS)}
     pairs.sort(key=lambda pair: order.get(pair[0], len(SPLITS)))
     return "split folders: " + ", ".join(f"{name}/ -> {split}" for split, name in pairs)

@@ -31,6 +31,7 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms import counters, gcs
 from transforms.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
 from transforms.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, relative_path, skip_reason
+from transforms.paths import file_kind, is_local
 from transforms.records import FileRef, Rejection
 
 SKIPPED = "skipped"
@@ -47,19 +48,6 @@ UNREADABLE_FOLDER = "unreadable_folder"
 UNREADABLE_ENTRY = "unreadable_entry"
 NOT_A_REGULAR_FILE = "not_a_regular_file"
 
-_FILE_TYPES = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a folder"),
-)
-
-
-def file_kind(mode: int) -> str:
-    """What a path of this st_mode is, in words, for the entries that are not regular files."""
-    return next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
-
 
 class Entry(NamedTuple):
     """One entry under the input folder: a regular file (problem None) or one that cannot be used."""
@@ -73,25 +61,6 @@ class Entry(NamedTuple):
     @property
     def size_in_bytes(self) -> int:  # the name Beam's FileMetadata uses, which list_files once returned
         return self.size
-
-
-def is_local(path: str) -> bool:
-    return "://" not in path
-
-
-def regular_file_problem(path: str) -> str | None:
-    """Why the local file at `path` (links followed) must not be opened: a FIFO (the read would block for ever),
-    a device (it might never end), a socket or a folder. None for a regular file, for a path that cannot be
-    looked at (its open says why) and for a gs:// object."""
-    if not is_local(path):
-        return None
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    return f"it is {file_kind(mode)}, not a regular file: it is not opened"
 
 
 def gcs_client(path: str):

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import bounded
-from transforms.listing import is_local
-from transforms.outputs import LOCK_FILE
+from transforms.dataset_format import LOCK_FILE
+from transforms.paths import is_local
 
 # What a local lock file says of how it is held: a lock file without it was written by an earlier version of this
 # tool, which held no flock, and whose holder is judged by its process.

@@ -1,7 +1,8 @@
 """ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
 
 A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation or val, test); with
+gs://), `label` (a class name) and, optionally, `split` (train, validation, test, or a name a split folder may
+have: val, valid, dev, ...); with
 --multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
 one group share a split). Its other columns are typed extra features (transforms.features), written into
 each Example. The file is cut into byte ranges that any worker reads (a compressed one is read as one
@@ -22,10 +23,10 @@ import apache_beam as beam
 
 from transforms import counters
 from transforms import rows as reading
+from transforms.dataset_format import split_of
 from transforms.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
 from transforms.layout import (
     GROUP_BY_TIMEOUT,
-    SPLIT_FOLDER_NAMES,
     UNKNOWN_CLASS,
     GroupByTimeout,
     class_name_problem,
@@ -36,6 +37,7 @@ from transforms.layout import (
     quoted_name,
     shuffle_key,
 )
+from transforms.paths import is_local
 from transforms.records import ImageRef, Rejection
 from transforms.rows import (  # noqa: F401  (the reading's names stay importable here: tests, benchmarks)
     MAX_LINE_BYTES,
@@ -86,10 +88,7 @@ CLASS_NAMES = "class_names"
 
 GROUPS = "groups"  # with a group column or --group_by: (group or '', split, relpath) of every labelled image
 
-KNOWN_COLUMNS = ("path", "label", "split", "labels", "group")
 LABELS_SEPARATOR = ";"  # between the class names of a CSV `labels` cell
-SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
-assert set(SPLIT_NAMES.values()) <= set(SPLIT_FOLDER_NAMES.values())
 
 
 class ManifestRow(NamedTuple):
@@ -130,7 +129,7 @@ def normal_path(path: str) -> str:
     """A manifest path as one spelling of its file: `a/./b.jpg`, `a//b.jpg` and `a/../a/b.jpg` are `a/b.jpg`
     (posixpath.normpath). A gs:// URL is kept as written: object names are not folders (`a//b` is an object of
     its own). Raises RowProblem for a relative path that leads out of its base with '..', or names no file."""
-    if "://" in path or not (path.startswith(".") or "/." in path or "//" in path or path.endswith("/")):
+    if not is_local(path) or not (path.startswith(".") or "/." in path or "//" in path or path.endswith("/")):
         return path  # already one spelling (the common case: no '.', '..' or empty part)
     normal = posixpath.normpath(path)
     if normal.startswith("//"):  # normpath keeps a leading '//'
@@ -147,7 +146,7 @@ def normal_path(path: str) -> str:
 def resolve(path: str, base: str) -> str:
     """A manifest path (normal_path) as a full path or URL: gs:// and absolute paths as given, others below
     `base`."""
-    if "://" in path or path.startswith("/"):
+    if not is_local(path) or path.startswith("/"):
         return path
     return base.rstrip("/") + "/" + path
 
@@ -183,10 +182,11 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
         raise RowProblem(p.reason, f"row {row}: {p.detail}") from None
     if not label and labels is None:
         raise RowProblem(MISSING_LABEL, f"row {row}: no label for {path!r}")
-    if split and split not in SPLIT_NAMES:
-        raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation (or val) or test")
+    if split and split_of(split) is None:
+        raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation or test (nor a "
+                                        "name that stands for one, such as val, valid, dev or training)")
     columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
-    return ManifestRow(row, resolve(path, base), path, label, SPLIT_NAMES.get(split, ""), labels, group,
+    return ManifestRow(row, resolve(path, base), path, label, split_of(split) or "", labels, group,
                        columns=columns)
 
 
@@ -326,7 +326,7 @@ class _Label(beam.DoFn):
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", GROUP_BY_TIMEOUT,
                                                               f"row {row.row}: {e}"))
             return
-        counters.inc("images_to_convert")
+        counters.inc(counters.TO_CONVERT)
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
         ref = ref._replace(split=split, extras=extras)
         if group:  # its split is settled with the rest of its group (SettleGroups)

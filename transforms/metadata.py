@@ -21,6 +21,7 @@ import apache_beam as beam
 
 from transforms import counters
 from transforms.features import METADATA_BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
+from transforms.paths import is_local
 from transforms.records import Rejection
 from transforms.rows import ROWS, SPANNING, SPANNING_ROWS, ReadRows, RowFields, SummariseRows, read_records, spanned
 
@@ -36,12 +37,12 @@ class MetadataRow(NamedTuple):
 
 def key_of(path: str, input_dir: str) -> str:
     """The relative path a metadata row names, as the listing's relpath: no './', no leading input_dir."""
-    path = path.strip().replace("\\", "/") if "://" not in path else path.strip()
+    path = path.strip().replace("\\", "/") if is_local(path) else path.strip()
     base = input_dir.rstrip("/") + "/"
     if path.startswith(base):
         path = path[len(base):]
     # one spelling of the file, as the listing names it: a/./b.jpg, a//b.jpg and a/../a/b.jpg are a/b.jpg
-    return posixpath.normpath(path) if "://" not in path and path else path
+    return posixpath.normpath(path) if is_local(path) and path else path
 
 
 def metadata_row(row: int, fields: dict | str, input_dir: str):
@@ -99,7 +100,7 @@ class _Join(beam.DoFn):
         joined = 0
         for ref in images:
             if not rows:
-                counters.inc(f"rejected_{METADATA_MISSING}")  # counted by AssignLabels as to convert: done here
+                counters.inc(counters.rejected(METADATA_MISSING))  # counted by AssignLabels as to convert: done here
                 yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
                     ref.relpath, "skipped", METADATA_MISSING,
                     "no row of --metadata names this image: add a row with its path below --input_dir"))
@@ -107,7 +108,7 @@ class _Join(beam.DoFn):
             try:
                 extras = row_extras(self._features, dict(rows[0].columns))
             except BadValue as e:
-                counters.inc(f"rejected_{METADATA_BAD_VALUE}")
+                counters.inc(counters.rejected(METADATA_BAD_VALUE))
                 yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(ref.relpath, "rejected", METADATA_BAD_VALUE,
                                                                   f"metadata row {rows[0].row}: {e}"))
                 continue

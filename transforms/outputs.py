@@ -1,4 +1,6 @@
-"""The output folder: every name this tool writes there, its lock, and how a finished run publishes its files.
+"""The output folder: which of its files are this tool's, and how a finished run publishes its files.
+
+The names themselves (the shards', the descriptions', the lock's) are in transforms/dataset_format.py.
 
 Layout of --output_dir while a run is going on:
 
@@ -44,46 +46,33 @@ from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms import bounded, tfds_metadata
-from transforms.examples import SCHEMAS
-from transforms.layout import SPLITS
-from transforms.listing import gcs_client, is_local
+from transforms import bounded
+from transforms.dataset_format import (
+    DESCRIPTION_FILES,
+    ERRORS_FILE,
+    INDEX_NAME,
+    INFO_FILE,
+    KAGGLE_NAME,
+    LEGACY_INFO_FILE,
+    PUBLISH_DIR,
+    PUBLISH_PLAN,
+    SHARD_NAME,
+    SPLITS,
+    TEMP_DIR,
+    is_legacy_description,
+    is_shard_name,
+)
+from transforms.listing import gcs_client
+from transforms.paths import is_local, relative_to
 
 _LOG = logging.getLogger(__name__)
 
-# This tool's description of the dataset (counts, shards, options), the completion marker: written last.
-INFO_FILE = "image_tfrecords.json"
-LABELS_FILE = "labels.txt"
-ERRORS_FILE = "errors.jsonl"
-# TensorFlow Datasets' files (transforms/tfds_metadata.py), so that tfds.builder_from_directory loads the folder.
-TFDS_INFO_FILE = tfds_metadata.TFDS_INFO_FILE
-FEATURES_FILE = tfds_metadata.TFDS_FEATURES_FILE
-TFDS_LABELS_FILES = tuple(sorted({tfds_metadata.labels_file(schema) for schema in SCHEMAS}))
-# Format version 1's description, under TFDS's name: a folder holding one is a complete dataset of that version.
-LEGACY_INFO_FILE = "dataset_info.json"
-# In the order they are published.
-DESCRIPTION_FILES = (ERRORS_FILE, LABELS_FILE, *TFDS_LABELS_FILES, FEATURES_FILE, TFDS_INFO_FILE, INFO_FILE)
-
-# Everything temporary lives in this one folder, which this tool alone writes.
-TEMP_DIR = ".image-tfrecords-tmp"
-LOCK_FILE = ".image-tfrecords.lock"
-# In a run's temporary folder: the descriptions, written before publishing, and the plan of the publishing.
-PUBLISH_DIR = "publish"
-PUBLISH_PLAN = "publishing.json"
 # Publishing on gs:// (copies, deletions): Cloud Storage's batches of at most 100 operations, up to 64 of them at
 # once, as Beam's FileBasedSink finalizes with up to 64 rename threads.
 GCS_BATCH = 100
 PUBLISH_THREADS = 64
 
 _SPLITS = "|".join(SPLITS)
-SHARD_NAME = re.compile(r"(?P<split>" + _SPLITS + r")-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
-                        r"\.(?:tfrecord(?:\.gz)?|array_record)")
-# --shard_names=kaggle: the shard's index and record count, as Kaggle's notebooks count them (train00-2071.tfrec).
-KAGGLE_NAME = re.compile(r"(?P<split>" + _SPLITS + r")(?P<index>\d{2,})-(?P<records>\d+)"
-                         r"\.(?:tfrec(?:\.gz)?|array_record)")
-# --index_files: a shard's index for DALI and the tfrecord package, beside it (train-00000-of-00004.idx,
-# train00-2071.idx).
-INDEX_NAME = re.compile(r"(?:" + _SPLITS + r")(?:-\d{5,}-of-\d{5,}|\d{2,}-\d+)\.idx")
 _DESCRIPTIONS = "|".join(re.escape(name) for name in DESCRIPTION_FILES)
 # Beam's temporary folders of earlier versions of this tool, which wrote next to the shards.
 _BEAM_TEMP_DIR = r"beam-temp-(?:" + _SPLITS + "|" + re.escape(os.path.splitext(ERRORS_FILE)[0]) + r")-[0-9a-f]{32}"
@@ -108,23 +97,6 @@ _OWN_NAME = re.compile(
 def new_run_id() -> str:
     """A run's id: the UTC time (readable in listings) and 8 random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-
-
-def relative_to(path: str, folder: str) -> str:
-    return path[len(folder.rstrip("/")):].lstrip("/")
-
-
-def index_name(shard_file: str) -> str:
-    """The index file of a shard: its name without .tfrecord (or .tfrec), plus .idx (train-00000-of-00004.idx).
-
-    Not `<shard>.tfrecord.idx`: the shard glob `train-*.tfrecord*` would read it as a shard.
-    """
-    stem = shard_file
-    for suffix in (".tfrecord", ".tfrec"):
-        if shard_file.endswith(suffix):
-            stem = shard_file[:-len(suffix)]
-            break
-    return stem + ".idx"
 
 
 def run_dir(output_dir: str, run_id: str) -> str:
@@ -283,7 +255,7 @@ def dataset_files(output_dir: str) -> list[str]:
     marker = completion_marker(output_dir)
     if marker is None:
         return []
-    info = _read_json(marker)
+    info = _read_json(marker)  # leniently: a damaged description still names its files
     splits = info.get("splits") if isinstance(info, dict) else None
     names = set(DESCRIPTION_FILES) | {os.path.basename(marker)}
     for split in splits.values() if isinstance(splits, dict) else ():
@@ -292,7 +264,7 @@ def dataset_files(output_dir: str) -> list[str]:
             if isinstance(shard, dict):
                 names.update(shard.get(key) for key in ("file", "index") if isinstance(shard.get(key), str))
     listed = [name for name in names if name in DESCRIPTION_FILES or name == os.path.basename(marker)
-              or SHARD_NAME.fullmatch(name) or KAGGLE_NAME.fullmatch(name) or INDEX_NAME.fullmatch(name)]
+              or is_shard_name(name) or INDEX_NAME.fullmatch(name)]
     paths = [FileSystems.join(output_dir, name) for name in sorted(listed)]
     present = _present(paths)  # one listing of the folder, not a request per file
     return [p for p in paths if p in present]
@@ -398,10 +370,21 @@ def remove_run_dir(output_dir: str, run_id: str) -> None:
             pass  # another run's folder (a leftover, or being deleted) is in it
 
 
+def read_text(path: str) -> str | None:
+    """The UTF-8 text of the file at `path` through Beam's file systems, None when there is none.
+
+    Raises:
+        ValueError: not UTF-8; OSError: what the file system says.
+    """
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path, compression_type="uncompressed") as f:
+        return f.read().decode("utf-8")
+
+
 def _read_json(path: str):
     try:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            return bounded.loads(f.read().decode("utf-8"))
+        return bounded.loads(read_text(path))
     except Exception:  # none there, or not readable
         return None
 
@@ -416,11 +399,10 @@ def completion_marker(output_dir: str) -> str | None:
     if FileSystems.exists(marker):
         return marker
     legacy = FileSystems.join(output_dir, LEGACY_INFO_FILE)
-    if FileSystems.exists(legacy):
-        info = _read_json(legacy)
-        if isinstance(info, dict) and "format_version" in info:
-            return legacy
-    return None
+    try:
+        return legacy if is_legacy_description(read_text(legacy)) else None
+    except (OSError, ValueError):  # not readable: no dataset this tool can name
+        return None
 
 
 def write_file(path: str, lines: Iterable[str]) -> None:

@@ -36,7 +36,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import bounded
-from transforms.layout import IMAGE_EXTENSIONS
+from transforms.paths import IMAGE_EXTENSIONS
 
 # The file is cut into ranges of this many bytes, each parsed by any worker. A range holds the rows
 # (records) whose first line starts in it, the standard split-at-newline rule of Beam's text source.

@@ -19,19 +19,20 @@ only: for gzip shards, or names it cannot template, `tfds_files` gives no files 
 
 from __future__ import annotations
 
-import re
+from transforms.dataset_format import (
+    FEATURES_FILE,
+    MULTI_LABEL_FIELDS,
+    SCHEMAS,
+    SHARD_FORMATS,
+    TFDS_INFO_FILE,
+    TFRECORD,
+    record_fields,
+    tfds_labels_file,
+    tfds_shard_template,
+)
 
-from transforms.examples import MULTI_LABEL_FIELDS, SCHEMAS, record_fields
-
-TFDS_INFO_FILE = "dataset_info.json"
-TFDS_FEATURES_FILE = "features.json"
-LABELS_SUFFIX = ".labels.txt"
 DATASET_NAME = "image_tfrecords"
 DATASET_VERSION = "1.0.0"
-# TFDS's variables: {SPLIT} and {SHARD_X_OF_Y} (00000-of-00004), as this tool names its shards.
-SHARD_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.tfrecord"
-# TFDS's file formats (its FileFormat names), by the shards' extension: TFRecord, and ArrayRecord.
-FILE_FORMATS = {"tfrecord": "tfrecord", "array_record": "array_record"}
 
 _PREFIX = "tensorflow_datasets.core.features."
 _CLASSES = {
@@ -128,26 +129,16 @@ def features_json(schema: str, image_info: dict, num_classes: int, multi_label: 
     return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
 
 
-def labels_file(schema: str) -> str:
-    """The file that holds the ClassLabel's names, as TFDS finds it: its key, '/' as '-' (a nested feature)."""
-    key = SCHEMAS[schema]["label"][0]
-    return key.replace("/", "-") + LABELS_SUFFIX
-
-
 def file_format(splits: dict) -> str:
     """The shards' extension (tfrecord, array_record): the first shard's; tfrecord when there is none."""
     for info in splits.values():
         for shard in info["shards"]:
             return shard["file"].rpartition(".")[2]
-    return "tfrecord"
-
-
-def shard_template(extension: str = "tfrecord") -> str:
-    return SHARD_TEMPLATE.replace(".tfrecord", "." + extension)
+    return TFRECORD
 
 
 def _template_name(split: str, index: int, count: int, extension: str) -> str:
-    return shard_template(extension).format(SPLIT=split, SHARD_X_OF_Y=f"{index:05d}-of-{count:05d}")
+    return tfds_shard_template(extension).format(SPLIT=split, SHARD_X_OF_Y=f"{index:05d}-of-{count:05d}")
 
 
 def unsupported(splits: dict, compression: str) -> str | None:
@@ -156,9 +147,9 @@ def unsupported(splits: dict, compression: str) -> str | None:
         return (f"TFDS reads uncompressed TFRecord shards only, and these are {compression}-compressed: "
                 "convert with --compression=none to load the folder with tfds.builder_from_directory")
     extension = file_format(splits)
-    if extension not in FILE_FORMATS:
-        extension = "tfrecord"  # the message below shows the names TFDS would find
-    template = shard_template(extension)
+    if extension not in SHARD_FORMATS:
+        extension = TFRECORD  # the message below shows the names TFDS would find
+    template = tfds_shard_template(extension)
     for split, info in splits.items():
         names = [shard["file"] for shard in info["shards"]]
         expected = [_template_name(split, i, len(names), extension) for i in range(len(names))]
@@ -178,14 +169,14 @@ def dataset_info_json(splits: dict, schema: str, description: str = "", unlabele
         "name": DATASET_NAME,
         "version": DATASET_VERSION,
         "description": description,
-        "fileFormat": FILE_FORMATS.get(extension, "tfrecord"),
+        "fileFormat": SHARD_FORMATS[extension].tfds_format if extension in SHARD_FORMATS else TFRECORD,
         "moduleName": "image_tfrecords",
         "splits": [
             {
                 "name": split,
                 "shardLengths": [str(shard["records"]) for shard in info["shards"]],
                 "numBytes": str(sum(shard["bytes"] for shard in info["shards"])),
-                "filepathTemplate": shard_template(extension),
+                "filepathTemplate": tfds_shard_template(extension),
             }
             for split, info in splits.items()
         ],
@@ -207,14 +198,11 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
     why_not = unsupported(splits, compression)
     if why_not:
         return {}, why_not
-    labels = {} if unlabeled else {labels_file(schema): "".join(f"{name}\n" for name in class_names)}
+    labels = {} if unlabeled else {tfds_labels_file(schema): "".join(f"{name}\n" for name in class_names)}
     return {
         **labels,
-        TFDS_FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label,
-                                                     features=features, unlabeled=unlabeled),
-                                       indent=4, sort_keys=True),
+        FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label,
+                                                features=features, unlabeled=unlabeled),
+                                  indent=4, sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description, unlabeled), indent=2) + "\n",
     }, None
-
-
-LABELS_NAME = re.compile(r"[\w.-]+" + re.escape(LABELS_SUFFIX))

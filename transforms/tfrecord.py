@@ -1,14 +1,20 @@
-"""Reading TFRecord framing without TensorFlow: every record, with its CRCs checked."""
+"""TFRecord framing, and reading shards back (TFRecord, ArrayRecord), with neither TensorFlow nor Beam.
+
+Every record is read with its CRCs checked. Files are opened through transforms/paths.py: plain files locally,
+TensorFlow's file systems for gs://, so that the read-side tools run where Beam is not installed.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import struct
+import tempfile
 
 import google_crc32c
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
-from transforms.listing import regular_file_problem
+from transforms.dataset_format import ARRAY_RECORD, format_of_shard
+from transforms.paths import is_local, open_read, regular_file_problem
 
 
 def masked_crc(data: bytes) -> int:
@@ -35,7 +41,7 @@ def scan_records(path: str):
     """
     index = 0
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
+        with open_read(path, decompress=True) as f:
             while True:
                 header = f.read(12)
                 if not header:
@@ -89,7 +95,7 @@ def record_offsets(path: str) -> list[int]:
     if problem:
         raise ValueError(f"{path}: {problem}")
     offsets = [0]
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with open_read(path) as f:
         position = 0
         while True:
             header = f.read(12)
@@ -101,3 +107,47 @@ def record_offsets(path: str) -> list[int]:
             position += 12 + length + 4
             f.seek(position)
             offsets.append(position)
+
+
+def scan_array_records(path: str):
+    """Yield (index, record bytes) of an ArrayRecord file, local or remote (copied to a local file first).
+
+    Raises:
+        Exception: whatever the ArrayRecord reader raises for a file it cannot read.
+    """
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    local, temp = path, None
+    if not is_local(path):
+        handle, temp = tempfile.mkstemp(suffix=".array_record")
+        with os.fdopen(handle, "wb") as out, open_read(path) as source:
+            shutil.copyfileobj(source, out, 8 << 20)
+        local = temp
+    try:
+        reader = ArrayRecordReader(local)
+        try:
+            total = reader.num_records()
+            for start in range(0, total, 256):
+                for offset, data in enumerate(reader.read(list(range(start, min(start + 256, total))))):
+                    yield start + offset, data
+        finally:
+            reader.close()
+    finally:
+        if temp:
+            os.unlink(temp)
+
+
+def scan_shard(path: str):
+    """(index, record bytes, or None for a bad checksum) of every record of a shard: TFRecord, or ArrayRecord
+    by its name (.array_record).
+
+    Raises:
+        CorruptRecord: a local shard that is no regular file (a FIFO would block the read for ever), checked at
+            once; a TFRecord shard whose framing breaks; for ArrayRecord, whatever its reader raises.
+    """
+    problem = regular_file_problem(path)
+    if problem:
+        raise CorruptRecord(problem)
+    if format_of_shard(path) == ARRAY_RECORD:
+        return scan_array_records(path)
+    return scan_records(path)

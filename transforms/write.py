@@ -46,29 +46,28 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.concat import concatenate, file_size
 from transforms.convert import ReadPacing, collect_in_order, read_room, start_conversions
-from transforms.imaging import ImageSettings
-from transforms.layout import display_path
-from transforms.outputs import index_name, shards_dir
-from transforms.pool import ConversionPool, time_limit
-from transforms.records import label_of
-from transforms.shardfiles import (
+from transforms.dataset_format import (
     ARRAY_RECORD,
     KAGGLE,
     STANDARD,
     TFRECORD,
+    index_name,
     kaggle_name,
-    open_writer,
     shard_name,
     shard_suffix,
 )
+from transforms.imaging import ImageSettings
+from transforms.layout import display_path
+from transforms.outputs import shards_dir
+from transforms.pool import ConversionPool, time_limit
+from transforms.records import label_of
+from transforms.shardfiles import open_writer
 from transforms.sharding import ShardKey, rank_order
 from transforms.stats import SplitStats, StatsTally
 from transforms.stats import merge as merge_stats
-from transforms.tfrecord import record_offsets
 
 __all__ = ["HASHES", "REJECTED", "STATS", "WRITTEN", "ChunkKey", "PieceInfo", "ShardInfo", "WriteShards", "assemble",
-           "cut_chunks", "index_name", "index_text", "kaggle_name", "record_offsets", "shard_name", "write_index",
-           "write_piece"]
+           "cut_chunks", "index_text", "write_index", "write_piece"]
 REJECTED = "rejected"
 WRITTEN = "written"
 HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
+from transforms import counters
 from transforms.counters import NAMESPACE
 
 _LOG = logging.getLogger("pipeline.progress")
@@ -39,9 +40,6 @@ REFRESH_SECONDS = 0.5
 LOG_SECONDS = 10.0
 LOG_STEP = 0.1
 
-CONVERTED = "images_converted"
-REJECTED_PREFIX = "rejected_"
-TO_CONVERT = "images_to_convert"  # counted by AssignLabels: the job's own total, known once listing is done
 
 
 def processed_images(infos: Iterable) -> int:
@@ -56,9 +54,9 @@ def bundle_counts(infos: Iterable) -> tuple[int, int]:
         if info.urn != mi.USER_COUNTER_URN or info.labels.get(mi.NAMESPACE_LABEL) != NAMESPACE:
             continue
         name = info.labels.get(mi.NAME_LABEL, "")
-        if name == CONVERTED or name.startswith(REJECTED_PREFIX):
+        if counters.leaves_conversion(name):
             processed += mi.extract_counter_value(info)
-        elif name == TO_CONVERT:
+        elif name == counters.TO_CONVERT:
             planned += mi.extract_counter_value(info)
     return processed, planned
 

@@ -21,12 +21,11 @@ import tensorflow as tf
 from pipeline.errors import DatasetError, UserError
 from pipeline.readers import reader
 from pipeline.readers.bench_report import StageResult
-from transforms.describe import INFO_FILE
+from transforms.dataset_format import INFO_FILE, TFRECORD
+from transforms.paths import TF_IMAGE_EXTENSIONS
 
 AUTOTUNE = tf.data.AUTOTUNE
 DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "uint8": tf.uint8}
-# The image files tf.io.decode_image reads (for --compare_files).
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
 
 @dataclass
@@ -89,8 +88,8 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     files = reader.shard_paths(dataset_dir, split, info)
     for path in files:
         reader.refuse_unless_regular(path)
-    file_format = (info.get("options") or {}).get("file_format", "tfrecord")
-    if file_format != "tfrecord":
+    file_format = (info.get("options") or {}).get("file_format", TFRECORD)
+    if file_format != TFRECORD:
         raise DatasetError(f"{dataset_dir} holds {file_format} shards: the benchmark reads TFRecord shards with "
                            "tf.data; convert the folder again without --file_format to benchmark it")
     if not files:
@@ -165,12 +164,12 @@ def image_files(root: str) -> ImageFiles:
     found, skipped = [], 0
     for folder, _, names in tf.io.gfile.walk(root):
         for name in names:
-            if name.lower().endswith(IMAGE_EXTENSIONS):
+            if name.lower().endswith(TF_IMAGE_EXTENSIONS):
                 found.append(folder.rstrip("/") + "/" + name)
             else:
                 skipped += 1
     if not found:
-        raise UserError(f"--compare_files {root} holds no {'/'.join(IMAGE_EXTENSIONS)} files")
+        raise UserError(f"--compare_files {root} holds no {'/'.join(TF_IMAGE_EXTENSIONS)} files")
     found.sort()
     classes = sorted({path.rsplit("/", 2)[-2] for path in found})
     ids = {name: i for i, name in enumerate(classes)}

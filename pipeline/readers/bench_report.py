@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from transforms.paths import is_local, write_bytes
+
 MB = 1_000_000
 
 # Stage name -> what it adds, in the order they run.
@@ -282,13 +284,6 @@ def write_plot(path: str, setup: dict, results: list[StageResult]) -> None:
 
 def _write_bytes(path: str, data: bytes) -> None:
     """Write a local file (creating its folder) or a gs:// object."""
-    if "://" in path:
-        from apache_beam.io.filesystems import FileSystems
-
-        with FileSystems.create(path) as f:
-            f.write(data)
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
+    if is_local(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_bytes(path, data)

@@ -27,9 +27,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.cli import import_tensorflow, main_of, program_name
+from pipeline.cli import (  # no Beam: --help and errors come fast
+    import_tensorflow,
+    main_of,
+    parse_image_size,
+    program_name,
+)
 from pipeline.errors import UserError
-from pipeline.flags import parse_image_size  # no Beam: --help and option errors come fast
 from pipeline.readers.bench_report import (
     FILE_STAGES,
     STAGES,
@@ -39,7 +43,7 @@ from pipeline.readers.bench_report import (
     write_json,
     write_plot,
 )
-from transforms.examples import SCHEMAS
+from transforms.dataset_format import SCHEMAS
 
 DTYPE_NAMES = ("float32", "bfloat16", "uint8")
 
@@ -297,5 +301,14 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
+# What Ctrl-C or SIGTERM leaves (pipeline.cli.main_of's last line).
+STOPPED = "the benchmark stopped before its report; the dataset is unchanged: run the same command again"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point: `run`, with one error line for a bad input or an interruption."""
+    return main_of(run, argv, stopped=STOPPED)
+
+
 if __name__ == "__main__":
-    sys.exit(main_of(run))
+    sys.exit(main())

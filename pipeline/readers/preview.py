@@ -29,7 +29,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import DatasetError, UserError
-from transforms.describe import INFO_FILE
+from transforms.dataset_format import INFO_FILE
+from transforms.paths import is_local, write_bytes
 
 _LOG = logging.getLogger("pipeline.preview")
 _CHECK = "check the dataset with python -m pipeline.verify"
@@ -131,8 +132,7 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     import tensorflow as tf
 
     from pipeline.readers import reader
-    from transforms.shardfiles import scan_shard
-    from transforms.tfrecord import CorruptRecord
+    from transforms.tfrecord import CorruptRecord, scan_shard
 
     problems = [] if problems is None else problems
     paths = reader.shard_paths(dataset_dir, split, info)  # refuses a missing split, or a dataset of no records
@@ -324,8 +324,6 @@ def _save(image_or_figure, path: str) -> None:
     """Save a PIL image or a matplotlib figure to a local path or gs:// (format from the extension)."""
     import io
 
-    from apache_beam.io.filesystems import FileSystems
-
     ext = _check_image_path(path)
     image = image_or_figure
     if not isinstance(image, Image.Image):  # a figure: rendered by Agg, then encoded like a sheet
@@ -334,12 +332,11 @@ def _save(image_or_figure, path: str) -> None:
         image = Image.open(io.BytesIO(rendered.getvalue())).convert("RGB")
     buffer = io.BytesIO()
     image.save(buffer, format=_FORMATS[ext], **({"optimize": True} if ext == ".png" else {"quality": 90}))
-    if "://" not in path:
+    if is_local(path):
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise UserError(f"cannot write {path}: the folder {directory} does not exist")
-    with FileSystems.create(path, mime_type="application/octet-stream") as f:
-        f.write(buffer.getvalue())
+    write_bytes(path, buffer.getvalue())
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -409,5 +406,15 @@ def run(argv: list[str]) -> int:
     return 1 if problems else 0
 
 
+# What Ctrl-C or SIGTERM leaves (pipeline.cli.main_of's last line).
+STOPPED = ("preview stopped; the dataset is unchanged, and a contact sheet or chart it was writing may be "
+           "incomplete: run the same command again")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point: `run`, with one error line for a bad input or an interruption."""
+    return main_of(run, argv, stopped=STOPPED)
+
+
 if __name__ == "__main__":
-    sys.exit(main_of(run))
+    sys.exit(main())

@@ -17,13 +17,22 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
-from pipeline.flags import bucket_problem
-from transforms import bounded
-from transforms.describe import ERRORS_FILE, INFO_FILE, READABLE_VERSIONS
-from transforms.examples import MULTI_LABEL_FIELDS, OPTIONAL_FIELDS, SCHEMAS, record_fields
+from transforms import paths
+from transforms.dataset_format import (
+    DEFAULT_MAX_IMAGE_MB,
+    DEFAULT_MAX_PIXELS,
+    ERRORS_FILE,
+    MULTI_LABEL_FIELDS,
+    OPTIONAL_FIELDS,
+    SCHEMAS,
+    TFRECORD,
+    DescriptionError,
+    join,
+    load_description,
+    record_fields,
+)
 from transforms.features import from_description
-from transforms.listing import regular_file_problem
-from transforms.outputs import LEGACY_INFO_FILE
+from transforms.paths import bucket_problem, regular_file_problem
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -31,25 +40,13 @@ if TYPE_CHECKING:
 # TensorFlow is imported where it is used, so that load_info can refuse a folder before its slow import.
 
 
-def join(directory: str, name: str) -> str:
-    """`name` in the folder `directory` (local or gs://)."""
-    return directory.rstrip("/") + "/" + name
-
-
 def read_file_text(path: str) -> str | None:
-    """The text of the file at `path` (local or gs://) through Beam's file systems, or None if there is none.
-
-    Beam's GCS client, unlike TensorFlow's, is the one every other step of this
-    tool uses (credentials, STORAGE_EMULATOR_HOST).
-    """
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    if not FileSystems.exists(path):
+    """The text of the file at `path` (local, or gs:// through TensorFlow's file systems), or None if there is
+    none; a local FIFO or device is refused before it is opened (`refuse_unless_regular`)."""
+    if not paths.exists(path):
         return None
     refuse_unless_regular(path)
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read().decode("utf-8")
+    return paths.read_text(path)
 
 
 def refuse_unless_regular(path: str, action: str = "convert again") -> None:
@@ -68,16 +65,13 @@ def decode_budget(info: dict) -> tuple[int, int]:
     """(pixels, bytes) an image of the dataset may take decoded: the --max_pixels and --max_image_mb of the
     conversion that wrote it, as image_tfrecords.json records them (the converter's defaults when it does not).
     No record the conversion wrote is larger, so a larger one is damage, or a decode bomb."""
-    from transforms.imaging import ImageSettings
-
     options = info.get("options") if isinstance(info.get("options"), dict) else {}
-    defaults = ImageSettings()
 
     def positive(name: str, default: int) -> int:
         value = options.get(name)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
-    return positive("max_pixels", defaults.max_pixels), positive("max_image_mb", defaults.max_image_mb) * 1_000_000
+    return positive("max_pixels", DEFAULT_MAX_PIXELS), positive("max_image_mb", DEFAULT_MAX_IMAGE_MB) * 1_000_000
 
 
 def image_too_large(image: bytes, budget: tuple[int, int]) -> str | None:
@@ -88,8 +82,7 @@ def image_too_large(image: bytes, budget: tuple[int, int]) -> str | None:
 
     from PIL import Image
 
-    from transforms import imaging  # noqa: F401  (it lifts Pillow's own bomb limit, which would hide the size)
-
+    Image.MAX_IMAGE_PIXELS = None  # as the converter does: Pillow's own limit would hide the size; `budget` applies
     try:
         with Image.open(io.BytesIO(image)) as opened:
             width, height = opened.size
@@ -124,10 +117,10 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
     A folder written by format version 1 has its description in dataset_info.json
     instead (a name TFDS owns now): that one is read when there is no image_tfrecords.json.
 
-    The one loader of dataset_info.json, for every read-side tool and the
-    converter's summary. `read_text(path)` returns a file's text, or None when
-    it does not exist; by default Beam's file systems read it (`read_file_text`).
-    Every field the read-side tools use is checked for its JSON type, so a
+    The read side's door to the one loader of the description (transforms.dataset_format.load_description), for
+    every read-side tool and the converter's summary. `read_text(path)` returns a file's text, or None when it
+    does not exist; by default plain files or TensorFlow's file systems read it (`read_file_text`); the
+    converter's summary passes Beam's. Every field the read-side tools use is checked for its JSON type, so a
     damaged or foreign file is one clear error rather than a crash later.
 
     Raises:
@@ -136,31 +129,10 @@ def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = 
     problem = bucket_problem(dataset_dir)
     if problem:
         raise DatasetError(f"{dataset_dir}: {problem}")
-    path = join(dataset_dir, INFO_FILE)
-    text = _read_info_text(path, read_text)
-    if text is None:
-        legacy = _read_info_text(join(dataset_dir, LEGACY_INFO_FILE), read_text)
-        if legacy is not None and _version(legacy) == 1:  # version 1's description, not TFDS's dataset_info.json
-            path, text = join(dataset_dir, LEGACY_INFO_FILE), legacy
-    if text is None:
-        raise DatasetError(
-            f"{dataset_dir} has no {INFO_FILE}: it is not a complete dataset (an interrupted conversion leaves "
-            "none); convert again with python -m pipeline.main"
-        )
     try:
-        info = bounded.loads(text)
-    except ValueError as e:
-        raise DatasetError(f"{path} is not readable JSON ({e}); convert again") from None
-    check_info(info, path)
-    return info
-
-
-def _version(text: str):
-    try:
-        info = bounded.loads(text)
-    except ValueError:
-        return None
-    return info.get("format_version") if isinstance(info, dict) else None
+        return load_description(dataset_dir, lambda path: _read_info_text(path, read_text))
+    except DescriptionError as e:
+        raise DatasetError(str(e)) from None
 
 
 def _read_info_text(path: str, read_text: Callable[[str], str | None] | None) -> str | None:
@@ -173,88 +145,6 @@ def _read_info_text(path: str, read_text: Callable[[str], str | None] | None) ->
     except Exception as e:  # noqa: BLE001 - tf.errors.OpError, OSError: what the file system says
         raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e}); check the path and your "
                            "access to it") from None
-
-
-_JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), (int, "a number"), (float, "a number"),
-               (str, "a string"), (list, "a list"), (dict, "an object"))
-_KINDS = {
-    "an object": lambda v: isinstance(v, dict),
-    "a list": lambda v: isinstance(v, list),
-    "a string": lambda v: isinstance(v, str),
-    "a count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "a size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-}
-_MISSING = object()
-
-
-def _shown(value) -> str:
-    """A JSON value as a message names it: a number by its value, anything else by its type."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value)
-    return next(name for kind, name in _JSON_TYPES if isinstance(value, kind))
-
-
-def check_info(info, path: str = INFO_FILE) -> dict:
-    """`info` if it has every field the read-side tools use, each of its JSON type; else a DatasetError naming it."""
-    tail = "it was not written by this tool; convert again"
-    if not isinstance(info, dict):
-        raise DatasetError(f"{path} is not a JSON object but {_shown(info)}: {tail}")
-    if "format_version" in info and info["format_version"] not in READABLE_VERSIONS:
-        raise DatasetError(f"{path} has format version {info['format_version']!r}, but this reader reads versions "
-                           f"{', '.join(map(str, READABLE_VERSIONS))}: convert again")
-    required = ("format_version", "splits", "image", "schema", "class_names", "compression")
-    missing = [key for key in required if key not in info]
-    if missing:
-        raise DatasetError(f"{path} lacks {', '.join(missing)}: {tail}")
-
-    def need(parent: dict, key, where: str, kind: str, default=_MISSING):
-        """parent[key], which must be of `kind`; `default` when it is absent and may be."""
-        value = parent.get(key, default) if isinstance(parent, dict) else parent[key]
-        if value is _MISSING:
-            raise DatasetError(f"{path} lacks {where}: {tail}")
-        if not _KINDS[kind](value):
-            raise DatasetError(f"{path} is malformed ({where} is {_shown(value)}, not {kind}): {tail}")
-        return value
-
-    if need(info, "schema", "schema", "a string") not in SCHEMAS:
-        raise DatasetError(f"{path} is malformed (schema {info['schema']!r} is not one of "
-                           f"{', '.join(SCHEMAS)}): {tail}")
-    need(info, "compression", "compression", "a string")
-    names = need(info, "class_names", "class_names", "a list")
-    for i in range(len(names)):
-        need(names, i, f"class_names[{i}]", "a string")
-    image = need(info, "image", "image", "an object")
-    if image.get("fixed_size"):
-        for key in ("height", "width"):
-            need(image, key, f"image.{key}", "a size")
-    for key in ("rejected_by_reason", "skipped_by_reason"):
-        for name in need(info, key, key, "an object", {}):
-            need(info[key], name, f"{key}.{name}", "a count")
-    files = need(info, "files", "files", "an object", {})
-    for name in ("found", "written", "rejected", "skipped"):
-        if files.get(name) is not None:  # verify reports a missing count as a problem of its own
-            need(files, name, f"files.{name}", "a count")
-    for split in need(info, "splits", "splits", "an object"):
-        where = f"splits.{split}"
-        split_info = need(info["splits"], split, where, "an object")
-        need(split_info, "records", f"{where}.records", "a count")
-        counts = need(split_info, "class_counts", f"{where}.class_counts", "an object", {})
-        for name in counts:
-            need(counts, name, f"{where}.class_counts.{name}", "a count")
-        shards = need(split_info, "shards", f"{where}.shards", "a list")
-        for number in range(len(shards)):
-            shard = need(shards, number, f"{where}.shards[{number}]", "an object")
-            name = need(shard, "file", f"{where}.shards[{number}].file", "a string")
-            if not name or "/" in name or name in (".", ".."):
-                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].file {name!r} is not a file "
-                                   f"name in the folder): {tail}")
-            need(shard, "records", f"{where}.shards[{number}].records", "a count")
-            need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
-            index = need(shard, "index", f"{where}.shards[{number}].index", "a string") if "index" in shard else None
-            if index is not None and (not index or "/" in index or index in (".", "..")):
-                raise DatasetError(f"{path} is malformed ({where}.shards[{number}].index {index!r} is not a file "
-                                   f"name in the folder): {tail}")
-    return info
 
 
 def error_text(error: Exception) -> str:
@@ -427,7 +317,7 @@ def make_dataset(
     files = shard_paths(dataset_dir, split, info)
     for path in files:
         refuse_unless_regular(path)
-    if (info.get("options") or {}).get("file_format", "tfrecord") != "tfrecord":
+    if (info.get("options") or {}).get("file_format", TFRECORD) != TFRECORD:
         raise DatasetError(f"{dataset_dir} holds {info['options']['file_format']} shards, which tf.data does not "
                            "read: open them with Grain (README: Random access with Grain), or convert again "
                            "without --file_format")

@@ -40,18 +40,28 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from apache_beam.io.filesystems import FileSystems
-
 from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import DatasetError
 from pipeline.readers import reader
-from transforms import bounded, duplicates, tfds_metadata
-from transforms.describe import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms import bounded, tfds_metadata
+from transforms import duplicate_kinds as duplicates
+from transforms.dataset_format import (
+    ERRORS_FILE,
+    INDEX_NAME,
+    INFO_FILE,
+    KAGGLE_NAME,
+    LABELS_FILE,
+    SHARD_NAME,
+    SPLITS,
+    TFDS_INFO_FILE,
+    TFDS_LABELS_SUFFIX,
+    index_name,
+    join,
+    shard_globs,
+)
 from transforms.examples import record_id
-from transforms.layout import SPLITS
-from transforms.outputs import INDEX_NAME, KAGGLE_NAME, SHARD_NAME, index_name
-from transforms.shardfiles import scan_shard
-from transforms.tfrecord import CorruptRecord, record_offsets
+from transforms.paths import list_files
+from transforms.tfrecord import CorruptRecord, record_offsets, scan_shard
 
 # Problems kept per shard; a systematically broken shard would otherwise list every record.
 _PROBLEMS_PER_SHARD = 50
@@ -332,7 +342,7 @@ class Report:
         return "\n".join(lines)
 
 
-load_info = reader.load_info  # the one loader of the description (image_tfrecords.json), on Beam's FileSystems
+load_info = reader.load_info  # the one loader of the description (image_tfrecords.json)
 
 
 _read_text = reader.read_file_text
@@ -341,7 +351,7 @@ _read_text = reader.read_file_text
 def _check_labels(dataset_dir: str, info: dict, report: Report) -> list[str]:
     """labels.txt's lines, which must be image_tfrecords.json's class names; falls back to those names."""
     class_names = list(info.get("class_names", []))
-    text = _read_text(reader.join(dataset_dir, LABELS_FILE))
+    text = _read_text(join(dataset_dir, LABELS_FILE))
     if text is None:
         report.problems.append(f"{LABELS_FILE}: missing; the label ids cannot be checked against it")
         return class_names
@@ -366,10 +376,10 @@ def _number(digits: str) -> int | None:
 def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tuple[str, str, dict]]:
     """The listed shards that exist, as (split, path, listed entry); missing, misnamed and stale ones are problems."""
     present = {}  # every file directly in the folder
-    for metadata in FileSystems.match([reader.join(dataset_dir, "*")])[0].metadata_list:
-        name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
+    for path, size in list_files(dataset_dir):
+        name = path[len(dataset_dir.rstrip("/")) + 1:]
         if "/" not in name:
-            present[name] = metadata.size_in_bytes
+            present[name] = size
     listed, to_read = set(), []
     for split, split_info in info["splits"].items():
         shards = split_info.get("shards", [])
@@ -391,11 +401,11 @@ def _check_shard_files(dataset_dir: str, info: dict, report: Report) -> list[tup
                 continue
             if present[name] != shard.get("bytes"):
                 report.problems.append(f"{name}: {present[name]} bytes, but {INFO_FILE} says {shard.get('bytes')}")
-            to_read.append((split, reader.join(dataset_dir, name), shard))
+            to_read.append((split, join(dataset_dir, name), shard))
     # A reader that globs the shards (README: glob("train-*.tfrecord")) reads every match, listed or not.
     # Kaggle's notebooks glob train*.tfrec; Grain's users *.array_record.
     globs = [glob for split in sorted(set(SPLITS) | set(info["splits"]))
-             for glob in (f"{split}-*.tfrecord*", f"{split}*.tfrec", f"{split}*.tfrec.gz", f"{split}*.array_record")]
+             for glob in shard_globs(split)]
     for name in sorted(set(present) - listed):
         pattern = next((glob for glob in globs if fnmatch.fnmatchcase(name, glob)), None)
         if pattern:
@@ -443,8 +453,8 @@ def _check_index_files(dataset_dir: str, info: dict, report: Report) -> None:
                                    f"shard is named {index_name(name)}: convert again")
         listed[index] = name
     by_stem = {index_name(name): name for name in shards}
-    for metadata in FileSystems.match([reader.join(dataset_dir, "*.idx")])[0].metadata_list:
-        name = metadata.path[len(dataset_dir.rstrip("/")) + 1:]
+    for path, _ in list_files(dataset_dir, "*.idx"):
+        name = path[len(dataset_dir.rstrip("/")) + 1:]
         if "/" in name or name in listed or not INDEX_NAME.fullmatch(name):
             continue
         if name in by_stem:
@@ -453,7 +463,7 @@ def _check_index_files(dataset_dir: str, info: dict, report: Report) -> None:
             report.problems.append(f"{name}: an index file, but its shard is not in {INFO_FILE} (a stale index from "
                                    "another run?): remove it")
     for index, shard in sorted(listed.items()):
-        problem = _index_problem(reader.join(dataset_dir, index), reader.join(dataset_dir, shard))
+        problem = _index_problem(join(dataset_dir, index), join(dataset_dir, shard))
         if problem:
             report.problems.append(problem)
     report.index_files = len(listed)
@@ -595,7 +605,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
         if sum(listed_reasons[stage].values()) != total:
             report.problems.append(f"{INFO_FILE}: {total} files {stage} but {stage}_by_reason adds up to "
                                    f"{sum(listed_reasons[stage].values())}")
-    text = _read_text(reader.join(dataset_dir, ERRORS_FILE))
+    text = _read_text(join(dataset_dir, ERRORS_FILE))
     if text is None:
         report.problems.append(f"{ERRORS_FILE}: missing; {rejected + skipped} rejected and skipped files are not "
                                "reported")
@@ -648,11 +658,11 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
         return  # a malformed splits section: _check_shard_files and _check_counts name it
     redo = "tfds.builder_from_directory would not load the folder as it is; convert again"
     for name, text in expected.items():
-        found = _read_text(reader.join(dataset_dir, name))
+        found = _read_text(join(dataset_dir, name))
         if found is None:
             report.problems.append(f"{name}: missing, but {INFO_FILE} lists it among TFDS's files; {redo}")
             continue
-        if name == tfds_metadata.TFDS_INFO_FILE:
+        if name == TFDS_INFO_FILE:
             found_info = _parsed(found)
             want = bounded.loads(text)
             differ = ([key for key in want if key != "description" and found_info.get(key) != want[key]]
@@ -660,7 +670,7 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
             if differ:
                 report.problems.append(f"{name}: its {', '.join(differ)} differ from the splits and keys in "
                                        f"{INFO_FILE} (TFDS reads its shard lengths from it); {redo}")
-        elif name.endswith(tfds_metadata.LABELS_SUFFIX):
+        elif name.endswith(TFDS_LABELS_SUFFIX):
             if found.splitlines() != text.splitlines():
                 report.problems.append(f"{name}: TFDS's class names differ from {LABELS_FILE}; {redo}")
         elif _parsed(found) != bounded.loads(text):  # TFDS reads it as JSON: its layout and line ends are free
@@ -733,5 +743,14 @@ def run(argv: list[str]) -> int:
     return 0 if report.ok else 1
 
 
+# What Ctrl-C or SIGTERM leaves (pipeline.cli.main_of's last line).
+STOPPED = "verify stopped before it checked the whole dataset, which it never changes: run the same command again"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point: `run`, with one error line for a bad input or an interruption."""
+    return main_of(run, argv, stopped=STOPPED)
+
+
 if __name__ == "__main__":
-    sys.exit(main_of(run))
+    sys.exit(main())
