@@ -10,11 +10,14 @@
 #   MACHINE_TYPE                       optional: worker machine type, e.g. n2-standard-4
 #   MAX_WORKERS                        optional: upper bound for autoscaling
 #   PYTHON                             optional: the interpreter (default: .venv/bin/python next to this script)
+#   BENCHMARK_STEPS                    optional: batches read per stage by --benchmark (default 200; 0 reads the
+#                                      whole train split, once per stage, onto this machine)
 #   STORAGE_EMULATOR_HOST              for tests only: use a GCS emulator, with authentication off
 #
 # Options of this script:
 #   --dry_run     build the package from setup.py, translate and stage the job, but do not submit it
 #   --benchmark   after a successful job, run: python -m pipeline.benchmark --dataset_dir=<output_dir>
+#                 --steps=$BENCHMARK_STEPS (a bounded sample: the reads come to this machine)
 #   -h, --help    this text
 # Every other option goes to `python -m pipeline.main` unchanged (see README.md, "Options"), for example
 #   --sdk_container_image=IMAGE  workers run the image built by dataflow/build_template.sh image, which has
@@ -89,6 +92,10 @@ fi
 if [[ -n "${MAX_WORKERS:-}" && ! "$MAX_WORKERS" =~ ^[1-9][0-9]*$ ]]; then
   problems+=("MAX_WORKERS=$MAX_WORKERS is not a positive number of workers")
 fi
+steps="${BENCHMARK_STEPS:-200}"
+if $benchmark && [[ ! "$steps" =~ ^[0-9]+$ ]]; then
+  problems+=("BENCHMARK_STEPS=$steps is not a number of batches: give a whole number (0 reads the whole split)")
+fi
 if $benchmark && $dry_run; then
   problems+=("--benchmark needs a finished job, and --dry_run submits none: drop one of them")
 fi
@@ -141,6 +148,6 @@ if ((status != 0)); then
 fi
 
 if $benchmark; then
-  echo "Benchmarking reads of $output_dir" >&2
-  "$python" -m pipeline.benchmark --dataset_dir="$output_dir"
+  echo "Benchmarking reads of $output_dir (at most $steps batches per stage; BENCHMARK_STEPS=0 reads the whole split)" >&2
+  "$python" -m pipeline.benchmark --dataset_dir="$output_dir" --steps="$steps"
 fi

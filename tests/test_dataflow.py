@@ -236,11 +236,44 @@ def test_script_refuses_contradictory_flags(args, message):
     assert message in result.stderr
 
 
+def _recording_python(tmp_path):
+    """A stand-in interpreter for run_dataflow.sh (PYTHON): it records each command line, one per line, and
+    exits 0, as a job that succeeds and a benchmark that runs would."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    return str(fake), log
+
+
+@pytest.mark.parametrize("steps, expected", [(None, "--steps=200"), ("0", "--steps=0"), ("50", "--steps=50")])
+def test_benchmark_reads_a_bounded_sample_unless_told_otherwise(tmp_path, steps, expected):
+    fake, log = _recording_python(tmp_path)
+    env = {**os.environ, **JOB_ENV, "PYTHON": fake}
+    env.pop("BENCHMARK_STEPS", None)
+    if steps is not None:
+        env["BENCHMARK_STEPS"] = steps
+    result = run_script(SCRIPT, "--input_dir=gs://b/photos", "--output_dir=gs://b/out", "--benchmark", env=env)
+    assert result.returncode == 0, result.stderr
+    job, bench = log.read_text().splitlines()
+    assert job.startswith("-m pipeline.main ") and "--runner=DataflowRunner" in job
+    assert bench == f"-m pipeline.benchmark --dataset_dir=gs://b/out {expected}"
+
+
+def test_a_benchmark_steps_that_is_no_number_is_refused_before_the_job(tmp_path):
+    fake, log = _recording_python(tmp_path)
+    result = run_script(SCRIPT, "--input_dir=gs://b/photos", "--output_dir=gs://b/out", "--benchmark",
+                        env={**os.environ, **JOB_ENV, "PYTHON": fake, "BENCHMARK_STEPS": "all"})
+    assert result.returncode == 2
+    assert "BENCHMARK_STEPS=all is not a number of batches" in result.stderr
+    assert not log.exists()  # no job was submitted
+
+
 def test_script_help_lists_its_environment():
     result = run_script(SCRIPT, "--help")
     assert result.returncode == 0
     for word in ("PROJECT", "REGION", "BUCKET", "SERVICE_ACCOUNT", "MACHINE_TYPE", "MAX_WORKERS", "--dry_run",
-                 "--benchmark"):
+                 "--benchmark", "BENCHMARK_STEPS"):
         assert word in result.stdout
 
 
