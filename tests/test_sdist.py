@@ -146,3 +146,59 @@ def test_the_installed_package_requirements_are_met_and_the_images_import_line_r
     done = run([os.path.join(installed, "python"), "-c", script], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def _readme_reader_install() -> list[str]:
+    """The README's reader-only install command, as its words: `pip install --no-deps ... <path>`."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        (line,) = [line for line in f if line.startswith("pip install --no-deps ")]
+    words = line.split("#")[0].split()
+    assert words[-1] == "/path/to/image-tfrecords", line
+    return words[2:-1]  # the options and the packages beside this one
+
+
+def _site_without_beam(folder) -> str:
+    """A folder that holds this environment's installed packages except Apache Beam and this project (its
+    editable install): what a TPU VM's or a training image's environment with TensorFlow has."""
+    folder.mkdir()
+    for site_dir in site.getsitepackages():
+        for name in os.listdir(site_dir):
+            if name.startswith(("apache_beam", "__editable__", "image_tfrecords", "_image_tfrecords")) or \
+                    name.endswith(".pth"):
+                continue
+            if not (folder / name).exists():
+                os.symlink(os.path.join(site_dir, name), folder / name)
+    return str(folder)
+
+
+def test_a_tensorflow_only_environment_installs_the_reader_with_the_readmes_command(sdist, sample_output,
+                                                                                     tmp_path):
+    env_dir, elsewhere = tmp_path / "tpu_vm", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    env_site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=env_dir)
+    with open(os.path.join(env_site.stdout.strip(), "tensorflow_environment.pth"), "w") as f:
+        f.write(_site_without_beam(tmp_path / "site") + "\n")
+    no_beam = run([python, "-c", "import tensorflow, PIL; import apache_beam"], cwd=elsewhere)
+    assert "No module named 'apache_beam'" in no_beam.stderr, no_beam.stderr[-2000:]
+
+    # The README's command, with the sdist for the checkout's path and no package index (tests are offline).
+    installed = run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
+                     "--no-build-isolation", *_readme_reader_install(), sdist], cwd=elsewhere)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    read_back = run([python, "-c", f"""if True:
+        import sys
+        import pipeline
+        from pipeline import reader
+        info = reader.load_info({str(sample_output)!r})
+        records = sum(1 for _ in reader.make_dataset({str(sample_output)!r}, "train", decode=True))
+        print(pipeline.__file__.startswith({str(env_dir)!r}), records == info["splits"]["train"]["records"],
+              "apache_beam" in sys.modules)"""], cwd=elsewhere)
+    assert read_back.returncode == 0, read_back.stderr[-3000:]
+    assert read_back.stdout.split()[-3:] == ["True", "True", "False"], read_back.stdout
+    for tool, args in (("verify", []), ("preview", ["--contact_sheet", str(tmp_path / "sheet.png")])):
+        done = run([python, "-m", f"pipeline.{tool}", str(sample_output), *args], cwd=elsewhere)
+        assert done.returncode == 0, f"{tool}: {done.stdout}{done.stderr[-3000:]}"
+    assert (tmp_path / "sheet.png").stat().st_size > 0
