@@ -121,7 +121,7 @@ def test_drop_duplicates_keeps_the_first_path_of_each_copy_and_drops_the_rest_or
             (digest[b"alone"], ("train", 1, "dog/e.jpg"))]), label="Hashes")
 
 
-def test_find_duplicates_counts_each_kind_of_group_and_lists_them_by_their_first_path():
+def test_find_duplicates_counts_each_kind_of_group_and_lists_the_largest_groups_first_then_by_first_path():
     from transforms.duplicate_kinds import ACROSS_SPLITS, CONFLICTING_LABELS, WITHIN_SPLIT
     from transforms.duplicates import FindDuplicates
 
@@ -132,9 +132,9 @@ def test_find_duplicates_counts_each_kind_of_group_and_lists_them_by_their_first
     with TestPipeline() as p:
         found = p | beam.Create(hashes) | FindDuplicates()
         assert_that(found | beam.Map(lambda s: ({k: v for k, v in s.items() if k != "examples"},
-                                                [(path, group.sha256) for path, group in s["examples"]])),
+                                                [(rank, group.sha256) for rank, group in s["examples"]])),
                     equal_to([({"groups": 3, "copies": 7, WITHIN_SPLIT: 1, ACROSS_SPLITS: 1, CONFLICTING_LABELS: 1},
-                               [("cat/a.jpg", "h1"), ("cat/c.jpg", "h2"), ("cat/e.jpg", "h3")])]))
+                               [((-3, "cat/e.jpg"), "h3"), ((-2, "cat/a.jpg"), "h1"), ((-2, "cat/c.jpg"), "h2")])]))
 
 
 def test_summarise_groups_counts_groups_ungrouped_images_and_the_groups_found_in_several_splits():

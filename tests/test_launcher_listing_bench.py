@@ -50,7 +50,8 @@ def test_the_launcher_lists_class_folders_not_files_whatever_the_input_size(tmp_
     [run] = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert run["stopped_after_plan"] is True and run["plan"]["classes"] == 50
     # One listing of the top (its 50 prefixes), then one small page per class folder for the sample of 200
-    # images (4 a folder, pages of 10 x that): 2,000 names, never the 5 M.
+    # images (4 a folder, pages of 10 x that): 2,000 names, never the 5 M. Plus the launcher's probe of each
+    # gs:// folder it checks (input and output: one listing of at most one name, never the bucket's metadata).
     assert run["fake"]["prefixes_listed"] == 50, run["fake"]
-    assert run["fake"]["objects_listed"] <= 2_000, run["fake"]
-    assert run["fake"]["list_requests"] <= 51, run["fake"]
+    assert run["fake"]["objects_listed"] <= 2_000 + 2, run["fake"]
+    assert run["fake"]["list_requests"] <= 51 + 2, run["fake"]
