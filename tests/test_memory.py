@@ -21,6 +21,7 @@ from PIL import Image
 
 from tests import hostile_files as hostile
 from transforms import imaging, memory
+from transforms import pool as pool_module
 from transforms.imaging import STALLED_WORKER, ImageRejected, ImageSettings
 from transforms.memory import BudgetStalled, MemoryBudget
 from transforms.pool import ConversionPool
@@ -182,16 +183,34 @@ def test_the_process_keeps_one_budget_per_size_and_none_for_zero():
 
 
 @pytest.mark.timeout(60)
-def test_the_wait_for_memory_does_not_count_against_the_time_limit():
+def test_the_wait_for_memory_does_not_count_against_the_time_limit(monkeypatch):
+    # One injected clock for the pool's time limit and the budget's waits: the wait is exactly what the test
+    # moved the clock on by, and the limit is judged on the same clock.
+    clock = injected_clock(monkeypatch)
+    monkeypatch.setattr(pool_module, "time", memory.time)
     budget = MemoryBudget(100)
     budget.acquire(100)  # another pool's conversion holds it all
     pool = ConversionPool(0.3, threads=1)
-    job = pool.submit(lambda deadline: (budget.acquire(50), budget.release(50), "converted")[2])
+    proceed = threading.Event()
+    job = pool.submit(lambda deadline: (budget.acquire(50), proceed.wait(30), budget.release(50), "converted")[3])
     wait_until(lambda: job.memory_wait_since is not None)
-    time.sleep(1.0)  # over three time limits of waiting
+    assert job.memory_wait_since == job.started == 100.0
+    clock[0] += 1.0  # over three time limits of waiting
     budget.release(100)
+    wait_until(lambda: job.memory_wait_since is None)  # admitted; it goes on once the pool waits for its result
+    assert job.memory_waited == 1.0
+
+    waits: list[float | None] = []
+
+    class Watched(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            proceed.set()
+            return super().wait(timeout)
+
+    job.done = Watched()
     assert pool.result(job) == "converted"
-    assert job.memory_waited >= 1.0
+    assert waits[0] == pytest.approx(0.3)  # the whole time limit is left after a second of waiting for memory
     pool.close()
 
 
