@@ -63,19 +63,26 @@ def sparse_jpeg(path, size: int = 3_000_000_000) -> str:
 # --- Decompression bombs under --max_pixels ----------------------------------------------------------
 
 
-def png_rgba_bomb(width: int = 13000, height: int = 13000) -> bytes:
-    """A valid 8-bit RGBA PNG of width x height transparent black pixels, compressed row by row.
+PNG_GREY, PNG_RGBA = 0, 6  # PNG colour types
+_PNG_CHANNELS = {PNG_GREY: 1, PNG_RGBA: 4}
 
-    13000x13000 is 169 megapixels (under the default --max_pixels) and 676 MB decoded,
-    in about 660 kB of file, made without ever holding the pixels in memory.
-    """
-    row = b"\x00" + bytes(4 * width)  # filter type 0, then the row's samples
-    compressor = zlib.compressobj(9)
+
+def png_bomb(width: int, height: int, colour_type: int = PNG_RGBA, level: int = 9) -> bytes:
+    """A valid 8-bit PNG of width x height black pixels (transparent in RGBA), compressed row by row at zlib
+    `level`: a file of a few hundred kB that decodes to gigabytes, made without ever holding the pixels."""
+    row = b"\x00" + bytes(_PNG_CHANNELS[colour_type] * width)  # filter type 0, then the row's samples
+    compressor = zlib.compressobj(level)
     parts = [compressor.compress(row) for _ in range(height)]
     parts.append(compressor.flush())
-    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", b"".join(parts))
             + _chunk(b"IEND", b""))
+
+
+def png_rgba_bomb(width: int = 13000, height: int = 13000) -> bytes:
+    """A valid 8-bit RGBA PNG of transparent black pixels: 13000x13000 is 169 megapixels (under the default
+    --max_pixels) and 676 MB decoded, in about 660 kB of file."""
+    return png_bomb(width, height, PNG_RGBA)
 
 
 def many_strips_tiff(strips: int = 4_000_000, width: int = 4) -> bytes:

@@ -12,16 +12,13 @@ from __future__ import annotations
 import io
 import json
 import re
-import struct
 import threading
-import zlib
 
 import pytest
 
 from pipeline.cli import main_of
 from tests import hostile_files
 from tests import hostile_records as hostile
-from tests.image_cases import _chunk
 from transforms.examples import build_example
 
 pytest.importorskip("tensorflow")
@@ -145,13 +142,7 @@ BOMB_SIDE = 23000  # 529 megapixels: 1.6 GB as the uint8 RGB tensor the reader d
 
 def grey_png_bomb(width: int, height: int) -> bytes:
     """A valid 8-bit greyscale PNG of width x height black pixels in a few hundred kB, made row by row."""
-    row = bytes(1 + width)  # filter type 0, then the row's samples
-    compressor = zlib.compressobj(6)
-    parts = [compressor.compress(row) for _ in range(height)]
-    parts.append(compressor.flush())
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", b"".join(parts))
-            + _chunk(b"IEND", b""))
+    return hostile_files.png_bomb(width, height, hostile_files.PNG_GREY, level=6)
 
 
 BOMB_INDEX = 3

@@ -32,8 +32,8 @@ import threading
 
 from google.cloud import storage
 
-# google-cloud-storage's switch for its background bucket-metadata GET (tracing attributes this project never sends)
-BUCKET_METADATA_ENV = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
+from transforms.paths import BUCKET_METADATA_ENV
+
 POOL_CONNECTIONS = 64  # connections kept per host: a worker's reading and writing threads share the client
 
 _lock = threading.Lock()

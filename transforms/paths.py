@@ -89,6 +89,9 @@ def _gfile():
     return tf.io.gfile
 
 
+# google-cloud-storage's switch for its background bucket-metadata GET (tracing attributes this project never
+# sends): off in every client this project makes, so that object permissions are enough (transforms/gcs.py)
+BUCKET_METADATA_ENV = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
 _storage: list = []  # [the read side's google-cloud-storage client, or None when the package is missing]
 
 
@@ -102,6 +105,7 @@ def _blob(path: str):
         except ImportError:
             _storage.append(None)
         else:
+            os.environ.setdefault(BUCKET_METADATA_ENV, "true")
             _storage.append(storage.Client())
     if _storage[0] is None:
         return None
