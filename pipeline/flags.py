@@ -19,6 +19,7 @@ from transforms.imaging import (
     RESIZE_MODES,
     ImageSettings,
 )
+from transforms.transient import JOB_READS_PER_S
 
 IF_EXISTS = ("refuse", "overwrite", "skip")
 DUPLICATES = ("keep", "drop")
@@ -163,6 +164,11 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
         help="Seconds of waits with backoff one image read may spend on Cloud Storage's throttling answers (429, "
              "503) before its bundle fails; a cold bucket ramps its read capacity up over minutes. These waits do "
              f"not count against --image_timeout_s. Default: {ImageSettings.throttled_retry_s:g}.")
+    add("--initial_read_rate", type=float, default=JOB_READS_PER_S,
+        help="Image reads a second the whole job starts at, shared by its worker processes (--max_num_workers, "
+             "or --num_workers, times the machine type's vCPUs; 100 processes when neither is given); the rate "
+             "doubles every 20 minutes, Cloud Storage's ramp for a cold bucket, and halves on throttling. Raise "
+             f"it for a bucket that already serves more. Default: {JOB_READS_PER_S:g}.")
     add("--conversion_threads", type=int, default=2,
         help="Images converted at once in each worker process (decoding, resizing, encoding). Pillow decodes "
              "and resizes outside Python's lock, so two keep a core busy while the other waits, and let busy "

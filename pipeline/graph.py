@@ -76,7 +76,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     if settings.duplicates == "drop":
         # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
         deduped = images | "DropDuplicates" >> DropDuplicates(settings.image.max_file_bytes,
-                                                               settings.image.throttled_retry_s)
+                                                               settings.image.throttled_retry_s,
+                                                               settings.image.reads_per_s_at_start)
         images, dropped, source_hashes = deduped["kept"], [deduped[DROPPED]], deduped[DUP_HASHES]
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
     placed = images | "AssignShards" >> AssignShards(plan.sizing)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 import regex
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
 
 from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
@@ -35,6 +35,7 @@ from transforms.features import format_spec, parse_spec
 from transforms.imaging import ImageSettings
 from transforms.layout import UNLABELED_SPLIT, compile_group_by
 from transforms.paths import bucket_problem, is_local
+from transforms.transient import JOB_READS_PER_S, process_start_rate
 
 NAMED_COLOURS = {
     "white": (255, 255, 255),
@@ -257,6 +258,26 @@ def check_gcs_paths(o) -> None:
             raise UserError(f"--{name}={value}: {problem}")
 
 
+def machine_vcpus(machine_type: str | None) -> int | None:
+    """The vCPUs of a Compute Engine machine type (n2-standard-4: 4, custom-8-32768: 8); None when not known."""
+    if not machine_type:
+        return None
+    name = machine_type.rsplit("/", 1)[-1]  # a full resource URL ends with the type's name
+    found = re.fullmatch(r"(?:[a-z0-9]+-)?(?:standard|highcpu|highmem|highgpu|megagpu|ultragpu|megamem|ultramem|"
+                         r"hypermem|custom)-(\d+)(?:-.*)?", name)
+    shared_core = {"e2-micro": 2, "e2-small": 2, "e2-medium": 2, "f1-micro": 1, "g1-small": 1}
+    return int(found.group(1)) if found else shared_core.get(name)
+
+
+def worker_processes(options: PipelineOptions) -> int | None:
+    """The most worker processes a Dataflow job runs: one per vCPU on each of --max_num_workers (or
+    --num_workers) machines, 4 vCPUs each when the machine type does not say; None when neither is given
+    (and for a local run, which reads at the rate of 100 processes' shares, as before)."""
+    workers = options.view_as(WorkerOptions)
+    count = workers.max_num_workers or workers.num_workers
+    return count * (machine_vcpus(workers.machine_type) or 4) if count else None
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -318,6 +339,9 @@ def validate(options: PipelineOptions) -> Settings:
     if not (o.throttled_retry_s >= 0 and math.isfinite(o.throttled_retry_s)):
         raise UserError(f"--throttled_retry_s={o.throttled_retry_s} must be 0 (fail at the first throttling answer "
                         "after its retries) or a positive number of seconds; 600 suits a cold bucket")
+    if not (o.initial_read_rate > 0 and math.isfinite(o.initial_read_rate)):
+        raise UserError(f"--initial_read_rate={o.initial_read_rate:g} must be a positive number of reads a second: "
+                        f"{JOB_READS_PER_S:g} suits a cold bucket")
     if not 1 <= o.conversion_threads <= MAX_CONVERSION_THREADS:
         raise UserError(f"--conversion_threads={o.conversion_threads} must be between 1 and {MAX_CONVERSION_THREADS}: "
                         "2 suits most machines")
@@ -366,6 +390,7 @@ def validate(options: PipelineOptions) -> Settings:
         max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
         throttled_retry_s=o.throttled_retry_s,
+        reads_per_s_at_start=process_start_rate(o.initial_read_rate, worker_processes(options)),
     )
     return Settings(
         input_dir=input_dir.rstrip("/") or "/",

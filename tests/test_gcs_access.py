@@ -240,7 +240,7 @@ def test_only_gcs_reads_take_the_read_rates_tokens(tmp_path, monkeypatch):
 
     clock = _Clock()
     rate = ReadRate(initial_per_s=2, least_per_s=1, clock=lambda: clock.now, sleep=clock.sleep)
-    monkeypatch.setattr(transient, "read_rate", lambda: rate)
+    monkeypatch.setattr(transient, "read_rate", lambda start_per_s=None: rate)
     image = tmp_path / "a.jpg"
     image.write_bytes(b"jpeg bytes")
     for _ in range(50):
@@ -249,3 +249,51 @@ def test_only_gcs_reads_take_the_read_rates_tokens(tmp_path, monkeypatch):
     for _ in range(4):  # a burst of 2, then one read every half second
         assert with_retries(lambda timeout: b"object", "gs://b/x.jpg") == b"object"
     assert clock.slept == pytest.approx([0.5, 0.5], rel=0.01)  # (the ramp goes on meanwhile)
+
+
+def test_a_job_starts_at_the_buckets_read_rate_shared_by_its_processes():
+    """5,000 reads a second (a cold bucket's capacity) over the job's processes: --max_num_workers x vCPUs."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.options import machine_vcpus, validate
+
+    def start(*flags):
+        options = PipelineOptions(["--input_dir=gs://b/photos", "--output_dir=gs://b/out", *flags])
+        return validate(options).image.reads_per_s_at_start
+
+    dataflow = ["--runner=DataflowRunner", "--project=p", "--region=r", "--temp_location=gs://b/tmp"]
+    assert start(*dataflow, "--max_num_workers=10", "--machine_type=n2-standard-4") == 5000 / 40
+    assert start(*dataflow, "--num_workers=25", "--machine_type=n2-highcpu-16") == 5000 / 400
+    assert start(*dataflow, "--max_num_workers=10") == 5000 / 40  # 4 vCPUs when the type does not say
+    assert start(*dataflow, "--max_num_workers=4000", "--machine_type=n2-standard-8") == 1.0  # at least 1 a second
+    assert start(*dataflow, "--max_num_workers=1", "--initial_read_rate=40000") == 2000  # at most 2,000 a process
+    assert start(*dataflow) == transient.INITIAL_READS_PER_S == 50  # unbounded: 100 processes' shares, as before
+    assert start() == 50  # a local run
+    assert [machine_vcpus(t) for t in ("n2-standard-4", "custom-8-32768", "e2-medium", "c3d-highmem-360-lssd",
+                                       "zones/z/machineTypes/n2d-highcpu-32", "t2a-standard-1", "gpu-x")] == [
+        4, 8, 2, 360, 32, 1, None]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan"])
+def test_a_bad_initial_read_rate_is_one_line(capsys, value):
+    from tests.conftest import main_in_process
+
+    code, err = main_in_process(capsys, "--input_dir=gs://b/photos", "--output_dir=gs://b/out",
+                                f"--initial_read_rate={value}")
+    assert code == 2
+    assert err.strip().splitlines() == [f"error: --initial_read_rate={float(value):g} must be a positive number of "
+                                        "reads a second: 5000 suits a cold bucket"]
+
+
+@pytest.mark.timeout(300)
+def test_the_initial_read_rate_reaches_the_workers_reads(gcs_emulator, photos, proxy, monkeypatch):
+    """A local run's processes read at 100 processes' shares of --initial_read_rate: the option reaches the reads."""
+    from pipeline import estimate
+
+    monkeypatch.setattr(estimate, "measure_output", lambda *args, **kwargs: None)
+    monkeypatch.setattr(transient, "_rates", {})  # this run's process makes its ReadRate afresh
+    monkeypatch.delenv(transient.INITIAL_RATE_ENV, raising=False)
+    output = f"gs://{BUCKET}/initial-rate"
+    assert _run(photos, output, "--initial_read_rate=70000") == 0
+    _complete(gcs_emulator, output)
+    assert transient.read_rate().rate() == pytest.approx(700, rel=0.01)  # 70,000 / 100 (the ramp: + 0.06 % a second)

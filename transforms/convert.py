@@ -73,14 +73,14 @@ def _too_large(size: int, limit: int, how: str) -> ImageRejected:
 
 
 def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: float | None = None,
-               throttled_s: float = THROTTLED_RETRY_S) -> bytes:
+               throttled_s: float = THROTTLED_RETRY_S, start_rate: float | None = None) -> bytes:
     """The whole file at `path` (local or gs://), if it is at most `max_bytes`.
 
     `size` is the size the listing gave. Never reads more than `max_bytes` + 1
     bytes, so a file that grew, or one that reports no size, cannot fill memory.
     A read that fails with a transient error (429, 5xx, a timeout, a reset
     connection) is tried again with backoff, within the image's `deadline`
-    (see `transforms.transient`).
+    (see `transforms.transient`), at this process's read rate (which starts at `start_rate`).
 
     Raises:
         ImageRejected: `not_a_regular_file` (local paths), `file_too_large`.
@@ -95,7 +95,7 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: flo
         read = functools.partial(_read_gcs, path, max_bytes)
     else:
         read = lambda _timeout: _read_file(path, max_bytes, size)  # noqa: E731
-    data = with_retries(read, path, deadline, throttled_s)
+    data = with_retries(read, path, deadline, throttled_s, start_rate=start_rate)
     if len(data) > max_bytes:
         raise _too_large(len(data), max_bytes, "reading stopped at")
     return data
@@ -211,7 +211,8 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
         job = memory.current_job()
         paused_before = job.memory_waited if job is not None else 0.0
         try:
-            data = read_bytes(path, settings.max_file_bytes, size, deadline, settings.throttled_retry_s)
+            data = read_bytes(path, settings.max_file_bytes, size, deadline, settings.throttled_retry_s,
+                              settings.reads_per_s_at_start)
         except (ImageRejected, TransientReadError):
             raise
         except Exception as e:  # a vanished or unreadable file is this file's problem only

@@ -103,7 +103,8 @@ UNHASHED = "unhashed"
 HASH_CHUNK = 1 << 20
 
 
-def hash_file(path: str, max_bytes: int, size: int | None = None, throttled_s: float | None = None) -> str:
+def hash_file(path: str, max_bytes: int, size: int | None = None, throttled_s: float | None = None,
+              start_rate: float | None = None) -> str:
     """The hex SHA-256 of the file at `path` (local or gs://), read in 1 MB pieces (memory stays small);
     '' for a file that is not hashed here: larger than `max_bytes`, not a regular file, or unreadable (the
     conversion then rejects it with its reason).
@@ -131,7 +132,8 @@ def hash_file(path: str, max_bytes: int, size: int | None = None, throttled_s: f
             size = check_regular_file(path)
         if size is not None and size > max_bytes:
             return ""
-        return with_retries(read, path, throttled_s=THROTTLED_RETRY_S if throttled_s is None else throttled_s)
+        return with_retries(read, path, throttled_s=THROTTLED_RETRY_S if throttled_s is None else throttled_s,
+                            start_rate=start_rate)
     except TransientReadError:
         raise
     except Exception:  # not this step's to judge: the conversion reads it again and rejects it with the reason
@@ -177,12 +179,13 @@ class _Hash(beam.DoFn):
     """ImageRef -> (sha256, ImageRef); one that is not hashed here on UNHASHED; (sha256, (split, label, relpath))
     on HASHES for the duplicate report."""
 
-    def __init__(self, max_bytes: int, throttled_s: float | None = None):
+    def __init__(self, max_bytes: int, throttled_s: float | None = None, start_rate: float | None = None):
         self._max_bytes = max_bytes
         self._throttled_s = throttled_s
+        self._start_rate = start_rate
 
     def process(self, ref):
-        digest = hash_file(ref.path, self._max_bytes, ref.size, self._throttled_s)
+        digest = hash_file(ref.path, self._max_bytes, ref.size, self._throttled_s, self._start_rate)
         if not digest:
             yield beam.pvalue.TaggedOutput(UNHASHED, ref)
             return
@@ -202,13 +205,15 @@ class DropDuplicates(beam.PTransform):
     images), and again when it is converted: that second read is the price of --duplicates=drop.
     """
 
-    def __init__(self, max_file_bytes: int, throttled_s: float | None = None):
+    def __init__(self, max_file_bytes: int, throttled_s: float | None = None, start_rate: float | None = None):
         super().__init__()
         self._max_bytes = max_file_bytes
         self._throttled_s = throttled_s  # --throttled_retry_s (None: transient.THROTTLED_RETRY_S)
+        self._start_rate = start_rate  # a process's first read rate (None: transient.INITIAL_READS_PER_S)
 
     def expand(self, refs):
-        hashed = refs | "HashSources" >> beam.ParDo(_Hash(self._max_bytes, self._throttled_s)).with_output_types(
+        hash_step = _Hash(self._max_bytes, self._throttled_s, self._start_rate)
+        hashed = refs | "HashSources" >> beam.ParDo(hash_step).with_output_types(
             tuple[str, typing.Any]).with_outputs(UNHASHED, HASHES, main="hashed")
         resolved = (
             hashed.hashed

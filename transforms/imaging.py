@@ -151,6 +151,7 @@ class ImageSettings:
     max_pixels: int = DEFAULT_MAX_PIXELS  # Pillow's own bomb limit: ~537 MB of RGB pixels
     timeout_s: float = 60.0  # per image, enforced by `transforms.pool`; 0 = no limit
     throttled_retry_s: float = 600.0  # waits after 429/503 answers per read (`transforms.transient`), not timed
+    reads_per_s_at_start: float | None = None  # this process's first read rate (`transient.process_start_rate`)
     max_file_mb: int = 256  # larger files are rejected by their listed size, and never read past it
     max_image_mb: int = DEFAULT_MAX_IMAGE_MB  # memory a conversion may need (`working_bytes`), checked before decoding
     # Memory all the conversions of one worker process may hold at once (see `transforms.memory`); 0 = no budget.

@@ -52,10 +52,13 @@ DEADLINE_SHARE = 0.5  # retries use at most this part of the time left before th
 REQUEST_TIMEOUT_S = 60.0  # connect and read timeout of one GCS request (google-cloud-storage's default)
 THROTTLE_STATUSES = frozenset({429, 503})  # "slow down": retried for minutes (`THROTTLED_RETRY_S`), see is_throttled
 THROTTLED_RETRY_S = 600.0  # waits after throttling answers, per read, before the bundle fails (--throttled_retry_s)
-INITIAL_READS_PER_S = 50.0  # one worker process's reads a second at first: GCS's 5,000/s shared by 100 processes
+JOB_READS_PER_S = 5000.0  # a job's reads a second at first (--initial_read_rate): a cold bucket's read capacity
+ASSUMED_PROCESSES = 100  # the job's worker processes when its launch does not say (no --max_num_workers)
+INITIAL_READS_PER_S = JOB_READS_PER_S / ASSUMED_PROCESSES  # one worker process's first rate when nothing else is known
 RAMP_DOUBLING_S = 20 * 60.0  # the rate doubles this often, GCS's ramp rule
 MOST_READS_PER_S = 2000.0  # bound of one process's rate (far above what it converts)
 LEAST_READS_PER_S = 5.0  # halving on throttling stops here
+LEAST_START_PER_S = 1.0  # a process's share of the job's first rate is at least this
 SLOW_DOWN_GAP_S = 1.0  # the rate is halved at most this often
 RECOVERY_DOUBLING_S = 60.0  # after a slow-down the rate doubles this often, back to the rate that was throttled
 INITIAL_RATE_ENV = "IMAGE_TFRECORDS_INITIAL_READS_PER_S"  # tests: a fast start
@@ -224,11 +227,19 @@ _rates: dict[int, ReadRate] = {}
 _rates_lock = threading.Lock()
 
 
-def read_rate() -> ReadRate:
-    """This process's ReadRate (a forked child gets its own); the environment can set its start (tests)."""
+def process_start_rate(job_reads_per_s: float = JOB_READS_PER_S, processes: int | None = None) -> float:
+    """One worker process's first reads a second: its share of the job's `job_reads_per_s`, over the job's
+    `processes` at most (ASSUMED_PROCESSES when unknown), within [LEAST_START_PER_S, MOST_READS_PER_S]."""
+    share = job_reads_per_s / (processes or ASSUMED_PROCESSES)
+    return min(MOST_READS_PER_S, max(LEAST_START_PER_S, share))
+
+
+def read_rate(start_per_s: float | None = None) -> ReadRate:
+    """This process's ReadRate (a forked child gets its own), made at its first call: starting at `start_per_s`
+    (the launcher's `process_start_rate`; INITIAL_READS_PER_S when None); the environment can set it (tests)."""
     with _rates_lock:
         if os.getpid() not in _rates:
-            initial = _env_float(INITIAL_RATE_ENV, INITIAL_READS_PER_S)
+            initial = _env_float(INITIAL_RATE_ENV, INITIAL_READS_PER_S if start_per_s is None else start_per_s)
             _rates.clear()
             _rates[os.getpid()] = ReadRate(initial_per_s=initial, least_per_s=min(LEAST_READS_PER_S, initial))
         return _rates[os.getpid()]
@@ -243,7 +254,8 @@ def _env_float(name: str, default: float) -> float:
 
 
 def with_retries(read: Callable[[float], T], path: str, deadline: float | None = None,
-                 throttled_s: float = THROTTLED_RETRY_S, rate: ReadRate | None = None) -> T:
+                 throttled_s: float = THROTTLED_RETRY_S, rate: ReadRate | None = None,
+                 start_rate: float | None = None) -> T:
     """`read(timeout)`, tried again on transient errors; `timeout` is for each request it makes.
 
     `deadline` (a time.monotonic() value, or None) is the image's: the retries of
@@ -253,15 +265,16 @@ def with_retries(read: Callable[[float], T], path: str, deadline: float | None =
     not count against the image's time limit (`memory.paused`). Any other error
     is raised at once, unchanged.
 
-    The read rate (`ReadRate`, the process's own unless `rate` is given) paces
-    gs:// reads only: its ramp is a rule of Cloud Storage, and a local file
-    read at 50 a second would cap a worker process far below its cores.
+    The read rate (`ReadRate`, the process's own unless `rate` is given; made
+    at `start_rate` if this is the process's first read) paces gs:// reads
+    only: its ramp is a rule of Cloud Storage, and a local file read at 50 a
+    second would cap a worker process far below its cores.
 
     Raises:
         TransientReadError: when the last try failed with a transient error too.
     """
     if rate is None and path.startswith("gs://"):
-        rate = read_rate()
+        rate = read_rate(start_rate)
     start = time.monotonic()
     budget = RETRY_BUDGET_S if deadline is None else min(RETRY_BUDGET_S, max(0.0, deadline - start) * DEADLINE_SHARE)
     delays = exponential_sleep_generator(_base_delay(), RETRY_MAX_S)
