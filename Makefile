@@ -40,11 +40,11 @@ demo: venv
 	$(PY) -m pipeline.demo
 
 # The tests run in one process per logical CPU (pytest-xdist; an idle one takes tests queued for another);
-# `make test TEST_WORKERS=0` runs them in one.
+# `make test TEST_WORKERS=0` runs them in one. The 25 slowest are listed at the end (where the suite's time goes).
 TEST_WORKERS ?= logical
 test: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 lint: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
