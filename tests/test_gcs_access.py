@@ -232,3 +232,20 @@ def test_throttling_answers_are_retried_past_the_other_errors_bound(monkeypatch)
         with_retries(read, "gs://b/x.jpg", throttled_s=0.05, rate=rate)
     assert 1 < error.value.attempts < 10_000
     assert str(error.value).endswith("the last error: TooManyRequests: 429 slow")
+
+
+def test_only_gcs_reads_take_the_read_rates_tokens(tmp_path, monkeypatch):
+    """GCS's ramp is a rule of GCS: a local file is read at once, however many were read before it."""
+    from transforms.convert import read_bytes
+
+    clock = _Clock()
+    rate = ReadRate(initial_per_s=2, least_per_s=1, clock=lambda: clock.now, sleep=clock.sleep)
+    monkeypatch.setattr(transient, "read_rate", lambda: rate)
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"jpeg bytes")
+    for _ in range(50):
+        assert read_bytes(str(image), 1000) == b"jpeg bytes"
+    assert clock.slept == []
+    for _ in range(4):  # a burst of 2, then one read every half second
+        assert with_retries(lambda timeout: b"object", "gs://b/x.jpg") == b"object"
+    assert clock.slept == pytest.approx([0.5, 0.5], rel=0.01)  # (the ramp goes on meanwhile)

@@ -253,19 +253,25 @@ def with_retries(read: Callable[[float], T], path: str, deadline: float | None =
     not count against the image's time limit (`memory.paused`). Any other error
     is raised at once, unchanged.
 
+    The read rate (`ReadRate`, the process's own unless `rate` is given) paces
+    gs:// reads only: its ramp is a rule of Cloud Storage, and a local file
+    read at 50 a second would cap a worker process far below its cores.
+
     Raises:
         TransientReadError: when the last try failed with a transient error too.
     """
-    rate = rate or read_rate()
+    if rate is None and path.startswith("gs://"):
+        rate = read_rate()
     start = time.monotonic()
     budget = RETRY_BUDGET_S if deadline is None else min(RETRY_BUDGET_S, max(0.0, deadline - start) * DEADLINE_SHARE)
     delays = exponential_sleep_generator(_base_delay(), RETRY_MAX_S)
     attempts = others = 0
     throttled_waited = paused = 0.0
     while True:
-        with memory.paused() as pause:
-            rate.wait()
-        paused += pause.waited
+        if rate is not None:
+            with memory.paused() as pause:
+                rate.wait()
+            paused += pause.waited
         attempts += 1
         if deadline is None:
             left = REQUEST_TIMEOUT_S
@@ -278,7 +284,8 @@ def with_retries(read: Callable[[float], T], path: str, deadline: float | None =
                 raise
             delay = next(delays)
             if is_throttled(error):
-                rate.slow_down()
+                if rate is not None:
+                    rate.slow_down()
                 if throttled_waited + delay > throttled_s:
                     raise TransientReadError(path, attempts, time.monotonic() - start, describe(error)) from error
                 with memory.paused() as pause:
