@@ -128,6 +128,18 @@ def test_lay_out_sizes_shards_from_the_source_bytes_when_the_output_follows_them
     assert layout["train"].starts[5] == 0 and layout["train"].starts[6] == 10 and layout["train"].starts[-1] == 20
 
 
+def test_lay_out_of_every_bucket_of_two_splits():
+    """At scale every bucket has a count (a large dataset's layout is one step on one worker, made in C)."""
+    counts = [((split, bucket), (1 + bucket % 3, 10)) for split in ("train", "validation") for bucket in range(BUCKETS)]
+    layout = lay_out(counts, ShardSizing({"train": 7, "validation": 2}, 150, 1e6))
+    expected = [0]
+    for bucket in range(BUCKETS):
+        expected.append(expected[-1] + 1 + bucket % 3)
+    for split, shards in (("train", 7), ("validation", 2)):
+        assert list(layout[split].starts) == expected
+        assert layout[split].images == expected[-1] and layout[split].shards == shards
+
+
 def test_the_same_images_in_any_order_give_the_same_shards():
     refs = refs_with_keys(clustered_keys(500, 4, 7))
     first = sorted(run_assign(refs, sizing(train=6)))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
+from itertools import accumulate
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -119,15 +120,14 @@ def lay_out(counts: Iterable[tuple[tuple[str, int], tuple[int, int]]], sizing: S
     per_split: dict[str, array] = {}
     source_bytes: dict[str, int] = {}
     for (split, bucket), (images, size) in counts:
-        per_split.setdefault(split, array("q", bytes(8 * BUCKETS)))[bucket] += images
+        if split not in per_split:  # (not setdefault: its default, 512 kB of zeros, would be made for every count)
+            per_split[split] = array("q", bytes(8 * BUCKETS))
+        per_split[split][bucket] += images
         source_bytes[split] = source_bytes.get(split, 0) + size
     layouts = {}
     for split, counts_of in per_split.items():
-        starts = array("q", [0])
-        total = 0
-        for count in counts_of:
-            total += count
-            starts.append(total)
+        starts = array("q", accumulate(counts_of, initial=0))  # in C: this one step runs on one worker
+        total = starts[-1]
         layouts[split] = SplitLayout(total, sizing.shard_count(split, total, source_bytes[split]), starts)
     return layouts
 
