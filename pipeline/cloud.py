@@ -11,13 +11,11 @@ workers, and what to print about the submitted job.
 
 from __future__ import annotations
 
-import calendar
 import io
 import logging
 import os
 import socket
 import sys
-import time
 import urllib.parse
 from collections.abc import Callable
 
@@ -325,17 +323,29 @@ _TERMINAL = {"JOB_STATE_DONE", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_S
              "JOB_STATE_DRAINED", "JOB_STATE_STOPPED"}
 
 
-def dataflow_lock_stale(holder: dict, options: PipelineOptions, grace_s: float) -> str | None:
-    """Why a lock held for a Dataflow job is stale (its job has ended), or None while it may still run.
+# How many ended jobs a lock's judge looks through for the job of a run that recorded no job id.
+ENDED_JOBS_LOOKED_AT = 2000
+
+
+def dataflow_lock_stale(holder: dict, options: PipelineOptions) -> str | None:
+    """Why a lock held for a Dataflow job is stale (its job is known to have ended), or None while it may run.
 
     With the job id in the lock, the job's state decides. Without one (a Flex
-    Template launch, or a launcher stopped while submitting), an active job with
-    the run's label keeps it, and so does a launch younger than `grace_s`.
-    An answer that cannot be had (no permission, no network) keeps the lock.
+    Template launch before its job's first step records the id, or a launcher
+    stopped while it submitted), the lock is stale only when an ended job
+    carries the run's label and no active job carries it or the lock's job
+    name, or, for a launch that submits its own job (not a template's), when
+    the launcher's process is seen to have ended (this host) and no job
+    carries the label. Anything else keeps the lock, however old:
+    the time since the launch proves nothing. An answer that cannot be had (no
+    permission, no network) keeps the lock too.
     """
     from google.cloud import dataflow_v1beta3
 
-    project, region = holder.get("project"), holder.get("region")
+    from transforms.lock import local_holder_alive
+
+    project, region, run_id = holder.get("project"), holder.get("region"), holder.get("run_id")
+    Filter = dataflow_v1beta3.ListJobsRequest.Filter  # noqa: N806
     try:
         client = _jobs_client(options)
         if holder.get("job_id"):
@@ -343,21 +353,65 @@ def dataflow_lock_stale(holder: dict, options: PipelineOptions, grace_s: float) 
                 project_id=project, location=region, job_id=holder["job_id"]))
             state = dataflow_v1beta3.JobState(job.current_state).name
             return f"its Dataflow job {holder['job_id']} ended ({state})" if state in _TERMINAL else None
-        active = client.list_jobs(request=dataflow_v1beta3.ListJobsRequest(
-            project_id=project, location=region, filter=dataflow_v1beta3.ListJobsRequest.Filter.ACTIVE))
-        if any(job.labels.get(RUN_LABEL) == holder.get("run_id") for job in active):
-            return None
+
+        def jobs(which):  # labels come only with the description view; the list's default view has none
+            return client.list_jobs(request=dataflow_v1beta3.ListJobsRequest(
+                project_id=project, location=region, filter=which,
+                view=dataflow_v1beta3.JobView.JOB_VIEW_DESCRIPTION))
+
+        for job in jobs(Filter.ACTIVE):
+            if job.labels.get(RUN_LABEL) == run_id or (holder.get("job_name") and job.name == holder["job_name"]):
+                return None
+        for index, job in enumerate(jobs(Filter.TERMINATED)):
+            if index >= ENDED_JOBS_LOOKED_AT:
+                break
+            if job.labels.get(RUN_LABEL) == run_id:
+                return f"its Dataflow job {job.id} ended ({dataflow_v1beta3.JobState(job.current_state).name})"
     except Exception as e:  # cannot tell: keep the lock, and say why in the log
         _LOG.warning("Could not look up the Dataflow job of the lock on the output folder (%s: %s)",
                      type(e).__name__, (str(e).splitlines() or [""])[0][:200])
         return None
+    # A launcher seen to have died on this machine before any job carried its run: it can submit none now. Not a
+    # template launch's program: it exits before the template launcher submits the job file it wrote.
+    if holder.get("template") is False and local_holder_alive(holder) is False:
+        return (f"its launcher, process {holder.get('pid')} on {holder.get('host')}, has ended, and no Dataflow job "
+                f"carries its run id {run_id}")
+    return None
+
+
+def is_template_launch(options: PipelineOptions) -> bool:
+    """A run that writes its job description for a template launcher to submit (a Flex Template launch)."""
+    return is_dataflow(options) and bool(options.view_as(GoogleCloudOptions).template_location)
+
+
+def _nothing_to_do(message: str) -> None:
+    _LOG.info("%s", message)
+
+
+def launch_nothing(options: PipelineOptions, message: str) -> int:
+    """For a template launch with nothing to do (--if_exists=skip): write the job file of a job that does nothing.
+
+    A Flex Template launcher expects the program to write the job file at --template_location and then
+    submits it; a program that exits without one is a failed launch. So the launch still writes a job:
+    one step that logs `message`, on one worker, without the output folder's lock or any of its files.
+    Returns the exit code.
+    """
+    import apache_beam as beam
+
+    worker = options.view_as(WorkerOptions)
+    worker.num_workers, worker.max_num_workers = 1, 1
+    cloud = options.view_as(GoogleCloudOptions)
+    pipeline = beam.Pipeline(options=options)
+    _ = pipeline | "NothingToDo" >> beam.Create([message]) | "Say" >> beam.Map(_nothing_to_do)
     try:
-        created = calendar.timegm(time.strptime(holder.get("created", ""), "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
-        created = 0
-    if time.time() - created < grace_s:
-        return None
-    return f"no active Dataflow job carries its run id {holder.get('run_id')}"
+        pipeline.run()
+    except _submission_errors() as e:
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UserError(f"the Dataflow job description could not be written to {cloud.template_location} "
+                        f"({type(e).__name__}: {first_line}): check that your credentials may write there") from None
+    print(f"Wrote the Dataflow job description of a job that does nothing (job {cloud.job_name}) to "
+          f"{cloud.template_location}, so that the template launch succeeds; it ends at once.")
+    return 0
 
 
 def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
@@ -374,9 +428,11 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
 
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
-    from transforms.lock import update_lock
+    from transforms.lock import RecordJobId, update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
+    if is_template_launch(options) and not is_dry_run(options):  # its lock has no job id: the job records it
+        _ = pipeline | "RecordJobId" >> RecordJobId(settings.output_dir, run_id)
     try:
         result = pipeline.run()
     except _submission_errors() as e:
