@@ -191,6 +191,47 @@ def check_dataflow_options(options: PipelineOptions, input_dir: str, output_dir:
         setup.setup_file = SETUP_FILE
     elif setup.setup_file and not os.path.isfile(setup.setup_file):
         raise UserError(f"--setup_file {setup.setup_file} does not exist: give the path of this project's setup.py")
+    if options.view_as(WorkerOptions).sdk_container_image:
+        check_worker_image(options.view_as(WorkerOptions).sdk_container_image)
+
+
+def check_worker_image(image: str) -> None:
+    """Stop before anything is submitted when the workers' image declares other code than the launcher's.
+
+    An image built by dataflow/build_template.sh declares its code in its tag (`pipeline.code_version`); an
+    image of another tag cannot be checked without pulling it, and the job's first step checks its workers
+    instead (`check_worker_code`).
+
+    Raises:
+        UserError: the tag names another version or code hash than this launcher's.
+    """
+    from pipeline.code_version import code_identity, image_identity
+
+    declared, here = image_identity(image), code_identity()
+    if declared is not None and declared != here:
+        raise UserError(f"--sdk_container_image {image} holds other code ({declared}) than this launcher ({here}): "
+                        "its workers would convert with other rules; rebuild the image from this code "
+                        "(dataflow/build_template.sh image), or launch from the code it was built from")
+
+
+class WorkerCodeMismatch(RuntimeError):
+    """The workers run other code than the launcher that planned the job."""
+
+
+def check_worker_code(launcher: str) -> None:
+    """The job's first step, on a worker: fail the job when the workers' code is not the launcher's.
+
+    Raises:
+        WorkerCodeMismatch: with one line naming both codes and what to do.
+    """
+    from pipeline.code_version import code_identity
+
+    here = code_identity()
+    if here != launcher:
+        raise WorkerCodeMismatch(
+            f"the Dataflow workers run other code ({here}) than the launcher that planned this job ({launcher}): "
+            "give --sdk_container_image an image built from the launcher's code (dataflow/build_template.sh image "
+            "tags it with that code), or launch from the code of the image")
 
 
 def _check_with_beams_validator(options: PipelineOptions) -> None:
@@ -424,8 +465,10 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     Returns the exit code: 0 when submitted (no wait), written as a template,
     or done with records; 1 when the job failed or was cancelled.
     """
+    import apache_beam as beam
     from apache_beam.runners.runner import PipelineState
 
+    from pipeline.code_version import code_identity
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
     from transforms.lock import RecordJobId, update_lock
@@ -433,6 +476,9 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     cloud = options.view_as(GoogleCloudOptions)
     if is_template_launch(options) and not is_dry_run(options):  # its lock has no job id: the job records it
         _ = pipeline | "RecordJobId" >> RecordJobId(settings.output_dir, run_id)
+    # The workers' image may hold other code than this launcher's (one that no tag declares): they check.
+    _ = (pipeline | "CheckWorkerCode/Launcher" >> beam.Create([code_identity()])
+         | "CheckWorkerCode/Compare" >> beam.Map(check_worker_code))
     try:
         result = pipeline.run()
     except _submission_errors() as e:

@@ -14,7 +14,8 @@ the test says (`outcome`):
 * "cancel": the job ends CANCELLED.
 * "hold": the job stays RUNNING until the test calls `finish(job_id)` or `cancel`.
 
-Its workers see a metadata server that gives the job's id (as a Dataflow worker VM's does).
+Its workers see a metadata server that gives the job's id (as a Dataflow worker VM's does), and run this
+checkout's code, or the code in `worker_code` (a worker image built from other code).
 
 Nothing here reaches the internet: the executor is given the test's GCS emulator.
 """
@@ -86,6 +87,7 @@ class DataflowStandIn:
     def __init__(self, executor_env: dict):
         self.jobs: dict[str, StandInJob] = {}
         self.outcome = "run"
+        self.worker_code: str | None = None  # a folder of other pipeline/ and transforms/ for the workers to run
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
         self._executor_env = executor_env
         self._lock = threading.Lock()
@@ -144,9 +146,11 @@ class DataflowStandIn:
         """Run the staged graph on Beam's local runner in a process of its own."""
         staging = job.options["staging_location"]
         env = {**os.environ, **self._executor_env}
+        if self.worker_code:  # the workers' image holds other code: its pipeline/ and transforms/ come first
+            env["PYTHONPATH"] = os.pathsep.join([self.worker_code, REPO])
         with metadata_server(job.id) as metadata_host:  # what a worker VM's metadata server says of its job
             result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging],
-                                    cwd=REPO, capture_output=True, text=True, timeout=600,
+                                    cwd=self.worker_code or REPO, capture_output=True, text=True, timeout=600,
                                     env={**env, "GCE_METADATA_HOST": metadata_host})
         if result.returncode == 0:
             self._end(job, "JOB_STATE_DONE")
