@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import socket
 import sys
 import urllib.parse
@@ -232,6 +233,38 @@ def check_worker_code(launcher: str) -> None:
             f"the Dataflow workers run other code ({here}) than the launcher that planned this job ({launcher}): "
             "give --sdk_container_image an image built from the launcher's code (dataflow/build_template.sh image "
             "tags it with that code), or launch from the code of the image")
+
+
+# Memory per vCPU, in MB (MiB), of Compute Engine's predefined machine types: n1 has 3.75, 6.5 and 0.9 GB a vCPU
+# (standard, highmem, highcpu), the later families (n2, n2d, e2, c2d, c3, n4...) 4, 8 and 1 at least.
+_MB_PER_VCPU = {"standard": 4096, "highmem": 8192, "highcpu": 1024}
+_N1_MB_PER_VCPU = {"standard": 3840, "highmem": 6656, "highcpu": 921}
+DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"  # what a batch job's workers are without --machine_type
+# What one SDK process needs beside its conversions: the process itself (~200 MB) and Beam's buffers.
+SDK_PROCESS_RESERVE_MB = 300
+
+
+def machine_mb_per_vcpu(machine_type: str) -> int | None:
+    """The memory per vCPU of a machine type (predefined, or custom-VCPUS-MB); None for a type this does not know."""
+    name = machine_type.strip().rsplit("/", 1)[-1].lower()
+    custom = re.fullmatch(r"(?:[a-z][a-z0-9]*-)?custom-([1-9][0-9]*)-([1-9][0-9]*)(?:-ext)?", name)
+    if custom:
+        return int(custom[2]) // int(custom[1])
+    found = re.fullmatch(r"([a-z][a-z0-9]*)-(standard|highmem|highcpu)-[1-9][0-9]*", name)
+    if not found:
+        return None
+    return (_N1_MB_PER_VCPU if found[1] == "n1" else _MB_PER_VCPU)[found[2]]
+
+
+def worker_memory_share(options: PipelineOptions) -> tuple[str, int, int] | None:
+    """(machine type, its MB per vCPU, the MB one SDK process may give its conversions) for a Dataflow job's workers.
+
+    Dataflow runs one SDK process per vCPU, so each has the machine's memory per vCPU, less its own needs.
+    None for a machine type whose memory this does not know.
+    """
+    machine = options.view_as(WorkerOptions).machine_type or DATAFLOW_DEFAULT_MACHINE
+    per_vcpu = machine_mb_per_vcpu(machine)
+    return None if per_vcpu is None else (machine, per_vcpu, per_vcpu - SDK_PROCESS_RESERVE_MB)
 
 
 def _check_with_beams_validator(options: PipelineOptions) -> None:

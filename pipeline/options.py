@@ -11,6 +11,7 @@ import argparse
 import datetime
 import importlib.util
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -257,6 +258,41 @@ def check_gcs_paths(o) -> None:
             raise UserError(f"--{name}={value}: {problem}")
 
 
+def _worker_memory_mb(options: PipelineOptions, o) -> int:
+    """--worker_memory_mb: the MB all the conversions of one worker process may hold; unset, sized for the workers.
+
+    A local run's default is ImageSettings'. On Dataflow, which runs one SDK process per vCPU, the default is at
+    most the worker machine's memory per vCPU less the process's own needs, so that it cannot over-commit a
+    highcpu machine, and a value above that share is refused.
+
+    Raises:
+        UserError: a negative value; on Dataflow, a value (or a --max_image_mb) the machine's share cannot hold.
+    """
+    from pipeline import cloud
+
+    given = o.worker_memory_mb
+    if given is not None and given < 0:
+        raise UserError(f"--worker_memory_mb={given} must be a number of MB, or 0 for no limit")
+    default = ImageSettings.worker_memory_mb
+    sized = (cloud.worker_memory_share(options)
+             if cloud.is_dataflow(options) or os.environ.get(cloud.FLEX_TEMPLATE_ENV) else None)
+    if sized is None:
+        return default if given is None else given
+    machine, per_vcpu, share = sized
+    facts = (f"Dataflow runs one SDK process per vCPU, and a {machine} worker has {per_vcpu} MB per vCPU, {share} MB "
+             f"of it for conversions beside the process's own ~{cloud.SDK_PROCESS_RESERVE_MB} MB")
+    if given is None:
+        if share < o.max_image_mb:
+            raise UserError(f"--max_image_mb={o.max_image_mb} does not fit the workers' memory: {facts}; lower "
+                            f"--max_image_mb to at most {max(share, 1)}, or choose a machine type with more memory "
+                            "per vCPU (--machine_type=n1-standard-4, n2-standard-4)")
+        return min(default, share)
+    if given > share:
+        raise UserError(f"--worker_memory_mb={given} over-commits the workers: {facts}; give at most {share}, leave "
+                        "it out (sized per vCPU), or choose a machine type with more memory per vCPU")
+    return given
+
+
 def validate(options: PipelineOptions) -> Settings:
     """Check every option and return typed settings.
 
@@ -305,11 +341,10 @@ def validate(options: PipelineOptions) -> Settings:
     for name in ("max_image_mb", "max_file_mb"):
         if getattr(o, name) < 1:
             raise UserError(f"--{name}={getattr(o, name)} must be a positive number of MB")
-    if o.worker_memory_mb < 0:
-        raise UserError(f"--worker_memory_mb={o.worker_memory_mb} must be a number of MB, or 0 for no limit")
-    if o.worker_memory_mb and o.worker_memory_mb < o.max_image_mb:
+    worker_memory_mb = _worker_memory_mb(options, o)
+    if worker_memory_mb and worker_memory_mb < o.max_image_mb:
         raise UserError(
-            f"--worker_memory_mb={o.worker_memory_mb} is below --max_image_mb={o.max_image_mb}: an image allowed "
+            f"--worker_memory_mb={worker_memory_mb} is below --max_image_mb={o.max_image_mb}: an image allowed "
             "to need that much would have to run beyond the worker's budget; give --worker_memory_mb at least "
             "--max_image_mb (or 0 for no budget), or lower --max_image_mb"
         )
@@ -362,7 +397,7 @@ def validate(options: PipelineOptions) -> Settings:
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
         max_image_mb=o.max_image_mb,
-        worker_memory_mb=o.worker_memory_mb,
+        worker_memory_mb=worker_memory_mb,
         max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
         throttled_retry_s=o.throttled_retry_s,
