@@ -397,8 +397,9 @@ _TERMINAL = {"JOB_STATE_DONE", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_S
              "JOB_STATE_DRAINED", "JOB_STATE_STOPPED"}
 
 
-# How many ended jobs a lock's judge looks through for the job of a run that recorded no job id.
-ENDED_JOBS_LOOKED_AT = 2000
+# How many ended jobs' summaries a lock's judge looks through for the job of a run that recorded no job id, and
+# how many jobs it reads the labels of (one GetJob each).
+ENDED_JOBS_LOOKED_AT, JOBS_DESCRIBED = 2000, 100
 
 
 def dataflow_lock_stale(holder: dict, options: PipelineOptions) -> str | None:
@@ -406,9 +407,10 @@ def dataflow_lock_stale(holder: dict, options: PipelineOptions) -> str | None:
 
     With the job id in the lock, the job's state decides. Without one (a Flex
     Template launch before its job's first step records the id, or a launcher
-    stopped while it submitted), the lock is stale only when an ended job
-    carries the run's label and no active job carries it or the lock's job
-    name, or, for a launch that submits its own job (not a template's), when
+    stopped while it submitted), the lock is stale only when an ended job of
+    the lock's job name carries the run's label (labels come only with
+    GetJob's description view: ListJobs returns summaries) and no active job
+    carries that label or name, or, for a launch that submits its own job (not a template's), when
     the launcher's process is seen to have ended (this host) and no job
     carries the label. Anything else keeps the lock, however old:
     the time since the launch proves nothing. An answer that cannot be had (no
@@ -428,19 +430,26 @@ def dataflow_lock_stale(holder: dict, options: PipelineOptions) -> str | None:
             state = dataflow_v1beta3.JobState(job.current_state).name
             return f"its Dataflow job {holder['job_id']} ended ({state})" if state in _TERMINAL else None
 
-        def jobs(which):  # labels come only with the description view; the list's default view has none
+        def jobs(which):  # summaries: ListJobs returns no labels, whatever view is asked for
             return client.list_jobs(request=dataflow_v1beta3.ListJobsRequest(
-                project_id=project, location=region, filter=which,
-                view=dataflow_v1beta3.JobView.JOB_VIEW_DESCRIPTION))
+                project_id=project, location=region, filter=which))
 
-        for job in jobs(Filter.ACTIVE):
-            if job.labels.get(RUN_LABEL) == run_id or (holder.get("job_name") and job.name == holder["job_name"]):
-                return None
+        def labelled(job) -> bool:  # the labels come with GetJob's description view only
+            described = client.get_job(request=dataflow_v1beta3.GetJobRequest(
+                project_id=project, location=region, job_id=job.id, view=dataflow_v1beta3.JobView.JOB_VIEW_DESCRIPTION))
+            return described.labels.get(RUN_LABEL) == run_id
+
+        for index, job in enumerate(jobs(Filter.ACTIVE)):
+            if index >= JOBS_DESCRIBED or (holder.get("job_name") and job.name == holder["job_name"]) or labelled(job):
+                return None  # its job, or one that may be (more active jobs than are looked at)
+        described = 0
         for index, job in enumerate(jobs(Filter.TERMINATED)):
-            if index >= ENDED_JOBS_LOOKED_AT:
+            if index >= ENDED_JOBS_LOOKED_AT or described >= JOBS_DESCRIBED:
                 break
-            if job.labels.get(RUN_LABEL) == run_id:
-                return f"its Dataflow job {job.id} ended ({dataflow_v1beta3.JobState(job.current_state).name})"
+            if holder.get("job_name") and job.name == holder["job_name"]:  # a candidate: its label says
+                described += 1
+                if labelled(job):
+                    return f"its Dataflow job {job.id} ended ({dataflow_v1beta3.JobState(job.current_state).name})"
     except Exception as e:  # cannot tell: keep the lock, and say why in the log
         _LOG.warning("Could not look up the Dataflow job of the lock on the output folder (%s: %s)",
                      type(e).__name__, (str(e).splitlines() or [""])[0][:200])

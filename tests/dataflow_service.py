@@ -62,7 +62,7 @@ class StandInJob:
         return self.request["environment"]["sdkPipelineOptions"]["options"]
 
     def as_json(self, labels: bool = True) -> dict:
-        """The Job resource; without its labels in the list's default view (JOB_VIEW_SUMMARY), as the service."""
+        """The Job resource; without its labels in a summary (every ListJobs answer, GetJob's default view)."""
         return {
             "id": self.id,
             "projectId": self.project,
@@ -190,16 +190,17 @@ class DataflowStandIn:
                     query = urllib.parse.parse_qs(self.path.partition("?")[2])
                     wanted = {"ACTIVE": True, "3": True, "TERMINATED": False, "2": False}.get(
                         (query.get("filter") or [""])[0])
-                    labels = (query.get("view") or [""])[0] in ("JOB_VIEW_DESCRIPTION", "3", "JOB_VIEW_ALL", "2")
-                    jobs = [j.as_json(labels) for j in service.jobs.values()
+                    jobs = [j.as_json(labels=False) for j in service.jobs.values()  # summaries, whatever the view
                             if wanted is None or (j.state in _ACTIVE) == wanted]
                     return self._send(200, {"jobs": jobs})
                 if method == "GET" and match["rest"] == "/messages":
                     return self._send(200, {"jobMessages": job.messages})
                 if method == "GET" and match["rest"] == "/metrics":
                     return self._send(200, {"metrics": []})
-                if method == "GET":
-                    return self._send(200, job.as_json())
+                if method == "GET":  # the labels come with the description (or whole) view only
+                    view = (urllib.parse.parse_qs(self.path.partition("?")[2]).get("view") or [""])[0]
+                    return self._send(200, job.as_json(labels=view in ("JOB_VIEW_DESCRIPTION", "3", "JOB_VIEW_ALL",
+                                                                       "2")))
                 if method == "PUT":  # update_job: cancel
                     if body.get("requestedState") == "JOB_STATE_CANCELLED":
                         service._end(job, "JOB_STATE_CANCELLED")
