@@ -10,7 +10,8 @@
 # Environment:
 #   PROJECT, REGION, BUCKET   required
 #   REPOSITORY                Artifact Registry Docker repository in $REGION (default: image-tfrecords)
-#   TAG                       image tag (default: the git commit, else the UTC time)
+#   TAG                       image tag (default: the code's identity, <version>-<code hash>, which the launcher
+#                             checks against its own; another tag is checked by the job's workers instead)
 #   BUILDER                   cloudbuild (default: no local Docker needed) or docker (build and push locally)
 #   TEMPLATE                  spec file (default: gs://$BUCKET/templates/image-tfrecords.json)
 set -euo pipefail
@@ -50,7 +51,9 @@ bucket="${BUCKET:-}"
 bucket="${bucket#gs://}"
 bucket="${bucket%/}"
 repository="${REPOSITORY:-image-tfrecords}"
-tag="${TAG:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || date -u +%Y%m%d-%H%M%S)}"
+# The default tag declares the code (version-codehash, pipeline/code_version.py): the launcher compares it with
+# its own before it submits a job, so that workers never run other code than the launcher planned with.
+tag="${TAG:-$(python3 "$root/pipeline/code_version.py" "$root" 2>/dev/null || date -u +%Y%m%d-%H%M%S)}"
 image="$REGION-docker.pkg.dev/$PROJECT/$repository/image-tfrecords:$tag"
 template="${TEMPLATE:-gs://$bucket/templates/image-tfrecords.json}"
 

@@ -11,13 +11,12 @@ workers, and what to print about the submitted job.
 
 from __future__ import annotations
 
-import calendar
 import io
 import logging
 import os
+import re
 import socket
 import sys
-import time
 import urllib.parse
 from collections.abc import Callable
 
@@ -193,6 +192,88 @@ def check_dataflow_options(options: PipelineOptions, input_dir: str, output_dir:
         setup.setup_file = SETUP_FILE
     elif setup.setup_file and not os.path.isfile(setup.setup_file):
         raise UserError(f"--setup_file {setup.setup_file} does not exist: give the path of this project's setup.py")
+    if options.view_as(WorkerOptions).sdk_container_image:
+        check_worker_image(options.view_as(WorkerOptions).sdk_container_image)
+
+
+def check_worker_image(image: str) -> None:
+    """Stop before anything is submitted when the workers' image declares other code than the launcher's.
+
+    An image built by dataflow/build_template.sh declares its code in its tag (`pipeline.code_version`); an
+    image of another tag cannot be checked without pulling it, and the job's first step checks its workers
+    instead (`check_worker_code`).
+
+    Raises:
+        UserError: the tag names another version or code hash than this launcher's.
+    """
+    from pipeline.code_version import code_identity, image_identity
+
+    declared, here = image_identity(image), code_identity()
+    if declared is not None and declared != here:
+        raise UserError(f"--sdk_container_image {image} holds other code ({declared}) than this launcher ({here}): "
+                        "its workers would convert with other rules; rebuild the image from this code "
+                        "(dataflow/build_template.sh image), or launch from the code it was built from")
+
+
+class WorkerCodeMismatch(RuntimeError):
+    """The workers run other code than the launcher that planned the job."""
+
+
+def check_worker_code(launcher: str) -> None:
+    """The job's first step, on a worker: fail the job when the workers' code is not the launcher's.
+
+    Raises:
+        WorkerCodeMismatch: with one line naming both codes and what to do.
+    """
+    from pipeline.code_version import code_identity
+
+    here = code_identity()
+    if here != launcher:
+        raise WorkerCodeMismatch(
+            f"the Dataflow workers run other code ({here}) than the launcher that planned this job ({launcher}): "
+            "give --sdk_container_image an image built from the launcher's code (dataflow/build_template.sh image "
+            "tags it with that code), or launch from the code of the image")
+
+
+# Memory per vCPU, in MB (MiB), of Compute Engine's predefined machine types: n1 has 3.75, 6.5 and 0.9 GB a vCPU
+# (standard, highmem, highcpu), the later families (n2, n2d, e2, c2d, c3, n4...) 4, 8 and 1 at least.
+_MB_PER_VCPU = {"standard": 4096, "highmem": 8192, "highcpu": 1024}
+_N1_MB_PER_VCPU = {"standard": 3840, "highmem": 6656, "highcpu": 921}
+DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"  # what a batch job's workers are without --machine_type
+# What one SDK process needs beside its conversions: the process itself (~200 MB) and Beam's buffers.
+SDK_PROCESS_RESERVE_MB = 300
+
+
+def machine_mb_per_vcpu(machine_type: str) -> int | None:
+    """The memory per vCPU of a machine type (predefined, or custom-VCPUS-MB); None for a type this does not know."""
+    name = machine_type.strip().rsplit("/", 1)[-1].lower()
+    custom = re.fullmatch(r"(?:[a-z][a-z0-9]*-)?custom-([1-9][0-9]*)-([1-9][0-9]*)(?:-ext)?", name)
+    if custom:
+        return int(custom[2]) // int(custom[1])
+    found = re.fullmatch(r"([a-z][a-z0-9]*)-(standard|highmem|highcpu)-[1-9][0-9]*", name)
+    if not found:
+        return None
+    return (_N1_MB_PER_VCPU if found[1] == "n1" else _MB_PER_VCPU)[found[2]]
+
+
+def machine_vcpus(machine_type: str) -> int | None:
+    """The vCPUs of a machine type (n2-standard-4: 4, custom-8-32768: 8, e2-medium: 2); None when not known."""
+    name = machine_type.strip().rsplit("/", 1)[-1].lower()  # a full resource URL ends with the type's name
+    found = re.fullmatch(r"(?:[a-z][a-z0-9]*-)?(?:standard|highcpu|highmem|highgpu|megagpu|ultragpu|megamem|"
+                         r"ultramem|hypermem|custom)-([1-9][0-9]*)(?:-.*)?", name)
+    shared_core = {"e2-micro": 2, "e2-small": 2, "e2-medium": 2, "f1-micro": 1, "g1-small": 1}
+    return int(found[1]) if found else shared_core.get(name)
+
+
+def worker_memory_share(options: PipelineOptions) -> tuple[str, int, int] | None:
+    """(machine type, its MB per vCPU, the MB one SDK process may give its conversions) for a Dataflow job's workers.
+
+    Dataflow runs one SDK process per vCPU, so each has the machine's memory per vCPU, less its own needs.
+    None for a machine type whose memory this does not know.
+    """
+    machine = options.view_as(WorkerOptions).machine_type or DATAFLOW_DEFAULT_MACHINE
+    per_vcpu = machine_mb_per_vcpu(machine)
+    return None if per_vcpu is None else (machine, per_vcpu, per_vcpu - SDK_PROCESS_RESERVE_MB)
 
 
 def _check_with_beams_validator(options: PipelineOptions) -> None:
@@ -325,17 +406,31 @@ _TERMINAL = {"JOB_STATE_DONE", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_S
              "JOB_STATE_DRAINED", "JOB_STATE_STOPPED"}
 
 
-def dataflow_lock_stale(holder: dict, options: PipelineOptions, grace_s: float) -> str | None:
-    """Why a lock held for a Dataflow job is stale (its job has ended), or None while it may still run.
+# How many ended jobs' summaries a lock's judge looks through for the job of a run that recorded no job id, and
+# how many jobs it reads the labels of (one GetJob each).
+ENDED_JOBS_LOOKED_AT, JOBS_DESCRIBED = 2000, 100
+
+
+def dataflow_lock_stale(holder: dict, options: PipelineOptions) -> str | None:
+    """Why a lock held for a Dataflow job is stale (its job is known to have ended), or None while it may run.
 
     With the job id in the lock, the job's state decides. Without one (a Flex
-    Template launch, or a launcher stopped while submitting), an active job with
-    the run's label keeps it, and so does a launch younger than `grace_s`.
-    An answer that cannot be had (no permission, no network) keeps the lock.
+    Template launch before its job's first step records the id, or a launcher
+    stopped while it submitted), the lock is stale only when an ended job of
+    the lock's job name carries the run's label (labels come only with
+    GetJob's description view: ListJobs returns summaries) and no active job
+    carries that label or name, or, for a launch that submits its own job (not a template's), when
+    the launcher's process is seen to have ended (this host) and no job
+    carries the label. Anything else keeps the lock, however old:
+    the time since the launch proves nothing. An answer that cannot be had (no
+    permission, no network) keeps the lock too.
     """
     from google.cloud import dataflow_v1beta3
 
-    project, region = holder.get("project"), holder.get("region")
+    from transforms.lock import local_holder_alive
+
+    project, region, run_id = holder.get("project"), holder.get("region"), holder.get("run_id")
+    Filter = dataflow_v1beta3.ListJobsRequest.Filter  # noqa: N806
     try:
         client = _jobs_client(options)
         if holder.get("job_id"):
@@ -343,21 +438,72 @@ def dataflow_lock_stale(holder: dict, options: PipelineOptions, grace_s: float) 
                 project_id=project, location=region, job_id=holder["job_id"]))
             state = dataflow_v1beta3.JobState(job.current_state).name
             return f"its Dataflow job {holder['job_id']} ended ({state})" if state in _TERMINAL else None
-        active = client.list_jobs(request=dataflow_v1beta3.ListJobsRequest(
-            project_id=project, location=region, filter=dataflow_v1beta3.ListJobsRequest.Filter.ACTIVE))
-        if any(job.labels.get(RUN_LABEL) == holder.get("run_id") for job in active):
-            return None
+
+        def jobs(which):  # summaries: ListJobs returns no labels, whatever view is asked for
+            return client.list_jobs(request=dataflow_v1beta3.ListJobsRequest(
+                project_id=project, location=region, filter=which))
+
+        def labelled(job) -> bool:  # the labels come with GetJob's description view only
+            described = client.get_job(request=dataflow_v1beta3.GetJobRequest(
+                project_id=project, location=region, job_id=job.id, view=dataflow_v1beta3.JobView.JOB_VIEW_DESCRIPTION))
+            return described.labels.get(RUN_LABEL) == run_id
+
+        for index, job in enumerate(jobs(Filter.ACTIVE)):
+            if index >= JOBS_DESCRIBED or (holder.get("job_name") and job.name == holder["job_name"]) or labelled(job):
+                return None  # its job, or one that may be (more active jobs than are looked at)
+        described = 0
+        for index, job in enumerate(jobs(Filter.TERMINATED)):
+            if index >= ENDED_JOBS_LOOKED_AT or described >= JOBS_DESCRIBED:
+                break
+            if holder.get("job_name") and job.name == holder["job_name"]:  # a candidate: its label says
+                described += 1
+                if labelled(job):
+                    return f"its Dataflow job {job.id} ended ({dataflow_v1beta3.JobState(job.current_state).name})"
     except Exception as e:  # cannot tell: keep the lock, and say why in the log
         _LOG.warning("Could not look up the Dataflow job of the lock on the output folder (%s: %s)",
                      type(e).__name__, (str(e).splitlines() or [""])[0][:200])
         return None
+    # A launcher seen to have died on this machine before any job carried its run: it can submit none now. Not a
+    # template launch's program: it exits before the template launcher submits the job file it wrote.
+    if holder.get("template") is False and local_holder_alive(holder) is False:
+        return (f"its launcher, process {holder.get('pid')} on {holder.get('host')}, has ended, and no Dataflow job "
+                f"carries its run id {run_id}")
+    return None
+
+
+def is_template_launch(options: PipelineOptions) -> bool:
+    """A run that writes its job description for a template launcher to submit (a Flex Template launch)."""
+    return is_dataflow(options) and bool(options.view_as(GoogleCloudOptions).template_location)
+
+
+def _nothing_to_do(message: str) -> None:
+    _LOG.info("%s", message)
+
+
+def launch_nothing(options: PipelineOptions, message: str) -> int:
+    """For a template launch with nothing to do (--if_exists=skip): write the job file of a job that does nothing.
+
+    A Flex Template launcher expects the program to write the job file at --template_location and then
+    submits it; a program that exits without one is a failed launch. So the launch still writes a job:
+    one step that logs `message`, on one worker, without the output folder's lock or any of its files.
+    Returns the exit code.
+    """
+    import apache_beam as beam
+
+    worker = options.view_as(WorkerOptions)
+    worker.num_workers, worker.max_num_workers = 1, 1
+    cloud = options.view_as(GoogleCloudOptions)
+    pipeline = beam.Pipeline(options=options)
+    _ = pipeline | "NothingToDo" >> beam.Create([message]) | "Say" >> beam.Map(_nothing_to_do)
     try:
-        created = calendar.timegm(time.strptime(holder.get("created", ""), "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
-        created = 0
-    if time.time() - created < grace_s:
-        return None
-    return f"no active Dataflow job carries its run id {holder.get('run_id')}"
+        pipeline.run()
+    except _submission_errors() as e:
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UserError(f"the Dataflow job description could not be written to {cloud.template_location} "
+                        f"({type(e).__name__}: {first_line}): check that your credentials may write there") from None
+    print(f"Wrote the Dataflow job description of a job that does nothing (job {cloud.job_name}) to "
+          f"{cloud.template_location}, so that the template launch succeeds; it ends at once.")
+    return 0
 
 
 def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
@@ -370,13 +516,20 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     Returns the exit code: 0 when submitted (no wait), written as a template,
     or done with records; 1 when the job failed or was cancelled.
     """
+    import apache_beam as beam
     from apache_beam.runners.runner import PipelineState
 
+    from pipeline.code_version import code_identity
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
-    from transforms.lock import update_lock
+    from transforms.lock import RecordJobId, update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
+    if is_template_launch(options) and not is_dry_run(options):  # its lock has no job id: the job records it
+        _ = pipeline | "RecordJobId" >> RecordJobId(settings.output_dir, run_id)
+    # The workers' image may hold other code than this launcher's (one that no tag declares): they check.
+    _ = (pipeline | "CheckWorkerCode/Launcher" >> beam.Create([code_identity()])
+         | "CheckWorkerCode/Compare" >> beam.Map(check_worker_code))
     try:
         result = pipeline.run()
     except _submission_errors() as e:

@@ -147,13 +147,15 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "bit depth, plus an RGB copy), checked from the header before decoding; a larger one is rejected "
              "as image_too_large_in_memory. JPEGs count at the reduced scale they are decoded at. "
              f"Default: {ImageSettings.max_image_mb}.")
-    add("--worker_memory_mb", type=int, default=ImageSettings.worker_memory_mb,
+    add("--worker_memory_mb", type=int, default=None,
         help="Memory in MB that all the conversions of one worker process may hold at once (each counts as "
              "for --max_image_mb, plus its file): an image that does not fit waits, unrejected, until others "
              "finish, and the wait does not count against --image_timeout_s. Peak memory per worker process "
-             "is about this plus the process's own ~200 MB. Dataflow runs one worker process per vCPU, and a "
-             "standard machine has 3.75-4 GB per vCPU. At least --max_image_mb; 0 = no limit. "
-             f"Default: {ImageSettings.worker_memory_mb}.")
+             "is about this plus the process's own ~200 MB. Dataflow runs one worker process per vCPU, so there "
+             "it is sized per vCPU: at most the worker machine's memory per vCPU less 300 MB (n1-highcpu: 621), "
+             "and a larger value is refused. At least --max_image_mb; 0 = no limit. "
+             f"Default: auto ({ImageSettings.worker_memory_mb}, or on Dataflow the machine's share per vCPU if "
+             "that is less).")
     add("--max_file_mb", type=int, default=ImageSettings.max_file_mb,
         help="Files larger than this many MB are rejected as file_too_large without being read, and no read "
              f"goes past it. Default: {ImageSettings.max_file_mb}.")

@@ -73,8 +73,8 @@ def run(argv: list[str] | None = None) -> int:
     with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan
         done = existing_dataset(settings, options)  # --if_exists: refuse, overwrite or skip
         if done:
-            print(done)
-            return 0
+            print(done)  # a template launch still writes a job file: one of a job that does nothing
+            return cloud.launch_nothing(options, done) if cloud.is_template_launch(options) else 0
         plan = plan_dataset(settings)  # pipeline/plan.py: the classes, the shard sizes
         for note in plan.notes + ignored_options(argv, options, settings, dataflow=cloud.is_dataflow(options),
                                                  split_folders=plan.split_folders):
@@ -84,7 +84,7 @@ def run(argv: list[str] | None = None) -> int:
         if old.done:  # an interrupted run's publishing, finished, left the dataset --if_exists=skip accepts
             give_back_lock(settings, run_id)
             print(old.done)
-            return 0
+            return cloud.launch_nothing(options, old.done) if cloud.is_template_launch(options) else 0
         try:
             job = beam.Pipeline(runner=local.runner(), options=options)
             build_pipeline(job, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py
@@ -113,7 +113,8 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
             cloud.label_job(options, run_id)
             google = options.view_as(GoogleCloudOptions)
             holder = holder_record(run_id, "dataflow", project=google.project, region=google.region,
-                                   job_name=google.job_name, job_id=None)
+                                   job_name=google.job_name, job_id=None,
+                                   template=cloud.is_template_launch(options))
         else:
             holder = holder_record(run_id, "local")
         take_lock(settings, holder, options)  # one run per output folder

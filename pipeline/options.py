@@ -11,6 +11,7 @@ import argparse
 import datetime
 import importlib.util
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -258,24 +259,52 @@ def check_gcs_paths(o) -> None:
             raise UserError(f"--{name}={value}: {problem}")
 
 
-def machine_vcpus(machine_type: str | None) -> int | None:
-    """The vCPUs of a Compute Engine machine type (n2-standard-4: 4, custom-8-32768: 8); None when not known."""
-    if not machine_type:
-        return None
-    name = machine_type.rsplit("/", 1)[-1]  # a full resource URL ends with the type's name
-    found = re.fullmatch(r"(?:[a-z0-9]+-)?(?:standard|highcpu|highmem|highgpu|megagpu|ultragpu|megamem|ultramem|"
-                         r"hypermem|custom)-(\d+)(?:-.*)?", name)
-    shared_core = {"e2-micro": 2, "e2-small": 2, "e2-medium": 2, "f1-micro": 1, "g1-small": 1}
-    return int(found.group(1)) if found else shared_core.get(name)
+def _worker_memory_mb(options: PipelineOptions, o) -> int:
+    """--worker_memory_mb: the MB all the conversions of one worker process may hold; unset, sized for the workers.
+
+    A local run's default is ImageSettings'. On Dataflow, which runs one SDK process per vCPU, the default is at
+    most the worker machine's memory per vCPU less the process's own needs, so that it cannot over-commit a
+    highcpu machine, and a value above that share is refused.
+
+    Raises:
+        UserError: a negative value; on Dataflow, a value (or a --max_image_mb) the machine's share cannot hold.
+    """
+    from pipeline import cloud
+
+    given = o.worker_memory_mb
+    if given is not None and given < 0:
+        raise UserError(f"--worker_memory_mb={given} must be a number of MB, or 0 for no limit")
+    default = ImageSettings.worker_memory_mb
+    sized = (cloud.worker_memory_share(options)
+             if cloud.is_dataflow(options) or os.environ.get(cloud.FLEX_TEMPLATE_ENV) else None)
+    if sized is None:
+        return default if given is None else given
+    machine, per_vcpu, share = sized
+    facts = (f"Dataflow runs one SDK process per vCPU, and a {machine} worker has {per_vcpu} MB per vCPU, {share} MB "
+             f"of it for conversions beside the process's own ~{cloud.SDK_PROCESS_RESERVE_MB} MB")
+    if given is None:
+        if share < o.max_image_mb:
+            raise UserError(f"--max_image_mb={o.max_image_mb} does not fit the workers' memory: {facts}; lower "
+                            f"--max_image_mb to at most {max(share, 1)}, or choose a machine type with more memory "
+                            "per vCPU (--machine_type=n1-standard-4, n2-standard-4)")
+        return min(default, share)
+    if given > share:
+        raise UserError(f"--worker_memory_mb={given} over-commits the workers: {facts}; give at most {share}, leave "
+                        "it out (sized per vCPU), or choose a machine type with more memory per vCPU")
+    return given
 
 
 def worker_processes(options: PipelineOptions) -> int | None:
     """The most worker processes a Dataflow job runs: one per vCPU on each of --max_num_workers (or
-    --num_workers) machines, 4 vCPUs each when the machine type does not say; None when neither is given
-    (and for a local run, which reads at the rate of 100 processes' shares, as before)."""
+    --num_workers) machines of --machine_type (Dataflow's n1-standard-1 when not given); None when neither count
+    is given (and for a local run, which reads at the rate of 100 processes' shares, as before)."""
+    from pipeline import cloud
+
     workers = options.view_as(WorkerOptions)
     count = workers.max_num_workers or workers.num_workers
-    return count * (machine_vcpus(workers.machine_type) or 4) if count else None
+    if not count:
+        return None
+    return count * (cloud.machine_vcpus(workers.machine_type or cloud.DATAFLOW_DEFAULT_MACHINE) or 1)
 
 
 def validate(options: PipelineOptions) -> Settings:
@@ -326,11 +355,10 @@ def validate(options: PipelineOptions) -> Settings:
     for name in ("max_image_mb", "max_file_mb"):
         if getattr(o, name) < 1:
             raise UserError(f"--{name}={getattr(o, name)} must be a positive number of MB")
-    if o.worker_memory_mb < 0:
-        raise UserError(f"--worker_memory_mb={o.worker_memory_mb} must be a number of MB, or 0 for no limit")
-    if o.worker_memory_mb and o.worker_memory_mb < o.max_image_mb:
+    worker_memory_mb = _worker_memory_mb(options, o)
+    if worker_memory_mb and worker_memory_mb < o.max_image_mb:
         raise UserError(
-            f"--worker_memory_mb={o.worker_memory_mb} is below --max_image_mb={o.max_image_mb}: an image allowed "
+            f"--worker_memory_mb={worker_memory_mb} is below --max_image_mb={o.max_image_mb}: an image allowed "
             "to need that much would have to run beyond the worker's budget; give --worker_memory_mb at least "
             "--max_image_mb (or 0 for no budget), or lower --max_image_mb"
         )
@@ -386,7 +414,7 @@ def validate(options: PipelineOptions) -> Settings:
         background=parse_colour(o.background),
         max_pixels=o.max_pixels,
         max_image_mb=o.max_image_mb,
-        worker_memory_mb=o.worker_memory_mb,
+        worker_memory_mb=worker_memory_mb,
         max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
         throttled_retry_s=o.throttled_retry_s,

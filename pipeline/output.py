@@ -60,9 +60,6 @@ from transforms.outputs import (
 from transforms.paths import is_local
 
 _LOG = logging.getLogger("pipeline")
-# A Dataflow lock without a job id (a Flex Template launch, or a launcher stopped while it submitted)
-# counts as live this long, while no active job carries its run id: staging a job can take minutes.
-LAUNCH_GRACE_S = 15 * 60
 
 
 def read_existing_info(output_dir: str) -> dict | None:
@@ -145,7 +142,7 @@ def why_stale(holder: dict, options: PipelineOptions) -> str | None:
     if not holder.get("run_id"):
         return "the lock file is unreadable (a run stopped while it wrote it)"
     if holder.get("runner") == "dataflow":
-        return cloud.dataflow_lock_stale(holder, options, LAUNCH_GRACE_S)
+        return cloud.dataflow_lock_stale(holder, options)
     alive = local_holder_alive(holder)
     if alive is False:
         return f"its process {holder.get('pid')} on {holder.get('host')} has ended"
@@ -178,6 +175,12 @@ def take_lock(settings: Settings, holder: dict, options: PipelineOptions) -> Non
 def _lock_advice(output_dir: str, held: LockHeld) -> str:
     """What to do about the live run that holds the lock."""
     other = held.holder
+    if other.get("runner") == "dataflow" and not other.get("job_id"):  # its end cannot be proven: never taken over
+        listing = (f"gcloud dataflow jobs list --region={other.get('region')} --project={other.get('project')}"
+                   + (f" --filter=name={other['job_name']}" if other.get("job_name") else ""))
+        return (f"its lock holds no job id yet and no Dataflow job of it is known to have ended, so it is kept: wait "
+                f"for that job to finish (a finished job releases the lock); if no job of that launch runs "
+                f"({listing}), delete {held.path} and run again")
     if other.get("runner") == "dataflow":
         return ("wait for that job to finish (a finished job releases the lock), or cancel it with gcloud dataflow "
                 "jobs cancel")

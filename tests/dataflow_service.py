@@ -14,11 +14,15 @@ the test says (`outcome`):
 * "cancel": the job ends CANCELLED.
 * "hold": the job stays RUNNING until the test calls `finish(job_id)` or `cancel`.
 
+Its workers see a metadata server that gives the job's id (as a Dataflow worker VM's does), and run this
+checkout's code, or the code in `worker_code` (a worker image built from other code).
+
 Nothing here reaches the internet: the executor is given the test's GCS emulator.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -27,12 +31,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ACTIVE = ("JOB_STATE_RUNNING", "JOB_STATE_QUEUED", "JOB_STATE_PENDING")
 _JOB_PATH = re.compile(r"^/v1b3/projects/(?P<project>[^/]+)/locations/(?P<region>[^/]+)/jobs"
                        r"(?:/(?P<job>[^/:?]+))?(?P<rest>/messages|/metrics)?$")
 
@@ -55,7 +61,8 @@ class StandInJob:
     def options(self) -> dict:
         return self.request["environment"]["sdkPipelineOptions"]["options"]
 
-    def as_json(self) -> dict:
+    def as_json(self, labels: bool = True) -> dict:
+        """The Job resource; without its labels in a summary (every ListJobs answer, GetJob's default view)."""
         return {
             "id": self.id,
             "projectId": self.project,
@@ -66,7 +73,7 @@ class StandInJob:
             "currentStateTime": _now(),
             "createTime": _now(),
             "clientRequestId": self.request.get("clientRequestId", ""),
-            "labels": self.request.get("labels", {}),
+            **({"labels": self.request.get("labels", {})} if labels else {}),
         }
 
 
@@ -80,6 +87,7 @@ class DataflowStandIn:
     def __init__(self, executor_env: dict):
         self.jobs: dict[str, StandInJob] = {}
         self.outcome = "run"
+        self.worker_code: str | None = None  # a folder of other pipeline/ and transforms/ for the workers to run
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
         self._executor_env = executor_env
         self._lock = threading.Lock()
@@ -137,9 +145,13 @@ class DataflowStandIn:
     def _execute(self, job: StandInJob) -> None:
         """Run the staged graph on Beam's local runner in a process of its own."""
         staging = job.options["staging_location"]
-        result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging], cwd=REPO,
-                                capture_output=True, text=True, timeout=600,
-                                env=dict(os.environ, **self._executor_env))
+        env = {**os.environ, **self._executor_env}
+        if self.worker_code:  # the workers' image holds other code: its pipeline/ and transforms/ come first
+            env["PYTHONPATH"] = os.pathsep.join([self.worker_code, REPO])
+        with metadata_server(job.id) as metadata_host:  # what a worker VM's metadata server says of its job
+            result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging],
+                                    cwd=self.worker_code or REPO, capture_output=True, text=True, timeout=600,
+                                    env={**env, "GCE_METADATA_HOST": metadata_host})
         if result.returncode == 0:
             self._end(job, "JOB_STATE_DONE")
         else:
@@ -174,16 +186,21 @@ class DataflowStandIn:
                 if method == "POST" and not match["job"]:
                     return self._send(200, service._create(match["project"], match["region"], body).as_json())
                 if method == "GET" and not match["job"]:
-                    active = "ACTIVE" in self.path
-                    jobs = [j.as_json() for j in service.jobs.values()
-                            if not active or j.state in ("JOB_STATE_RUNNING", "JOB_STATE_QUEUED")]
+                    # Enums come by name or, from Google's REST clients, by number (enum-encoding=int).
+                    query = urllib.parse.parse_qs(self.path.partition("?")[2])
+                    wanted = {"ACTIVE": True, "3": True, "TERMINATED": False, "2": False}.get(
+                        (query.get("filter") or [""])[0])
+                    jobs = [j.as_json(labels=False) for j in service.jobs.values()  # summaries, whatever the view
+                            if wanted is None or (j.state in _ACTIVE) == wanted]
                     return self._send(200, {"jobs": jobs})
                 if method == "GET" and match["rest"] == "/messages":
                     return self._send(200, {"jobMessages": job.messages})
                 if method == "GET" and match["rest"] == "/metrics":
                     return self._send(200, {"metrics": []})
-                if method == "GET":
-                    return self._send(200, job.as_json())
+                if method == "GET":  # the labels come with the description (or whole) view only
+                    view = (urllib.parse.parse_qs(self.path.partition("?")[2]).get("view") or [""])[0]
+                    return self._send(200, job.as_json(labels=view in ("JOB_VIEW_DESCRIPTION", "3", "JOB_VIEW_ALL",
+                                                                       "2")))
                 if method == "PUT":  # update_job: cancel
                     if body.get("requestedState") == "JOB_STATE_CANCELLED":
                         service._end(job, "JOB_STATE_CANCELLED")
@@ -203,6 +220,50 @@ class DataflowStandIn:
                 pass
 
         return Handler
+
+
+def upload_photos(gcs_emulator, tree, gs_dir: str) -> str:
+    """12 small images in four class folders at `gs_dir` (its bucket made if missing), for jobs to convert."""
+    from google.api_core import exceptions
+
+    from pipeline.sample_data import generate_dataset
+
+    try:
+        gcs_emulator.create_bucket(gs_dir[len("gs://"):].split("/", 1)[0])
+    except exceptions.Conflict:
+        pass
+    generate_dataset(str(tree), images_per_class=3, seed=5, min_side=32, max_side=64)
+    assert gcs_emulator.upload_tree(tree, gs_dir) == 12
+    return gs_dir
+
+
+@contextlib.contextmanager
+def metadata_server(job_id: str):
+    """A stand-in of a Dataflow worker VM's metadata server: `instance/attributes/job_id` is the job's id.
+
+    Yields its host:port, for GCE_METADATA_HOST (the variable Google's libraries read for that server).
+    """
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = (self.path == "/computeMetadata/v1/instance/attributes/job_id"
+                     and self.headers.get("Metadata-Flavor") == "Google")
+            data = job_id.encode() if found else b"not found"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/text")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.dataflow_service import upload_photos
 from tests.gcs_fixtures import NO_AUTH
 
 BUCKET = "dataflow-jobs"
@@ -29,13 +30,7 @@ CREATED = re.compile(r"^Created job with id: \[(?P<id>[^\]]+)\]$", re.MULTILINE)
 @pytest.fixture(scope="module")
 def photos(gcs_emulator, tmp_path_factory):
     """12 small images in four class folders at gs://dataflow-jobs/photos."""
-    from pipeline.sample_data import generate_dataset
-
-    bucket = gcs_emulator.create_bucket(BUCKET)
-    tree = tmp_path_factory.mktemp("submit-photos")
-    generate_dataset(str(tree), images_per_class=3, seed=5, min_side=32, max_side=64)
-    assert gcs_emulator.upload_tree(tree, f"{bucket}/photos") == 12
-    return f"{bucket}/photos"
+    return upload_photos(gcs_emulator, tmp_path_factory.mktemp("submit-photos"), f"gs://{BUCKET}/photos")
 
 
 def dataflow_args(dataflow_api, photos, output_dir, *extra):

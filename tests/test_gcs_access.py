@@ -255,7 +255,8 @@ def test_a_job_starts_at_the_buckets_read_rate_shared_by_its_processes():
     """5,000 reads a second (a cold bucket's capacity) over the job's processes: --max_num_workers x vCPUs."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipeline.options import machine_vcpus, validate
+    from pipeline.cloud import machine_vcpus
+    from pipeline.options import validate
 
     def start(*flags):
         options = PipelineOptions(["--input_dir=gs://b/photos", "--output_dir=gs://b/out", *flags])
@@ -264,7 +265,7 @@ def test_a_job_starts_at_the_buckets_read_rate_shared_by_its_processes():
     dataflow = ["--runner=DataflowRunner", "--project=p", "--region=r", "--temp_location=gs://b/tmp"]
     assert start(*dataflow, "--max_num_workers=10", "--machine_type=n2-standard-4") == 5000 / 40
     assert start(*dataflow, "--num_workers=25", "--machine_type=n2-highcpu-16") == 5000 / 400
-    assert start(*dataflow, "--max_num_workers=10") == 5000 / 40  # 4 vCPUs when the type does not say
+    assert start(*dataflow, "--max_num_workers=10") == 5000 / 10  # Dataflow's n1-standard-1 when not given
     assert start(*dataflow, "--max_num_workers=4000", "--machine_type=n2-standard-8") == 1.0  # at least 1 a second
     assert start(*dataflow, "--max_num_workers=1", "--initial_read_rate=40000") == 2000  # at most 2,000 a process
     assert start(*dataflow) == transient.INITIAL_READS_PER_S == 50  # unbounded: 100 processes' shares, as before

@@ -23,12 +23,16 @@ import errno
 import fcntl
 import getpass
 import json
+import logging
 import os
+import re
 import socket
 import stat
 import time
+import urllib.request
 from collections.abc import Callable
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import bounded
@@ -510,3 +514,57 @@ def update_lock(output_dir: str, run_id: str, gcs_client=None, **fields) -> bool
     if holder.get("run_id") != run_id:
         return False
     return store.replace((json.dumps({**holder, **fields}, indent=2) + "\n").encode("utf-8"), version)
+
+
+# --- a Dataflow job's own id, recorded by the job (Flex Template launches) -------------------------------------
+
+# Where a Dataflow worker VM's metadata server is: Google's libraries read this variable (tests point it at a
+# stand-in); the job's id is its instance attribute `job_id`, as Beam's own gce_metadata_util reads it.
+METADATA_HOST_ENV = "GCE_METADATA_HOST"
+_JOB_ID = re.compile(r"[-_0-9A-Za-z]{1,128}")
+_LOG = logging.getLogger(__name__)
+
+
+def dataflow_job_id(timeout_s: float = 5.0) -> str | None:
+    """The id of the Dataflow job this process works for, from the VM's metadata server; None off Dataflow."""
+    host = os.environ.get(METADATA_HOST_ENV) or "metadata.google.internal"
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/attributes/job_id",
+                                     headers={"Metadata-Flavor": "Google"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            text = response.read(200).decode("ascii", "replace").strip()
+    except (OSError, ValueError):
+        return None
+    return text if _JOB_ID.fullmatch(text) else None
+
+
+def record_job_id(_, output_dir: str, run_id: str) -> None:
+    """Write the job's own id into the lock of run `run_id`: from then on, the job's state says if it is alive.
+
+    A Flex Template launch writes its lock before Dataflow has a job to run, so the lock holds no job id
+    until the job itself records it here, on a worker. Without it a lock is never taken over (see
+    `pipeline.cloud.dataflow_lock_stale`), so failing to record it only costs a retry the takeover.
+    """
+    job_id = dataflow_job_id()
+    if job_id is None:
+        _LOG.warning("Could not learn this Dataflow job's id from the metadata server: the lock of run %s in %s "
+                     "keeps naming no job", run_id, output_dir)
+        return
+    try:
+        if not update_lock(output_dir, run_id, job_id=job_id):
+            _LOG.warning("The lock of %s is no longer run %s's: its job id was not recorded", output_dir, run_id)
+    except Exception as e:  # never fail the job for it
+        _LOG.warning("Could not record job id %s in the lock of %s (%s)", job_id, output_dir, e)
+
+
+class RecordJobId(beam.PTransform):
+    """A step of its own, at the start of a job: the job records its id in the output folder's lock."""
+
+    def __init__(self, output_dir: str, run_id: str):
+        super().__init__()
+        self._output_dir, self._run_id = output_dir, run_id
+
+    def expand(self, pbegin):
+        return (pbegin | "Once" >> beam.Create([None])
+                | "Record" >> beam.Map(record_job_id, self._output_dir, self._run_id))
