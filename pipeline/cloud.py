@@ -31,14 +31,13 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipeline.errors import Terminated, UserError
+from pipeline.workers import FLEX_TEMPLATE_ENV, is_dataflow
 from transforms import gcs
 
 _LOG = logging.getLogger("pipeline")
 
 # Where the package's own setup.py sits in a source checkout (and in the template image).
 SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
-# Set in every Python Flex Template launcher image: the launcher must return once the job is submitted.
-FLEX_TEMPLATE_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"
 # What a dry run writes next to pipeline.pb: the job request that would have been sent.
 DRY_RUN_JOB_FILE = "dataflow_job.json"
 
@@ -47,14 +46,6 @@ _options: PipelineOptions | None = None
 
 def is_gcs(path: str | None) -> bool:
     return bool(path) and path.startswith("gs://")
-
-
-def is_dataflow(options: PipelineOptions) -> bool:
-    runner = options.view_as(StandardOptions).runner
-    if runner is None:
-        return False
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1].lower() in ("dataflow", "dataflowrunner")
 
 
 def is_dry_run(options: PipelineOptions) -> bool:
@@ -235,47 +226,6 @@ def check_worker_code(launcher: str) -> None:
             "tags it with that code), or launch from the code of the image")
 
 
-# Memory per vCPU, in MB (MiB), of Compute Engine's predefined machine types: n1 has 3.75, 6.5 and 0.9 GB a vCPU
-# (standard, highmem, highcpu), the later families (n2, n2d, e2, c2d, c3, n4...) 4, 8 and 1 at least.
-_MB_PER_VCPU = {"standard": 4096, "highmem": 8192, "highcpu": 1024}
-_N1_MB_PER_VCPU = {"standard": 3840, "highmem": 6656, "highcpu": 921}
-DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"  # what a batch job's workers are without --machine_type
-# What one SDK process needs beside its conversions: the process itself (~200 MB) and Beam's buffers.
-SDK_PROCESS_RESERVE_MB = 300
-
-
-def machine_mb_per_vcpu(machine_type: str) -> int | None:
-    """The memory per vCPU of a machine type (predefined, or custom-VCPUS-MB); None for a type this does not know."""
-    name = machine_type.strip().rsplit("/", 1)[-1].lower()
-    custom = re.fullmatch(r"(?:[a-z][a-z0-9]*-)?custom-([1-9][0-9]*)-([1-9][0-9]*)(?:-ext)?", name)
-    if custom:
-        return int(custom[2]) // int(custom[1])
-    found = re.fullmatch(r"([a-z][a-z0-9]*)-(standard|highmem|highcpu)-[1-9][0-9]*", name)
-    if not found:
-        return None
-    return (_N1_MB_PER_VCPU if found[1] == "n1" else _MB_PER_VCPU)[found[2]]
-
-
-def machine_vcpus(machine_type: str) -> int | None:
-    """The vCPUs of a machine type (n2-standard-4: 4, custom-8-32768: 8, e2-medium: 2); None when not known."""
-    name = machine_type.strip().rsplit("/", 1)[-1].lower()  # a full resource URL ends with the type's name
-    found = re.fullmatch(r"(?:[a-z][a-z0-9]*-)?(?:standard|highcpu|highmem|highgpu|megagpu|ultragpu|megamem|"
-                         r"ultramem|hypermem|custom)-([1-9][0-9]*)(?:-.*)?", name)
-    shared_core = {"e2-micro": 2, "e2-small": 2, "e2-medium": 2, "f1-micro": 1, "g1-small": 1}
-    return int(found[1]) if found else shared_core.get(name)
-
-
-def worker_memory_share(options: PipelineOptions) -> tuple[str, int, int] | None:
-    """(machine type, its MB per vCPU, the MB one SDK process may give its conversions) for a Dataflow job's workers.
-
-    Dataflow runs one SDK process per vCPU, so each has the machine's memory per vCPU, less its own needs.
-    None for a machine type whose memory this does not know.
-    """
-    machine = options.view_as(WorkerOptions).machine_type or DATAFLOW_DEFAULT_MACHINE
-    per_vcpu = machine_mb_per_vcpu(machine)
-    return None if per_vcpu is None else (machine, per_vcpu, per_vcpu - SDK_PROCESS_RESERVE_MB)
-
-
 def _check_with_beams_validator(options: PipelineOptions) -> None:
     """Beam's own checks of the Dataflow options (project id, job name, ...), as one line instead of a traceback."""
     from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
@@ -382,7 +332,6 @@ def label_job(options: PipelineOptions, run_id: str) -> None:
 
 def _jobs_client(options: PipelineOptions):
     """A client of the Dataflow jobs API with the run's endpoint and credentials, as Beam's own apiclient makes it."""
-    import re
 
     from google.api_core import client_options as client_options_lib
     from google.auth.credentials import AnonymousCredentials

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 
 import regex
-from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline import workers
 from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
 from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, parse_bool, help_text stay importable here)
@@ -269,19 +270,17 @@ def _worker_memory_mb(options: PipelineOptions, o) -> int:
     Raises:
         UserError: a negative value; on Dataflow, a value (or a --max_image_mb) the machine's share cannot hold.
     """
-    from pipeline import cloud
-
     given = o.worker_memory_mb
     if given is not None and given < 0:
         raise UserError(f"--worker_memory_mb={given} must be a number of MB, or 0 for no limit")
     default = ImageSettings.worker_memory_mb
-    sized = (cloud.worker_memory_share(options)
-             if cloud.is_dataflow(options) or os.environ.get(cloud.FLEX_TEMPLATE_ENV) else None)
+    sized = (workers.worker_memory_share(options)
+             if workers.is_dataflow(options) or os.environ.get(workers.FLEX_TEMPLATE_ENV) else None)
     if sized is None:
         return default if given is None else given
     machine, per_vcpu, share = sized
     facts = (f"Dataflow runs one SDK process per vCPU, and a {machine} worker has {per_vcpu} MB per vCPU, {share} MB "
-             f"of it for conversions beside the process's own ~{cloud.SDK_PROCESS_RESERVE_MB} MB")
+             f"of it for conversions beside the process's own ~{workers.SDK_PROCESS_RESERVE_MB} MB")
     if given is None:
         if share < o.max_image_mb:
             raise UserError(f"--max_image_mb={o.max_image_mb} does not fit the workers' memory: {facts}; lower "
@@ -292,19 +291,6 @@ def _worker_memory_mb(options: PipelineOptions, o) -> int:
         raise UserError(f"--worker_memory_mb={given} over-commits the workers: {facts}; give at most {share}, leave "
                         "it out (sized per vCPU), or choose a machine type with more memory per vCPU")
     return given
-
-
-def worker_processes(options: PipelineOptions) -> int | None:
-    """The most worker processes a Dataflow job runs: one per vCPU on each of --max_num_workers (or
-    --num_workers) machines of --machine_type (Dataflow's n1-standard-1 when not given); None when neither count
-    is given (and for a local run, which reads at the rate of 100 processes' shares, as before)."""
-    from pipeline import cloud
-
-    workers = options.view_as(WorkerOptions)
-    count = workers.max_num_workers or workers.num_workers
-    if not count:
-        return None
-    return count * (cloud.machine_vcpus(workers.machine_type or cloud.DATAFLOW_DEFAULT_MACHINE) or 1)
 
 
 def validate(options: PipelineOptions) -> Settings:
@@ -418,7 +404,7 @@ def validate(options: PipelineOptions) -> Settings:
         max_file_mb=o.max_file_mb,
         timeout_s=o.image_timeout_s,
         throttled_retry_s=o.throttled_retry_s,
-        reads_per_s_at_start=process_start_rate(o.initial_read_rate, worker_processes(options)),
+        reads_per_s_at_start=process_start_rate(o.initial_read_rate, workers.worker_processes(options)),
     )
     return Settings(
         input_dir=input_dir.rstrip("/") or "/",

@@ -255,8 +255,8 @@ def test_a_job_starts_at_the_buckets_read_rate_shared_by_its_processes():
     """5,000 reads a second (a cold bucket's capacity) over the job's processes: --max_num_workers x vCPUs."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipeline.cloud import machine_vcpus
     from pipeline.options import validate
+    from pipeline.workers import machine_vcpus
 
     def start(*flags):
         options = PipelineOptions(["--input_dir=gs://b/photos", "--output_dir=gs://b/out", *flags])

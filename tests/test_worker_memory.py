@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.cloud import machine_mb_per_vcpu
 from pipeline.errors import UserError
 from pipeline.options import validate
+from pipeline.workers import machine_mb_per_vcpu
 
 DATAFLOW = ["--input_dir=gs://b/photos", "--output_dir=gs://b/out", "--runner=DataflowRunner"]
 
