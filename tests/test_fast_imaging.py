@@ -267,3 +267,25 @@ def test_a_centre_crop_of_an_odd_difference_is_one_resize_at_the_exact_centre(ta
     assert np.abs(out[:, :, 0] - expected[None, :]).max() <= 0.52  # rounding, and OpenCV's 8-bit weights
     assert np.abs(out[:, :, 1] - (200 - expected)[None, :]).max() <= 0.52
     assert (out[:, :, 2] == 90).all()
+
+
+@pytest.mark.parametrize("resample", fast_imaging.PADDED_FILTERS)
+@pytest.mark.parametrize("resize_mode", RESIZE_MODES)
+def test_rgbx_pixels_give_the_bytes_rgb_pixels_give(resample, resize_mode, monkeypatch):
+    # An enlarging JPEG output is decoded to RGBX (faster in OpenCV and the encoder): the records must not change.
+    data = cases.jpeg(photo(301, 200, seed=4), quality=95)  # an odd crop difference: the box starts between pixels
+    settings = ImageSettings(width=512, height=384, resize_mode=resize_mode, resample=resample, background=(9, 99, 199))
+    decoded = []
+    real_decode = fast_imaging.decode_jpeg
+
+    def recording(*args, **kwargs):
+        decoded.append(kwargs.get("padded", False))
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(fast_imaging, "decode_jpeg", recording)
+    padded = convert_image(data, settings)
+    monkeypatch.setattr(imaging, "_padded_pays", lambda *args: False)
+    plain = convert_image(data, settings)
+    assert decoded == [True, False]
+    assert padded.data == plain.data and padded.stats == plain.stats
+    assert (padded.width, padded.height, padded.upscaled) == (plain.width, plain.height, plain.upscaled)

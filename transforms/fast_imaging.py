@@ -34,7 +34,8 @@ import cv2
 import numpy as np
 import simplejpeg
 
-__all__ = ["INTERPOLATIONS", "decode_jpeg", "encode_jpeg", "histogram", "orient", "resample"]
+__all__ = ["INTERPOLATIONS", "PADDED_FILTERS", "decode_jpeg", "encode_jpeg", "histogram", "orient", "resample",
+           "rgb"]
 
 cv2.setNumThreads(1)  # one conversion per worker thread already keeps the cores busy
 cv2.ipp.setUseIPP(False)  # IPP's per-CPU code paths need not give the same bytes on every worker
@@ -54,6 +55,10 @@ INTERPOLATIONS = {
 # INTER_LINEAR_EXACT rounds to nearest, and is bit-exact on every CPU by design.
 _RESIZE_INTERPOLATIONS = {**INTERPOLATIONS, "bilinear": cv2.INTER_LINEAR_EXACT, "area": cv2.INTER_NEAREST_EXACT}
 _SUBSAMPLING = {"4:4:4": "444", "4:2:2": "422", "4:2:0": "420"}
+# The filters whose enlarging is faster on RGBX than on RGB pixels (a 500 x 375 photo to 512 x 512, one thread:
+# INTER_LINEAR_EXACT 0.86 against 1.36 ms, warpAffine 2.3 against 2.8 ms, the encoding 1.6 against 1.8 ms);
+# INTER_AREA (shrinking), bicubic and Lanczos are 10-20 % slower on RGBX.
+PADDED_FILTERS = ("bilinear", "area")
 
 # EXIF orientation -> the cv2 operations that make the image upright (as imaging._ORIENTATION_TRANSPOSE).
 _ORIENT = {
@@ -74,20 +79,29 @@ _ALIGNED = 1 / 65536
 _SUPPORT = {"bilinear": 1, "area": 0, "bicubic": 2, "lanczos": 4}
 
 
-def decode_jpeg(data: bytes, min_width: int, min_height: int) -> np.ndarray:
-    """RGB pixels (height, width, 3) of an 8-bit JPEG, at the smallest DCT scale at least this large.
+def decode_jpeg(data: bytes, min_width: int, min_height: int, padded: bool = False) -> np.ndarray:
+    """RGB pixels (height, width, 3) of an 8-bit JPEG, at the smallest DCT scale at least this large; with `padded`
+    RGBX (height, width, 4: the same RGB, a fourth byte the encoder ignores), which OpenCV's bilinear resize and
+    warpAffine and libjpeg-turbo's encoder take faster than RGB (see `PADDED_FILTERS`).
 
     Raises:
         ValueError: for any warning or error of libjpeg (strict): a corrupt or short stream is never padded.
     """
-    return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False,
+    return simplejpeg.decode_jpeg(data, colorspace="RGBX" if padded else "RGB", fastdct=False, fastupsample=False,
                                   min_width=min_width, min_height=min_height, strict=True)
 
 
 def encode_jpeg(pixels: np.ndarray, quality: int, chroma_subsampling: str) -> bytes:
-    """Baseline JPEG of RGB pixels, with the settings of Pillow's save(quality=, subsampling=)."""
-    return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorspace="RGB",
+    """Baseline JPEG of RGB (or RGBX) pixels, with the settings of Pillow's save(quality=, subsampling=): the same
+    bytes either way."""
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality,
+                                  colorspace="RGBX" if pixels.shape[2] == 4 else "RGB",
                                   colorsubsampling=_SUBSAMPLING[chroma_subsampling], fastdct=False)
+
+
+def rgb(pixels: np.ndarray) -> np.ndarray:
+    """RGB pixels (height, width, 3) of RGB or RGBX ones."""
+    return pixels if pixels.shape[2] == 3 else cv2.cvtColor(pixels, cv2.COLOR_RGBA2RGB)
 
 
 def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
@@ -97,7 +111,7 @@ def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
 
 
 def histogram(pixels: np.ndarray) -> np.ndarray:
-    """The (3, 256) counts of each channel's values."""
+    """The (3, 256) counts of each of the R, G and B channels' values (of RGB or RGBX pixels)."""
     counts = [cv2.calcHist([pixels], [c], None, [256], [0, 256]).reshape(256) for c in range(3)]
     return np.stack(counts).astype(np.int64)
 
@@ -125,13 +139,17 @@ def _anchored_axis(start: float, end: float, limit: int, out: int, support: int)
     None when no skip up to `out` // 2 aligns (the extra output would cost more than warpAffine saves).
     """
     a = (end - start) / out
-    for skip in range(out // 2 + 1):
-        first = start - skip * a
-        if abs(first - round(first)) < _ALIGNED:
-            first = round(first)
-            count = max(math.ceil((skip + out) * a - _EXACT), min(limit, math.ceil(end - _EXACT) + support) - first)
-            return first, count, skip
-    return None
+    if abs(start - round(start)) < _ALIGNED:
+        skip, first = 0, round(start)
+    else:
+        firsts = start - np.arange(out // 2 + 1) * a  # every skip up to out / 2
+        aligned = np.flatnonzero(np.abs(firsts - np.rint(firsts)) < _ALIGNED)
+        if not aligned.size:
+            return None
+        skip = int(aligned[0])
+        first = round(float(firsts[skip]))
+    count = max(math.ceil((skip + out) * a - _EXACT), min(limit, math.ceil(end - _EXACT) + support) - first)
+    return first, count, skip
 
 
 def _padded(pixels: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
