@@ -241,15 +241,8 @@ def test_enlarging_keeps_the_mean_of_the_pillow_path(resample):
         assert abs(fast_sum - pillow_sum) / fast.stats.pixels < 0.05  # cubic and Lanczos kernels differ: 0.03
 
 
-def _no_warp(monkeypatch):
-    def broken(*args, **kwargs):
-        raise AssertionError("warpAffine was used")
-
-    monkeypatch.setattr(fast_imaging.cv2, "warpAffine", broken)
-
-
 @pytest.mark.parametrize("tall", [False, True])
-def test_a_centre_crop_of_an_odd_difference_is_one_resize_at_the_exact_centre(tall, monkeypatch):
+def test_a_centre_crop_of_an_odd_difference_keeps_the_exact_centre(tall):
     # A ramp of 2 levels a pixel, 101 x 60: the crop keeps 60 x 60 from x = 20.5, enlarged to 512 x 512. Bilinear
     # interpolation of a ramp is exact, so each output pixel X holds the ramp at 20.5 + (X + 0.5) * 60 / 512 - 0.5
     # (Pillow's convention), to the output's rounding: a crop rounded to whole pixels would be 1 level off.
@@ -257,35 +250,13 @@ def test_a_centre_crop_of_an_odd_difference_is_one_resize_at_the_exact_centre(ta
     image = np.stack([ramp, ramp[:, ::-1], np.full_like(ramp, 90)], axis=-1)
     if tall:
         image = image.transpose(1, 0, 2)
-    _no_warp(monkeypatch)
     encoded = convert_image(cases.encode(Image.fromarray(image), "PNG"),
                             ImageSettings(resize_mode="crop", image_format="png"))
     out = np.asarray(pixels_of(encoded), np.float64)
     if tall:
         out = out.transpose(1, 0, 2)
     expected = 2 * (20.5 + (np.arange(512) + 0.5) * 60 / 512 - 0.5)
-    assert np.abs(out[:, :, 0] - expected[None, :]).max() <= 0.52  # rounding, and OpenCV's 8-bit weights
-    assert np.abs(out[:, :, 1] - (200 - expected)[None, :]).max() <= 0.52
+    # Within the rounding and warpAffine's 1/32-pixel positions (at most 1/16 of a level here); whole pixels: 1.
+    assert np.abs(out[:, :, 0] - expected[None, :]).max() <= 0.57
+    assert np.abs(out[:, :, 1] - (200 - expected)[None, :]).max() <= 0.57
     assert (out[:, :, 2] == 90).all()
-
-
-@pytest.mark.parametrize("resample", fast_imaging.PADDED_FILTERS)
-@pytest.mark.parametrize("resize_mode", RESIZE_MODES)
-def test_rgbx_pixels_give_the_bytes_rgb_pixels_give(resample, resize_mode, monkeypatch):
-    # An enlarging JPEG output is decoded to RGBX (faster in OpenCV and the encoder): the records must not change.
-    data = cases.jpeg(photo(301, 200, seed=4), quality=95)  # an odd crop difference: the box starts between pixels
-    settings = ImageSettings(width=512, height=384, resize_mode=resize_mode, resample=resample, background=(9, 99, 199))
-    decoded = []
-    real_decode = fast_imaging.decode_jpeg
-
-    def recording(*args, **kwargs):
-        decoded.append(kwargs.get("padded", False))
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(fast_imaging, "decode_jpeg", recording)
-    padded = convert_image(data, settings)
-    monkeypatch.setattr(imaging, "_padded_pays", lambda *args: False)
-    plain = convert_image(data, settings)
-    assert decoded == [True, False]
-    assert padded.data == plain.data and padded.stats == plain.stats
-    assert (padded.width, padded.height, padded.upscaled) == (plain.width, plain.height, plain.upscaled)

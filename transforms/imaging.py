@@ -617,8 +617,8 @@ def _on_canvas(content, size: tuple[int, int], background: tuple[int, int, int])
         canvas = Image.new("RGB", size, background)
         canvas.paste(content, at)
         return canvas
-    canvas = np.empty((size[1], size[0], content.shape[2]), np.uint8)
-    canvas[:] = (*background, 0)[:content.shape[2]]  # RGB, or RGBX
+    canvas = np.empty((size[1], size[0], 3), np.uint8)
+    canvas[:] = background
     canvas[at[1]:at[1] + content.shape[0], at[0]:at[0] + content.shape[1]] = content
     return canvas
 
@@ -724,7 +724,7 @@ def _encode(image, settings: ImageSettings) -> bytes:
     if not isinstance(image, Image.Image):
         if settings.image_format == "jpeg":
             return fast_imaging.encode_jpeg(image, settings.jpeg_quality, settings.chroma_subsampling)
-        image = Image.fromarray(fast_imaging.rgb(image), "RGB")
+        image = Image.fromarray(image, "RGB")
     out = io.BytesIO()
     if settings.image_format == "png":
         image.save(out, format="PNG", compress_level=1)
@@ -855,7 +855,7 @@ def _fast_pixels(image: Image.Image, data: bytes, kind: str, stored_size: tuple[
     if need[0] * 2 > stored_size[0] or need[1] * 2 > stored_size[1]:
         need = (0, 0)  # a scale over 1/2 (5/8-7/8) is slower than a full decode and loses more against Pillow's
     try:
-        pixels = fast_imaging.decode_jpeg(data, *need, padded=_padded_pays(stored_size, orientation, settings))
+        pixels = fast_imaging.decode_jpeg(data, *need)
     except ValueError:
         return None, image, full
     width, height = stored_size
@@ -863,15 +863,6 @@ def _fast_pixels(image: Image.Image, data: bytes, kind: str, stored_size: tuple[
         if (-(-width * eighths // 8), -(-height * eighths // 8)) == (pixels.shape[1], pixels.shape[0]):
             return pixels, image, (0.0, 0.0, width * eighths / 8, height * eighths / 8)
     return None, image, full
-
-
-def _padded_pays(stored_size: tuple[int, int], orientation: int, settings: ImageSettings) -> bool:
-    """Whether the fast path decodes to RGBX rather than RGB: for a JPEG output that no axis shrinks, with a filter
-    OpenCV runs faster on four channels (`fast_imaging.PADDED_FILTERS`)."""
-    if settings.image_format != "jpeg" or settings.resample not in fast_imaging.PADDED_FILTERS:
-        return False
-    upright = stored_size[::-1] if _transposes(orientation) else stored_size
-    return min(_scale_factors(*upright, settings)) >= 1
 
 
 def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored_size: tuple[int, int], box,
