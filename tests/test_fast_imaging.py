@@ -239,3 +239,24 @@ def test_enlarging_keeps_the_mean_of_the_pillow_path(resample):
     fast, pillow = both(SMALL, width=640, height=480, resample=resample, image_format="png")
     for fast_sum, pillow_sum in zip(fast.stats.sums, pillow.stats.sums, strict=True):
         assert abs(fast_sum - pillow_sum) / fast.stats.pixels < 0.05  # cubic and Lanczos kernels differ: 0.03
+
+
+@pytest.mark.parametrize("tall", [False, True])
+def test_a_centre_crop_of_an_odd_difference_keeps_the_exact_centre(tall):
+    # A ramp of 2 levels a pixel, 101 x 60: the crop keeps 60 x 60 from x = 20.5, enlarged to 512 x 512. Bilinear
+    # interpolation of a ramp is exact, so each output pixel X holds the ramp at 20.5 + (X + 0.5) * 60 / 512 - 0.5
+    # (Pillow's convention), to the output's rounding: a crop rounded to whole pixels would be 1 level off.
+    ramp = np.repeat((np.arange(101, dtype=np.uint8) * 2)[None, :], 60, axis=0)
+    image = np.stack([ramp, ramp[:, ::-1], np.full_like(ramp, 90)], axis=-1)
+    if tall:
+        image = image.transpose(1, 0, 2)
+    encoded = convert_image(cases.encode(Image.fromarray(image), "PNG"),
+                            ImageSettings(resize_mode="crop", image_format="png"))
+    out = np.asarray(pixels_of(encoded), np.float64)
+    if tall:
+        out = out.transpose(1, 0, 2)
+    expected = 2 * (20.5 + (np.arange(512) + 0.5) * 60 / 512 - 0.5)
+    # Within the rounding and warpAffine's 1/32-pixel positions (at most 1/16 of a level here); whole pixels: 1.
+    assert np.abs(out[:, :, 0] - expected[None, :]).max() <= 0.57
+    assert np.abs(out[:, :, 1] - (200 - expected)[None, :]).max() <= 0.57
+    assert (out[:, :, 2] == 90).all()
