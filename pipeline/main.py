@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(help_text())
         return 0
+    from pipeline import lean_beam
+
+    lean_beam.import_beam()  # first: Beam without the integrations a run never uses (a second of CPU)
     from pipeline.launcher import run
 
     code = main_of(run, argv)

@@ -367,7 +367,8 @@ class DescribeDataset(beam.PTransform):
         shard_stats = inputs["shards"] | "ShardStats" >> beam.Map(tuple)
         side = {}
         if "hashes" in inputs:  # one small dict: the counts and the first groups of identical source files
-            side["duplicates"] = beam.pvalue.AsSingleton(inputs["hashes"] | "FindDuplicates" >> dup.FindDuplicates())
+            side["duplicates"] = beam.pvalue.AsSingleton(inputs["hashes"] | "FindDuplicates" >> dup.FindDuplicates(),
+                                                         default_value=None)  # None: no duplicates
         if "stats" in inputs:  # one SplitStats per split: its pixel sums, upscaled count and size histograms
             side["stats"] = beam.pvalue.AsList(inputs["stats"] | "CombineStats" >> beam.CombinePerKey(MergeStats()))
         if "groups" in inputs:  # one small dict: what --group_by found
@@ -380,7 +381,7 @@ class DescribeDataset(beam.PTransform):
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         return (
             rejections.pipeline
-            | "Once" >> beam.Create([None])
+            | "Once" >> beam.Impulse()  # one element: the description is written once
             | "WriteDatasetInfo" >> beam.ParDo(
                 self._info_fn,
                 tallies=beam.pvalue.AsList(tallies),

@@ -82,7 +82,8 @@ def describe(summary: dict | None, class_names: list[str]) -> dict:
 
 
 class FindDuplicates(beam.PTransform):
-    """(sha256, (split, label, relpath)) of every written image -> one summary dict (see `describe`)."""
+    """(sha256, (split, label, relpath)) of every written image -> one summary dict (see `describe`), or none
+    when no image has a copy (`describe(None)`: no duplicates); without a default, no step of its own makes one."""
 
     def expand(self, hashes):
         return (
@@ -90,7 +91,7 @@ class FindDuplicates(beam.PTransform):
             # (sha256, [(split, label, relpath)]): spread over the workers by hash
             | "GroupByHash" >> beam.GroupByKey()
             | "KeepCopies" >> beam.FlatMapTuple(duplicate_groups)
-            | "Summarise" >> beam.CombineGlobally(_Summarise())
+            | "Summarise" >> beam.CombineGlobally(_Summarise()).without_defaults()
         )
 
 

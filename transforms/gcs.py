@@ -20,14 +20,16 @@ object call, with 404), and the tracing fetch is switched off with
 google-cloud-storage's own variable, so no process sends `storage.buckets.get`.
 
 The one place that leans on Beam: `gcsio.create_storage_client` (a public
-module function) is wrapped, in `gcsio` and in the Dataflow `apiclient` that
-imported it by name. tests/test_gcs_access.py fails if Beam 2.77 stops building
+module function) is wrapped, in `gcsio` and in the Dataflow `apiclient`, which
+imports it by name (if it is imported already; one imported later takes the
+wrapped one). tests/test_gcs_access.py fails if Beam 2.77 stops building
 its clients through it. Pinned: apache-beam 2.77 (setup.py).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from google.cloud import storage
@@ -108,11 +110,11 @@ def install() -> None:
 
     create_storage_client.shared_client = True
     gcsio.create_storage_client = create_storage_client
-    try:
-        from apache_beam.runners.dataflow.internal import apiclient
-    except ImportError:  # Beam without its Dataflow extras: nothing stages there
-        return
-    apiclient.create_storage_client = create_storage_client
+    # The Dataflow apiclient takes the function by name when it is imported: one imported later takes this one.
+    # It is not imported here: it loads the Dataflow API client, which a local run never uses (0.2 s).
+    apiclient = sys.modules.get("apache_beam.runners.dataflow.internal.apiclient")
+    if apiclient is not None:
+        apiclient.create_storage_client = create_storage_client
 
 
 def client() -> storage.Client:

@@ -328,10 +328,10 @@ class ListImages(beam.PTransform):
     def expand(self, pbegin):
         top = (
             pbegin
-            | "InputFolder" >> beam.Create([self._input_dir])
+            | "InputFolder" >> beam.Impulse()
             # Entry above the class folders; Folder for each class folder, on FOLDERS
-            | "ListTop" >> beam.FlatMap(_tag_folders, self._follow_symlinks, self._depth).with_outputs(
-                FOLDERS, main="entries")
+            | "ListTop" >> beam.FlatMap(_tag_folders, self._input_dir, self._follow_symlinks, self._depth
+                                        ).with_outputs(FOLDERS, main="entries")
         )
         deeper = (
             top[FOLDERS]
@@ -341,20 +341,22 @@ class ListImages(beam.PTransform):
             | "ListFolders" >> beam.FlatMap(list_folder_or_parts, self._input_dir, self._follow_symlinks
                                             ).with_outputs(PARTS, main="entries")
         )
-        parts = (
-            deeper[PARTS]
-            | "SpreadParts" >> beam.Reshuffle()
-            # Entry of each part of a large gs:// class folder, on whichever worker gets it
-            | "ListParts" >> beam.FlatMap(list_folder_part)
-        )
+        entries = [top.entries, deeper.entries]
+        if not is_local(self._input_dir):  # a local class folder is walked whole: it is never cut into parts
+            entries.append(
+                deeper[PARTS]
+                | "SpreadParts" >> beam.Reshuffle()
+                # Entry of each part of a large gs:// class folder, on whichever worker gets it
+                | "ListParts" >> beam.FlatMap(list_folder_part)
+            )
         return (
-            (top.entries, deeper.entries, parts)
+            entries
             | "AllEntries" >> beam.Flatten()
             # Entry -> FileRef (images) | Rejection (skipped, or a problem entry)
             | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, FOUND, main="images")
         )
 
 
-def _tag_folders(input_dir: str, follow_symlinks: bool, depth: int):
+def _tag_folders(_impulse, input_dir: str, follow_symlinks: bool, depth: int):
     for item in list_top(input_dir, follow_symlinks, depth):
         yield beam.pvalue.TaggedOutput(FOLDERS, item) if isinstance(item, Folder) else item

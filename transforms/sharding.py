@@ -12,7 +12,7 @@ The ranks are found without sorting the dataset in one place:
    65,536 buckets of key space, by the key's top 16 bits. This is a Beam
    combine, spread over workers; its result is bounded by the bucket count,
    whatever the dataset's size.
-2. LayOut: from the bucket counts alone, each split's total, shard count and
+2. LayOut: from the bucket counts alone (gathered in one combine), each split's total, shard count and
    the rank at which each bucket starts (`SplitLayout`, one small side input).
 3. PlaceImages: an image whose whole bucket falls inside one shard's ranks
    gets that shard at once. Only the images of the (at most N-1) buckets that
@@ -169,12 +169,9 @@ class AssignShards(beam.PTransform):
             # ((split, bucket), (images, source bytes)): at most 3 x 65,536 of them
             | "CountBuckets" >> beam.CombinePerKey(_SumPairs())
         )
-        # {split: SplitLayout}, one element
+        # {split: SplitLayout}, one element: the counts gathered in one place and laid out there ({} if none)
         layouts = beam.pvalue.AsSingleton(
-            counts
-            | "AllCounts" >> beam.combiners.ToList()
-            | "LayOut" >> beam.Map(lay_out, self._sizing)
-        )
+            counts | "LayOut" >> beam.CombineGlobally(_LayOut(self._sizing)).without_defaults(), default_value={})
         placed = refs | "PlaceImages" >> beam.ParDo(_PlaceImage(), layouts).with_outputs(STRADDLING, main="placed")
         ranked = (
             placed[STRADDLING]
@@ -183,6 +180,30 @@ class AssignShards(beam.PTransform):
             | "RankStraddlers" >> beam.FlatMap(rank_bucket, layouts)
         )
         return (placed.placed, ranked) | "AllPlaced" >> beam.Flatten()
+
+
+class _LayOut(beam.CombineFn):
+    """((split, bucket), (images, source bytes)) counts -> {split: SplitLayout} (`lay_out`), in one combine.
+
+    A combine without a default (an empty input gives no element) needs no step of its own to make one, and the
+    layout is made where the counts meet, not in a step after them.
+    """
+
+    def __init__(self, sizing: ShardSizing):
+        self._sizing = sizing
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, element):
+        accumulator.append(element)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        return [count for accumulator in accumulators for count in accumulator]
+
+    def extract_output(self, accumulator):
+        return lay_out(accumulator, self._sizing)
 
 
 class _SumPairs(beam.CombineFn):
