@@ -232,3 +232,24 @@ def test_statistics_and_the_duplicate_report_cover_the_whole_grown_dataset(grown
         assert info["statistics"]["splits"][split]["images"] == split_info["records"]
     assert info["duplicates"]["groups"] >= 1  # the new copy against the old record
     assert json.dumps(info["duplicates"]).count("img_00099.jpg") >= 1
+
+
+def test_a_manifest_grows_with_the_datasets_classes(tmp_path):
+    """With a manifest, the dataset's class names are the labels: new rows of its classes are converted, a row of
+    a class it lacks is skipped as unknown_class, and the old records keep their ids."""
+    from tests.datasets import convert_manifest
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    first = write_tiny_tree(src, {"cat": 4, "dog": 4})
+    manifest = src / "m.csv"
+    manifest.write_text("path,label\n" + "".join(f"{p},{p.split('/')[0]}\n" for p in first))
+    assert convert_manifest(manifest, out, *OPTIONS) == 0
+    before = _records(out)
+    more = write_tiny_tree(src, {"cat": 2, "dog": 2, "eel": 1}, start=4)
+    manifest.write_text(manifest.read_text() + "".join(f"{p},{p.split('/')[0]}\n" for p in more))
+    assert convert_manifest(manifest, out, *OPTIONS, "--if_exists=append") == 0
+    info, after = _info(out), _records(out)
+    assert info["appends"][-1]["converted"] == 4 and info["class_names"] == ["cat", "dog"]
+    assert len(after) == 12 and all(after[path] == record for path, record in before.items())
+    assert [r["relpath"] for r in error_rows(out) if r["reason"] == "unknown_class"] == ["eel/img_00004.jpg"]
+    assert main_of(verify.run, [str(out)]) == 0
