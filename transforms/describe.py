@@ -417,8 +417,10 @@ class DescribeDataset(beam.PTransform):
     of files listed, from ListImages), and optionally 'hashes' ((sha256, (split, label, relpath))
     of every written image, from WriteShards) for the duplicate report, and 'groups' ((group, split,
     relpath) of every labelled image, from AssignLabels with --group_by), and 'stats' ((split, SplitStats)
-    per shard, from WriteShards) for the pixel and size statistics. `split_by` says how the
-    splits were made: split_folders, path_hash or group_hash.
+    per shard, from WriteShards) for the pixel and size statistics, 'sources' (the paths of the run's
+    sources files, from transforms.append.WriteSources) and, with `base` (the description of the dataset
+    an --if_exists=append grows), 'present' (1 per image already in it, from SkipPresent). `split_by` says
+    how the splits were made: split_folders, path_hash or group_hash.
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
