@@ -21,7 +21,7 @@ from transforms.imaging import (
 )
 from transforms.transient import JOB_READS_PER_S
 
-IF_EXISTS = ("refuse", "overwrite", "skip")
+IF_EXISTS = ("refuse", "overwrite", "skip", "append")
 DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
@@ -204,7 +204,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
         help="What a complete dataset already in --output_dir means: refuse stops with an error; overwrite "
              "replaces it once the new run has finished (only files this tool writes are removed); skip exits "
              "0 without converting when it was made from the same options, for schedulers' retries, and "
-             "refuses one made with other options. Default: refuse.")
+             "refuses one made with other options; append converts only the images the dataset does not hold "
+             "yet (same relative path and SHA-256) into new shards beside its own, and needs the options that "
+             "shape records to be the dataset's (docs/growing-datasets.md). Default: refuse.")
     add("--follow_symlinks", **ON_OFF,
         help="Also read symlinks (to files or folders) whose target is outside --input_dir. Symlinks inside "
              "it are always followed. Default: off, such a link is reported as symlink_outside_input in "

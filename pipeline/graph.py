@@ -8,6 +8,8 @@ from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms import metadata
+from transforms.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
+from transforms.append import REJECTED as CHANGED
 from transforms.describe import DescribeDataset
 from transforms.duplicates import DROPPED, DropDuplicates
 from transforms.duplicates import HASHES as DUP_HASHES
@@ -17,6 +19,7 @@ from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import CLASS_NAMES, ReadManifest
 from transforms.manifest import STATS as MANIFEST_STATS
 from transforms.metadata import JoinMetadata
+from transforms.outputs import shards_dir
 from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
 
@@ -32,7 +35,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             settings.manifest,
             plan.manifest_format,
             settings.input_dir,
-            plan.class_names if settings.labels_file else None,  # None: the rows' labels, found in the job
+            # None: the rows' labels, found in the job; an append's are the dataset's
+            plan.class_names if settings.labels_file or plan.base is not None else None,
             seed=settings.seed,
             validation_split=settings.validation_split,
             test_split=settings.test_split,
@@ -72,6 +76,16 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
                                                              settings.input_dir, plan.features)
             images, metadata_stats = joined["images"], joined[metadata.STATS]
             not_listed.append(joined[metadata.SKIPPED])
+    present = old_records = None
+    if plan.base is not None:
+        # --if_exists=append: (relpath, (sha256, split, label)) of every record the dataset holds, from its sources
+        # files; ImageRef -> the ImageRefs it does not hold yet (a changed file is rejected, one there is counted)
+        sources = p | "ReadSources" >> ReadSources(plan.base_sources)
+        judged = images | "SkipPresent" >> SkipPresent(sources, settings.image.max_file_bytes,
+                                                       settings.image.throttled_retry_s)
+        images, present = judged.images, judged[PRESENT]
+        not_listed.append(judged[CHANGED])
+        old_records = sources | "OldHashes" >> beam.Map(old_hashes)  # the duplicate report covers the dataset
     dropped, source_hashes = [], None
     if settings.duplicates == "drop":
         # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
@@ -87,15 +101,22 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         settings.compression, settings.index_files, settings.file_format, settings.shard_names,
     )
     rejections = (*not_listed, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
+    # every written image's source hash; with drop, every hashed source's (the report covers the input)
+    hashes = written[HASHES] if source_hashes is None else source_hashes
+    if old_records is not None:
+        hashes = (hashes, old_records) | "DatasetHashes" >> beam.Flatten()
     inputs = {
         "written": written[WRITTEN],
         "rejections": rejections,
         "shards": written.shards,
         "found": found,
-        # every written image's source hash; with drop, every hashed source's (the report covers the input)
-        "hashes": written[HASHES] if source_hashes is None else source_hashes,
+        "hashes": hashes,
         "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
+        # the paths of this run's sources files, [relpath, sha256, split, label] per written image, beside its shards
+        "sources": written[HASHES] | "WriteSources" >> WriteSources(shards_dir(settings.output_dir, run_id), run_id),
     }
+    if present is not None:
+        inputs["present"] = present
     grouped = (bool(settings.group_by) and not settings.unlabeled) or plan.manifest_groups
     if grouped:
         inputs["groups"] = groups
@@ -116,5 +137,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         __version__,
         split_by,
         extra_features=plan.features,
+        base=plan.base,
     )
     return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

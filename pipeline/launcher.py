@@ -23,7 +23,7 @@ from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
 from pipeline.options import Settings, check_flags, help_text, ignored_options, validate
-from pipeline.output import OldOutputs, existing_dataset, give_back_lock, prepare_output, take_lock
+from pipeline.output import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset
 from pipeline.report import summarise_run
 from transforms.lock import holder_record
@@ -104,6 +104,7 @@ def run(argv: list[str] | None = None) -> int:
             print(old.done)
             return cloud.launch_nothing(options, old.done) if cloud.is_template_launch(options) else 0
         try:
+            append_base(settings, plan)  # --if_exists=append: the dataset it grows, read under the lock
             job = beam.Pipeline(runner=local.runner(), options=options)
             build_pipeline(job, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py
         except BaseException:

@@ -29,8 +29,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.options import Settings
+from pipeline.plan import Plan
 from transforms import bounded
-from transforms.dataset_format import TEMP_DIR
+from transforms.append import FREE_OPTIONS
+from transforms.dataset_format import FORMAT_VERSION, TEMP_DIR
 from transforms.lock import (
     LockHeld,
     LockUnsupported,
@@ -108,6 +110,9 @@ def existing_dataset(settings: Settings, options: PipelineOptions | None = None)
         return None
     marker = os.path.basename(completion_marker(settings.output_dir) or "")
     where = f"--output_dir {settings.output_dir} already holds a dataset ({marker})"
+    if settings.if_exists == "append":
+        check_appendable(settings, info)
+        return None
     if settings.if_exists == "refuse":
         raise UserError(f"{where}: pass --if_exists=overwrite (or --overwrite) to replace it, --if_exists=skip to "
                         "accept it when it was made with the same options, or choose another folder")
@@ -127,6 +132,54 @@ def existing_dataset(settings: Settings, options: PipelineOptions | None = None)
     return (f"{settings.output_dir} already holds a complete dataset made with the same options "
             f"({files.get('written', '?')} images, created {info.get('created', '?')}); nothing to do "
             "(--if_exists=skip)" + _older_format(info))
+
+
+def check_appendable(settings: Settings, info: dict) -> None:
+    """--if_exists=append: the dataset in the output folder can grow by this run's images.
+
+    Raises:
+        UserError: its description is unreadable, it lists no sources files (made by an earlier version), or the
+            options that shape records or their splits differ from its own (one line naming them).
+    """
+    where = f"--if_exists=append: the dataset in {settings.output_dir}"
+    rebuild = "pass --if_exists=overwrite to convert everything again, or choose another folder"
+    if not info or info.get("format_version") != FORMAT_VERSION or not isinstance(info.get("splits"), dict):
+        raise UserError(f"{where} has a description this version cannot grow (format version "
+                        f"{info.get('format_version', '?')}): {rebuild}")
+    sources = info.get("sources")
+    if not isinstance(sources, dict) or not isinstance(sources.get("files"), list):
+        raise UserError(f"{where} was made by an earlier version, which recorded no sources files (the paths and "
+                        f"SHA-256 of its records), so which images it holds is not known: {rebuild}")
+    differences = [d for d in option_differences(info.get("options") or {}, settings)
+                   if d.split(":", 1)[0] not in FREE_OPTIONS]
+    if differences:
+        shown = "; ".join(differences[:4]) + (f"; and {len(differences) - 4} more" if len(differences) > 4 else "")
+        raise UserError(f"{where} was made with other options that shape its records or splits ({shown}): give "
+                        f"the dataset's own values, or {rebuild}")
+
+
+def append_base(settings: Settings, plan: Plan) -> None:
+    """Give `plan` the dataset this run grows (--if_exists=append), read again under the folder's lock.
+
+    Its class names are the run's: a class the dataset lacks would shift every label id.
+
+    Raises:
+        UserError: the input has class folders the dataset does not know, or the dataset changed meanwhile.
+    """
+    info = read_existing_info(settings.output_dir)
+    if settings.if_exists != "append" or info is None:
+        return
+    check_appendable(settings, info)
+    names = list(info.get("class_names") or [])
+    new = sorted(set(plan.class_names) - set(names))
+    if new:
+        raise UserError(f"--if_exists=append: the input has {len(new)} class(es) that the dataset in "
+                        f"{settings.output_dir} does not ({', '.join(new[:5])}), and adding a class would change "
+                        "the label ids of its records: pass --if_exists=overwrite to convert everything again, or "
+                        "move those folders out of --input_dir")
+    plan.class_names = names
+    plan.base = info
+    plan.base_sources = [FileSystems.join(settings.output_dir, name) for name in info["sources"]["files"]]
 
 
 def _older_format(info: dict) -> str:
@@ -325,7 +378,7 @@ def _finish_interrupted_publish(settings: Settings) -> tuple[str | None, UserErr
     what = (f"run {plan['run_id']} was stopped while it published its dataset in {settings.output_dir}, and this "
             "run finished publishing it")
     _LOG.warning("%s%s", what[0].upper(), what[1:])
-    if settings.if_exists == "overwrite":
+    if settings.if_exists in ("overwrite", "append"):  # an append goes on with the dataset that left
         return None, None
     info = read_existing_info(settings.output_dir) or {}
     differences = option_differences(info.get("options") or {}, settings)

@@ -64,6 +64,8 @@ class Plan:
     features: tuple = ()  # the extra features (transforms.features.FeatureType): declared, then string columns
     metadata_format: str = ""  # with --metadata: 'csv' or 'jsonl'
     manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
+    base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
+    base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.append)
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image

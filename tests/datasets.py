@@ -29,6 +29,7 @@ def read_records(dataset_dir) -> dict[str, list[dict]]:
                     "height": feature["height"].int64_list.value[0],
                     "width": feature["width"].int64_list.value[0],
                     "image": feature["image"].bytes_list.value[0],
+                    "sha256": (feature["sha256"].bytes_list.value or [b""])[0].decode(),
                 })
         out[split] = rows
     return out

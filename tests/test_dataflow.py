@@ -167,6 +167,8 @@ BOUNDED_SIDE_INPUTS = {
     "DescribeDataset/FindDuplicates": "one dict: the duplicate counts and the first 20 groups",
     "DescribeDataset/SummariseGroups": "one dict: the --group_by counts and the first 10 examples",
     "DescribeDataset/CombineStats": "one SplitStats per split: pixel sums and source-size histograms",
+    "WriteSources/WriteSourceFiles": "the names of the run's sources files: one per bundle of written images",
+    "DescribeDataset/CountPresent": "--if_exists=append: one count, the images already in the dataset",
     # errors.jsonl: one line per rejected or skipped file, streamed by the step that writes the description.
     "AllRejections": "the rejected and skipped files, streamed once into errors.jsonl",
 }

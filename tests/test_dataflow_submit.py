@@ -58,7 +58,8 @@ def assert_complete_dataset(gcs_emulator, output_dir: str, images: int = 12) -> 
     assert info["files"]["written"] == images
     shards = {s["file"] for split in info["splits"].values() for s in split["shards"]}
     assert set(names) == shards | {"image_tfrecords.json", "labels.txt", "features.json", "errors.jsonl",
-                                   "dataset_info.json", "label.labels.txt"}, names
+                                   "dataset_info.json", "label.labels.txt", *info["sources"]["files"]}, names
+    assert info["sources"]["files"]  # every run lists its records, so that the dataset can grow
     return info
 
 
@@ -242,3 +243,42 @@ def test_no_wait_through_run_dataflow_sh_prints_the_job_id_for_schedulers(gcs_em
     assert result.returncode == 0, result.stderr
     assert list(dataflow_api.jobs) == [job_id_of(result)]
     assert dataflow_api.only_job().state == "JOB_STATE_RUNNING"
+
+
+@pytest.mark.timeout(600)
+def test_an_append_through_dataflow_converts_only_the_new_images(gcs_emulator, dataflow_api, photos, tmp_path):
+    """--if_exists=append on gs://, through the Dataflow stand-in: 8 images, then 4 more; the second job converts
+    4, the old shards keep their records under the new total in their names, nothing else is left."""
+    from tests.datasets import write_tiny_tree
+    from transforms.examples import Example
+    from transforms.tfrecord import iter_records
+
+    write_tiny_tree(tmp_path / "first", {"cat": 4, "dog": 4})
+    write_tiny_tree(tmp_path / "more", {"cat": 2, "dog": 2}, start=4)
+    photos, output = photos.rsplit("/", 1)[0] + "/grow-photos", photos.rsplit("/", 1)[0] + "/grown"
+    assert gcs_emulator.upload_tree(tmp_path / "first", photos) == 8
+    args = dataflow_args(dataflow_api, photos, output, "--num_shards=train=2,validation=1")
+    first = launch(gcs_emulator, *args)
+    assert first.returncode == 0, first.stderr
+    before = assert_complete_dataset(gcs_emulator, output, images=8)
+    old_bytes = {s["file"]: gcs_emulator.read(f"{output}/{s['file']}") for split in before["splits"].values()
+                 for s in split["shards"]}
+    assert gcs_emulator.upload_tree(tmp_path / "more", photos) == 4
+    grown = launch(gcs_emulator, *args, "--if_exists=append")
+    assert grown.returncode == 0, grown.stderr
+    info = assert_complete_dataset(gcs_emulator, output, images=12)
+    assert info["appends"][-1]["converted"] == 4 and info["appends"][-1]["already_in_dataset"] == 8
+    paths = []
+    for split, split_info in info["splits"].items():
+        shards = split_info["shards"]
+        old = before["splits"].get(split, {}).get("shards", [])
+        assert [s["file"] for s in shards] == [f"{split}-{i:05d}-of-{len(shards):05d}.tfrecord"
+                                               for i in range(len(shards))]
+        for old_shard, shard in zip(old, shards, strict=False):  # the old shards, renamed, byte for byte
+            assert gcs_emulator.read(f"{output}/{shard['file']}") == old_bytes[old_shard["file"]]
+        for shard in shards:
+            local = tmp_path / shard["file"]
+            local.write_bytes(gcs_emulator.read(f"{output}/{shard['file']}"))
+            paths += [Example.FromString(raw).features.feature["source_path"].bytes_list.value[0].decode()
+                      for raw in iter_records(str(local))]
+    assert sorted(paths) == sorted(f"{c}/img_{i:05d}.jpg" for c in ("cat", "dog") for i in range(6))

@@ -96,7 +96,7 @@ def test_kaggle_names_carry_each_shards_true_record_count(kaggle, standard):
     assert [s["file"] for s in info["splits"]["train"]["shards"]] == [
         f"train{i:02d}-{s['records']}.tfrec" for i, s in enumerate(info["splits"]["train"]["shards"])]
     # TFDS cannot find Kaggle names by its file name template: no TFDS files (image_tfrecords.json says why).
-    descriptions = ["errors.jsonl", "image_tfrecords.json", "labels.txt"]
+    descriptions = ["errors.jsonl", "image_tfrecords.json", "labels.txt", *info["sources"]["files"]]
     assert names == sorted([s["file"] for s in shards] + [s["index"] for s in shards] + descriptions)
     assert all(re.fullmatch(r"(train|validation)\d\d-\d+\.(tfrec|idx)", n) for n in names if n not in descriptions)
     # The counts in the names are those of the files, read back record by record.
@@ -183,20 +183,21 @@ def test_overwrite_replaces_kaggle_named_shards_and_their_indexes(tree, tmp_path
     kaggle_files = {s[key] for split in kaggle_info["splits"].values() for s in split["shards"]
                     for key in ("file", "index")}
     assert kaggle_files <= {p.name for p in out.iterdir()}
-    # the shards, indexes and description files (errors.jsonl, image_tfrecords.json, labels.txt: no TFDS files)
-    assert len(own_outputs(str(out))) == len(kaggle_files) + 3
+    # the shards, indexes, description files (errors.jsonl, image_tfrecords.json, labels.txt: no TFDS files) and
+    # the run's sources list
+    assert len(own_outputs(str(out))) == len(kaggle_files) + 3 + len(kaggle_info["sources"]["files"])
     (out / "train-notes.tfrec.txt").write_text("mine")  # looks alike, is not this tool's
     info = _convert(tree, out, "--overwrite")
     names = {p.name for p in out.iterdir()}
     assert not kaggle_files & names
     assert names == {s["file"] for split in info["splits"].values() for s in split["shards"]} | {
         "image_tfrecords.json", "dataset_info.json", "features.json", "label.labels.txt", "labels.txt",
-        "errors.jsonl", "train-notes.tfrec.txt"}
+        "errors.jsonl", "train-notes.tfrec.txt", *info["sources"]["files"]}
     # And back: the standard shards give way to Kaggle's.
     info = _convert(tree, out, "--overwrite", "--shard_names=kaggle")
     assert {p.name for p in out.iterdir()} == {s["file"] for split in info["splits"].values()
                                                 for s in split["shards"]} | {
-        "image_tfrecords.json", "labels.txt", "errors.jsonl", "train-notes.tfrec.txt"}
+        "image_tfrecords.json", "labels.txt", "errors.jsonl", "train-notes.tfrec.txt", *info["sources"]["files"]}
 
 
 # --- ArrayRecord ----------------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def test_array_record_shards_hold_the_same_records_as_tfrecord_shards(arrays, st
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [s["file"] for split in info["splits"].values() for s in split["shards"]]
         + ["dataset_info.json", "errors.jsonl", "features.json", "image_tfrecords.json", "label.labels.txt",
-           "labels.txt"])
+           "labels.txt", *info["sources"]["files"]])
     # Byte for byte the serialized Examples of the TFRecord run, in the same shards, in the same order.
     assert _array_records(out, info) == _records(standard_out, standard_info)
     for split, split_info in info["splits"].items():
@@ -332,8 +333,11 @@ def test_kaggle_names_on_gcs(gcs_emulator, tree, kaggle):
     assert convert(tree, output, NO_AUTH, f"--image_size={SIZE}", "--validation_split=0.25", "--num_shards=train=3",
                    "--shard_names=kaggle", "--index_files") == 0
     local_out, local_info = kaggle
-    assert gcs_emulator.list_names(output) == sorted(p.name for p in local_out.iterdir())
     remote_info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
+    # the same files, but for each run's own sources list (named after its run id)
+    assert gcs_emulator.list_names(output) == sorted(
+        [*(p.name for p in local_out.iterdir() if p.name not in local_info["sources"]["files"]),
+         *remote_info["sources"]["files"]])
     assert remote_info["splits"] == local_info["splits"]
     for shard in remote_info["splits"]["train"]["shards"]:
         assert gcs_emulator.read(f"{output}/{shard['file']}") == (local_out / shard["file"]).read_bytes()

@@ -230,7 +230,10 @@ def test_the_description_fields_are_present_and_typed(sample_output):
     assert list(stats["splits"]) == list(info["splits"])
     for split, s in stats["splits"].items():
         assert set(s) == {"images", "pixels", "mean", "std", "upscaled", "upscaled_share", "kept", "source_width",
-                          "source_height"}
+                          "source_height", "sums", "squares"}
+        # the exact integer sums the mean comes from (an append adds its images' to them)
+        assert all(isinstance(v, int) for v in s["sums"] + s["squares"]) and len(s["sums"]) == 3
+        assert [round(v / s["pixels"], 4) for v in s["sums"]] == s["mean"]
         assert s["images"] == info["splits"][split]["records"]
         assert s["pixels"] == s["images"] * 512 * 512
         assert all(isinstance(v, float) and 0 <= v <= 255 for v in s["mean"] + s["std"]) and len(s["mean"]) == 3

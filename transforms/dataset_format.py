@@ -8,6 +8,8 @@ formats, the schemas' keys, the split names, and the one loader and checker of i
     <split>-00000-of-00004.tfrecord[.gz]      the shards under their standard names (.array_record for ArrayRecord)
     <split>00-2071.tfrec[.gz]                 or Kaggle's (--shard_names=kaggle): the index and the record count
     <shard name without .tfrecord>.idx        --index_files: each shard's index, beside it
+    sources-<run id>-00000-of-00002.jsonl     every record's source path, SHA-256, split and label, one JSON
+                                              list a line, per run that added records (--if_exists=append)
     .image-tfrecords.lock, .image-tfrecords-tmp/   the lock and the runs' temporary folders (transforms/outputs.py)
 
 The converter (transforms/, pipeline/), the Dataflow code and the read-side tools (pipeline/readers/) all take
@@ -213,6 +215,22 @@ KAGGLE_NAME = re.compile(r"(?P<split>" + _SPLITS + r")(?P<index>\d{2,})-(?P<reco
 # --index_files: a shard's index for DALI and the tfrecord package, beside it (train-00000-of-00004.idx,
 # train00-2071.idx).
 INDEX_NAME = re.compile(r"(?:" + _SPLITS + r")(?:-\d{5,}-of-\d{5,}|\d{2,}-\d+)\.idx")
+
+
+# Each run's list of the records it added: [relpath, sha256, split, label] per line (`--if_exists=append` reads
+# them to tell which images a dataset already holds, without reading a shard). Not matched by any shard glob.
+SOURCES_PREFIX = "sources-"
+SOURCES_SUFFIX = ".jsonl"
+SOURCES_NAME = re.compile(r"sources-[\w.-]+-\d{5}-of-\d{5}\.jsonl")
+
+
+# The reason in errors.jsonl of a file whose path the dataset holds with other bytes: an append keeps the record.
+CHANGED_SINCE_DATASET = "changed_since_dataset"
+
+
+def sources_prefix(run_id: str) -> str:
+    """The start of a run's sources files' names (Beam adds -00000-of-00002.jsonl)."""
+    return f"{SOURCES_PREFIX}{run_id}"
 
 
 def is_shard_name(name: str) -> bool:

@@ -22,9 +22,9 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import append, tfds_metadata
 from transforms import duplicates as dup
 from transforms import stats as pixel_stats
-from transforms import tfds_metadata
 from transforms.dataset_format import (
     ERRORS_FILE,
     FORMAT_VERSION,
@@ -237,8 +237,9 @@ class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash", extra_features=()):
+                 split_by="path_hash", extra_features=(), base=None):
         self._output_dir = output_dir
+        self._base = base  # --if_exists=append: the description of the dataset this run grows
         self._split_by = split_by
         self._extra_features = tuple(extra_features)
         self._run_id = run_id
@@ -250,11 +251,26 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
-                metadata=None, class_names=None, manifest=None):
+                metadata=None, class_names=None, manifest=None, sources=(), present=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
         counts = summarise(tallies, shard_stats, self._class_names)
-        check_accounting(counts)
+        sources = sorted(FileSystems.split(path)[1] for path in sources)  # this run's, in its shards folder
+        grown = None
+        if self._base is not None:
+            run = counts._replace(files={**counts.files, "found": counts.files["found"] - sum(present or ())})
+            check_accounting(run)  # this run's images: found = already there + written + rejected + skipped
+            if not run.files["written"] and not run.rejected_by_reason.get(append.CHANGED):
+                # Nothing new: the dataset stays as it is, byte for byte.
+                remove_run_dir(self._output_dir, self._run_id)
+                release_lock(self._output_dir, self._run_id)
+                yield self._base
+                return
+            counts, grown = grow(self._base, run, sum(present or ()), self._options, self._run_id)
+            stats = [(split, pixel_stats.merge([part, *old])) for split, part, old in
+                     _with_old_stats(self._base, dict(stats or ()), counts.splits)]
+        else:
+            check_accounting(counts)
         statistics = None
         if stats is not None:  # (split, SplitStats), one per split
             statistics = pixel_stats.describe(
@@ -271,6 +287,11 @@ class _WriteInfo(beam.DoFn):
                             groups=groups, duplicates=dup.describe(duplicates, self._class_names),
                             statistics=statistics, extra_features=self._extra_features, metadata=metadata,
                             manifest=manifest)
+        old_sources = list(((self._base or {}).get("sources") or {}).get("files") or [])
+        info["sources"] = {"files": old_sources + sources,
+                           "format": "one JSON list a line: [relpath, sha256, split, label]"}
+        if grown is not None:
+            info["appends"] = grown.history
         all_shards = [s for split in info["splits"].values() for s in split["shards"]]
         renamed = counts.renamed
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
@@ -282,9 +303,11 @@ class _WriteInfo(beam.DoFn):
             release_lock(self._output_dir, self._run_id)
             yield published
             return
+        if grown is not None:  # only the new shards come from the run's folder
+            all_shards = [s for s in all_shards if s["file"] in renamed]
         shard_files = ([(renamed.get(s["file"], s["file"]), s["file"]) for s in all_shards]
                        + [(index_name(renamed.get(s["file"], s["file"])), s["index"]) for s in all_shards
-                          if "index" in s])
+                          if "index" in s] + sources)
         descriptions = {
             # Streamed from the side input, never held in memory: a messy folder may have millions.
             ERRORS_FILE: (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections),
@@ -295,11 +318,72 @@ class _WriteInfo(beam.DoFn):
         # Each shard's file (its committed attempt's) must hold the bytes its ShardInfo reports.
         sizes = {renamed.get(s["file"], s["file"]): s["bytes"] for s in all_shards}
         # Written in full first, then the previous dataset (if any) gives way: transforms/outputs.py.
-        publish_dataset(self._output_dir, self._run_id, shard_files, descriptions, sizes)
+        publish_dataset(self._output_dir, self._run_id, shard_files, descriptions, sizes,
+                        renames=grown.renames if grown else None, keep=grown.keep + old_sources if grown else ())
         # This run's own temporary folder and lock; another run's are never touched.
         remove_run_dir(self._output_dir, self._run_id)
         release_lock(self._output_dir, self._run_id)
         yield info
+
+
+class Grown(NamedTuple):
+    """What an append changes besides the new shards: the old files' renames, those kept, the history."""
+
+    renames: list  # (old final name, new final name) of the old shards and index files whose names change
+    keep: list  # the old shards' and index files' names that stay
+    history: list  # the description's "appends": one entry per append, this one last
+
+
+def grow(base: dict, run: Accounting, present: int, options: dict, run_id: str = "") -> tuple[Accounting, Grown]:
+    """The accounting of the dataset `base` (its description) grown by this run's images (`run`, of this run's
+    shards), and what publishing it changes. Counts add up across appends: found = written + rejected + skipped,
+    with `found` the dataset's records before this run plus the images this run found that it did not hold;
+    rejected and skipped are this run's (errors.jsonl lists them)."""
+    new_shards = [(split, s["file"], s["records"], s["bytes"], s.get("index", ""), run.renamed.get(s["file"], ""))
+                  for split, info in run.splits.items() for s in info["shards"]]
+    shards, renames = append.appended_shards(base["splits"], new_shards, options["compression"],
+                                             options.get("file_format", "tfrecord"), options.get("shard_names", ""))
+    splits, renamed = {}, {}
+    for split in SPLITS:
+        old, new = base["splits"].get(split), run.splits.get(split)
+        if old is None and new is None:
+            continue
+        old, new = old or {}, new or {}
+        entries = []
+        for split_, name, records, size, index, temp, kind in shards:
+            if split_ == split:
+                entries.append({"file": name, "records": records, "bytes": size, **({"index": index} if index else {})})
+                if kind == "new":
+                    renamed[name] = temp
+        counts = Counter(old.get("class_counts") or {}) + Counter(new.get("class_counts") or {})
+        splits[split] = {
+            "records": old.get("records", 0) + new.get("records", 0),
+            "class_counts": {name: counts[name] for name in base["class_names"] if counts[name]},
+            "shards": entries,
+            "bytes": sum(s["bytes"] for s in entries),
+        }
+        without = old.get("images_without_labels", 0) + new.get("images_without_labels", 0)
+        if without:
+            splits[split]["images_without_labels"] = without
+    old_files = base.get("files") or {}
+    written = old_files.get("written", 0) + run.files["written"]
+    files = {"found": written + run.files["rejected"] + run.files["skipped"], "written": written,
+             "rejected": run.files["rejected"], "skipped": run.files["skipped"],
+             "upscaled": old_files.get("upscaled", 0) + run.files["upscaled"]}
+    history = list(base.get("appends") or []) + [{
+        "run_id": run_id, "converted": run.files["written"], "already_in_dataset": present,
+        "changed": run.rejected_by_reason.get(append.CHANGED, 0), "found": run.files["found"] + present}]
+    grown = Grown([(old, new) for old, new in renames if old != new],
+                  [old for old, new in renames if old == new], history)
+    return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed), grown
+
+
+def _with_old_stats(base: dict, stats: dict, splits: dict):
+    """(split, this run's SplitStats, [the dataset's]) for every split of the grown dataset."""
+    old = ((base.get("statistics") or {}).get("splits")) or {}
+    for split in splits:
+        recorded = pixel_stats.from_description(old[split]) if split in old else None
+        yield split, stats.get(split, pixel_stats.SplitStats()), [recorded] if recorded else []
 
 
 def _shard_order(shard: tuple) -> tuple[str, str]:
@@ -333,19 +417,21 @@ class DescribeDataset(beam.PTransform):
     of files listed, from ListImages), and optionally 'hashes' ((sha256, (split, label, relpath))
     of every written image, from WriteShards) for the duplicate report, and 'groups' ((group, split,
     relpath) of every labelled image, from AssignLabels with --group_by), and 'stats' ((split, SplitStats)
-    per shard, from WriteShards) for the pixel and size statistics. `split_by` says how the
-    splits were made: split_folders, path_hash or group_hash.
+    per shard, from WriteShards) for the pixel and size statistics, 'sources' (the paths of the run's
+    sources files, from transforms.append.WriteSources) and, with `base` (the description of the dataset
+    an --if_exists=append grows), 'present' (1 per image already in it, from SkipPresent). `split_by` says
+    how the splits were made: split_folders, path_hash or group_hash.
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash", extra_features=()):
+                 split_by="path_hash", extra_features=(), base=None):
         super().__init__()
         self._output_dir = output_dir
         # a list, or a PCollection of one list (the class names found in the job): a side input
         self._names = class_names if isinstance(class_names, beam.PCollection) else None
         given = [] if self._names is not None else class_names
         self._info_fn = _WriteInfo(output_dir, run_id, given, schema, options, image_info, start_time,
-                                   tool_version, split_by, extra_features=extra_features)
+                                   tool_version, split_by, extra_features=extra_features, base=base)
 
     def expand(self, inputs):
         rejections = inputs["rejections"]
@@ -379,6 +465,10 @@ class DescribeDataset(beam.PTransform):
             side["manifest"] = beam.pvalue.AsSingleton(inputs["manifest"])
         if self._names is not None:  # one list: the class names
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
+        if "sources" in inputs:  # the paths of this run's sources files (transforms.append.WriteSources)
+            side["sources"] = beam.pvalue.AsList(inputs["sources"])
+        if "present" in inputs:  # --if_exists=append: 1 per image already in the dataset
+            side["present"] = beam.pvalue.AsList(inputs["present"] | "CountPresent" >> beam.CombineGlobally(sum))
         return (
             rejections.pipeline
             | "Once" >> beam.Impulse()  # one element: the description is written once

@@ -57,6 +57,7 @@ from transforms.dataset_format import (
     PUBLISH_DIR,
     PUBLISH_PLAN,
     SHARD_NAME,
+    SOURCES_NAME,
     SPLITS,
     TEMP_DIR,
     is_legacy_description,
@@ -79,7 +80,8 @@ _BEAM_TEMP_DIR = r"beam-temp-(?:" + _SPLITS + "|" + re.escape(os.path.splitext(E
 BEAM_TEMP_DIR = re.compile(_BEAM_TEMP_DIR)
 # The final names of a run's files: replaced when a new run publishes.
 _FINAL_NAME = re.compile(re.sub(r"\?P<\w+>", "?:", "|".join([SHARD_NAME.pattern, KAGGLE_NAME.pattern,
-                                                             INDEX_NAME.pattern, _DESCRIPTIONS])))
+                                                             INDEX_NAME.pattern, SOURCES_NAME.pattern,
+                                                             _DESCRIPTIONS])))
 # Every name this tool writes, relative to --output_dir, except the lock. Nothing else there is ever
 # removed, also not names that merely look alike (train-notes.txt, beam-temp-mine/, .notes.tmp-1).
 _OWN_NAME = re.compile(
@@ -263,8 +265,11 @@ def dataset_files(output_dir: str) -> list[str]:
         for shard in shards if isinstance(shards, list) else ():
             if isinstance(shard, dict):
                 names.update(shard.get(key) for key in ("file", "index") if isinstance(shard.get(key), str))
+    sources = info.get("sources") if isinstance(info, dict) else None
+    names.update(name for name in (sources.get("files") if isinstance(sources, dict) else None) or ()
+                 if isinstance(name, str) and SOURCES_NAME.fullmatch(name))
     listed = [name for name in names if name in DESCRIPTION_FILES or name == os.path.basename(marker)
-              or is_shard_name(name) or INDEX_NAME.fullmatch(name)]
+              or is_shard_name(name) or INDEX_NAME.fullmatch(name) or SOURCES_NAME.fullmatch(name)]
     paths = [FileSystems.join(output_dir, name) for name in sorted(listed)]
     present = _present(paths)  # one listing of the folder, not a request per file
     return [p for p in paths if p in present]
@@ -413,7 +418,8 @@ def write_file(path: str, lines: Iterable[str]) -> None:
 
 
 def publish_dataset(output_dir: str, run_id: str, shard_files: list, descriptions: dict,
-                    sizes: dict[str, int] | None = None) -> None:
+                    sizes: dict[str, int] | None = None, renames: list | None = None,
+                    keep: Iterable[str] = ()) -> None:
     """Replace the folder's previous dataset (if any) with this run's shards and `descriptions`.
 
     `shard_files` names every file of the run's shards folder to publish (the
@@ -422,6 +428,9 @@ def publish_dataset(output_dir: str, run_id: str, shard_files: list, description
     `descriptions`: file name -> its lines (streamed), the completion marker INFO_FILE last.
     `sizes`: name in the run's shards folder -> the bytes its writer reported, checked first
     (`check_shard_sizes`: ShardSizeMismatch, and nothing published).
+    `renames` (an append, `transforms.append`): (old final name, new final name) of the previous dataset's files
+    that take new names (train-00000-of-00004 -> train-00000-of-00006), in the same window; `keep`: the final
+    names of its files that stay as they are. Neither is deleted.
 
     1. The space is claimed first: every description is written in full into the
        run's folder (`publish/`), the marker last, while the previous dataset is
@@ -447,8 +456,12 @@ def publish_dataset(output_dir: str, run_id: str, shard_files: list, description
         pairs = [(entry, entry) if isinstance(entry, str) else tuple(entry) for entry in shard_files]
         source = shards_dir(output_dir, run_id)
         moves = [(FileSystems.join(source, temp), FileSystems.join(output_dir, final)) for temp, final in pairs]
+        renamed = [(FileSystems.join(output_dir, old), FileSystems.join(output_dir, new))
+                   for old, new in renames or () if old != new]
+        moves = renamed + moves  # the old files first: no new name is an old one (see transforms.append)
         moves += [(FileSystems.join(staging, name), FileSystems.join(output_dir, name)) for name in descriptions]
-        replaced = {dst for _, dst in moves}
+        replaced = {dst for _, dst in moves} | {src for src, _ in renamed}
+        replaced |= {FileSystems.join(output_dir, name) for name in keep}
         marker = completion_marker(output_dir)
         plan = {"run_id": run_id, "moves": [list(move) for move in moves], "old_marker": marker,
                 "delete": [p for p in dataset_files(output_dir) if p not in replaced and p != marker]}
@@ -479,7 +492,8 @@ def _publish_plan(output_dir: str, run_id: str, plan) -> dict | None:
     moves, delete, marker = plan.get("moves"), plan.get("delete"), plan.get("old_marker")
     valid = (isinstance(moves, list) and moves and isinstance(delete, list)
              and (marker is None or _is_final_path(output_dir, marker))
-             and all(isinstance(m, list) and len(m) == 2 and isinstance(m[0], str) and m[0].startswith(mine)
+             and all(isinstance(m, list) and len(m) == 2 and isinstance(m[0], str)
+                     and (m[0].startswith(mine) or _is_final_path(output_dir, m[0]))  # an append's renames
                      and ".." not in m[0].split("/") and _is_final_path(output_dir, m[1]) for m in moves)
              and all(_is_final_path(output_dir, path) for path in delete)
              and moves[-1][1] == FileSystems.join(output_dir, INFO_FILE))
@@ -505,7 +519,10 @@ def finish_publish(output_dir: str, plan: dict) -> None:
     if old_marker in present:
         FileSystems.delete([old_marker])
     _move([(src, dst) for src, dst in files if src in present])
-    delete_files([path for path in delete if path in present])
+    # An append's old files that took new names: on gs:// a move is a copy, so their old names go now, before the
+    # marker (locally the renames took them).
+    renamed = [src for src, _ in files if src in present and _is_final_path(output_dir, src) and not is_local(src)]
+    delete_files([path for path in delete if path in present] + renamed)
     _move([marker])  # the window closes: the new dataset is complete
 
 

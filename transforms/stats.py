@@ -205,6 +205,16 @@ def suggest_image_size(total: SplitStats, width: int, height: int, resize_mode: 
     }
 
 
+def from_description(split: dict) -> SplitStats | None:
+    """A split's SplitStats as `describe` recorded it (an earlier dataset's, for an append); None without its sums."""
+    try:
+        return SplitStats(split["images"], split["upscaled"], split["pixels"], tuple(split["sums"]),
+                          tuple(split["squares"]), tuple(split["source_width"]), tuple(split["source_height"]),
+                          split.get("kept", 0))
+    except (KeyError, TypeError):
+        return None
+
+
 def describe(per_split: dict, width: int | None, height: int | None, resize_mode: str, total_bytes: int,
              splits_order=("train", "validation", "test")) -> dict:
     """The "statistics" object of the dataset description, from each split's merged SplitStats.
@@ -223,6 +233,8 @@ def describe(per_split: dict, width: int | None, height: int | None, resize_mode
             "upscaled": stats.upscaled,
             "upscaled_share": _share(stats.upscaled, stats.images),
             "kept": stats.kept,
+            "sums": list(stats.sums),  # exact integers, so that an append adds its images' (`from_description`)
+            "squares": list(stats.squares),
             "source_width": list(stats.source_width),
             "source_height": list(stats.source_height),
         }

@@ -46,6 +46,7 @@ from pipeline.readers import reader
 from transforms import bounded, tfds_metadata
 from transforms import duplicate_kinds as duplicates
 from transforms.dataset_format import (
+    CHANGED_SINCE_DATASET,
     ERRORS_FILE,
     INDEX_NAME,
     INFO_FILE,
@@ -626,7 +627,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
             continue
         reasons[stage][reason] += 1
         reported[relpath] += 1
-        if relpath in written_paths:
+        if relpath in written_paths and reason != CHANGED_SINCE_DATASET:  # an append kept its earlier record
             report.problems.append(f"{ERRORS_FILE} line {number}: {relpath!r} is reported as {stage} but is also "
                                    "in the dataset")
     for relpath, count in sorted(reported.items()):
