@@ -455,6 +455,20 @@ def launch_nothing(options: PipelineOptions, message: str) -> int:
     return 0
 
 
+def add_job_checks(pipeline, options: PipelineOptions, settings, run_id: str) -> None:
+    """The steps only a Dataflow job has, beside the graph: the workers check their code against the launcher's,
+    and a template launch's job records its own id in the output folder's lock (which has none yet)."""
+    import apache_beam as beam
+
+    from pipeline.code_version import code_identity
+    from transforms.lock import RecordJobId
+
+    if is_template_launch(options) and not is_dry_run(options):
+        _ = pipeline | "RecordJobId" >> RecordJobId(settings.output_dir, run_id)
+    _ = (pipeline | "CheckWorkerCode/Launcher" >> beam.Create([code_identity()])
+         | "CheckWorkerCode/Compare" >> beam.Map(check_worker_code))
+
+
 def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
                     give_back_lock: Callable[[], None]) -> int:
     """Submit the built pipeline; wait for it and print the summary unless told not to.
@@ -465,20 +479,13 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     Returns the exit code: 0 when submitted (no wait), written as a template,
     or done with records; 1 when the job failed or was cancelled.
     """
-    import apache_beam as beam
     from apache_beam.runners.runner import PipelineState
 
-    from pipeline.code_version import code_identity
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
-    from transforms.lock import RecordJobId, update_lock
+    from transforms.lock import update_lock
 
     cloud = options.view_as(GoogleCloudOptions)
-    if is_template_launch(options) and not is_dry_run(options):  # its lock has no job id: the job records it
-        _ = pipeline | "RecordJobId" >> RecordJobId(settings.output_dir, run_id)
-    # The workers' image may hold other code than this launcher's (one that no tag declares): they check.
-    _ = (pipeline | "CheckWorkerCode/Launcher" >> beam.Create([code_identity()])
-         | "CheckWorkerCode/Compare" >> beam.Map(check_worker_code))
     try:
         result = pipeline.run()
     except _submission_errors() as e:

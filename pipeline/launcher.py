@@ -107,6 +107,8 @@ def run(argv: list[str] | None = None) -> int:
             append_base(settings, plan)  # --if_exists=append: the dataset it grows, read under the lock
             job = beam.Pipeline(runner=local.runner(), options=options)
             build_pipeline(job, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py
+            if cloud.is_dataflow(options):
+                cloud.add_job_checks(job, options, settings, run_id)  # the workers' code, a template job's id
         except BaseException:
             _give_back_lock(options, settings, run_id)
             raise

@@ -63,7 +63,12 @@ def test_the_local_graph_has_few_steps_each_a_stage_round_trip_or_a_dofn_to_insp
     proto = jobs[0].to_runner_api()
     leaves = [t for t in proto.components.transforms.values() if not t.subtransforms]
     urns = [t.spec.urn for t in leaves]
-    assert urns.count(common_urns.primitives.PAR_DO.urn) == 34
-    assert urns.count(common_urns.primitives.GROUP_BY_KEY.urn) == 11
-    assert urns.count(common_urns.primitives.IMPULSE.urn) == 2  # the listing's top and the description
+    # 34 ParDos, 11 GroupByKeys and 2 Impulses, and the sources list that --if_exists=append reads (issue 32),
+    # written by Beam's WriteToText: 9 ParDos, a GroupByKey and an Impulse of its own
+    sources = [t.spec.urn for t in leaves if t.unique_name.startswith("WriteSources/")]
+    assert (sources.count(common_urns.primitives.PAR_DO.urn), sources.count(common_urns.primitives.GROUP_BY_KEY.urn),
+            sources.count(common_urns.primitives.IMPULSE.urn)) == (9, 1, 1)
+    assert urns.count(common_urns.primitives.PAR_DO.urn) == 34 + 9
+    assert urns.count(common_urns.primitives.GROUP_BY_KEY.urn) == 11 + 1
+    assert urns.count(common_urns.primitives.IMPULSE.urn) == 2 + 1  # the listing's top, the description, the sink
     assert not [t.unique_name for t in leaves if "SpreadParts" in t.unique_name]  # a local folder has no parts
