@@ -67,7 +67,7 @@ class Job:
     warm_bucket: bool = False  # the bucket already serves this rate: no ramp
 
 
-def conversion_seconds(job: Job) -> tuple[float, float, str]:
+def model_conversion(job: Job) -> tuple[float, float, str]:
     """The conversion's seconds, the workers' mean CPU use over them (0-1), and what bounded it most of the time."""
     processes = job.workers * job.vcpus
     cpu_rate = processes * 1000.0 / job.cpu_ms
@@ -98,7 +98,7 @@ def estimate(job: Job) -> dict:
     pieces = math.ceil(images_per_shard / CHUNK_IMAGES)
     compose_calls = 1 if pieces <= MAX_COMPOSE else math.ceil(pieces / MAX_COMPOSE) + 1
     intermediate_share = 0.0 if pieces <= MAX_COMPOSE else 1.0  # the first level's composed objects, deleted
-    convert_s, cpu_use, bound = conversion_seconds(job)
+    convert_s, cpu_use, bound = model_conversion(job)
     job_s = WORKER_START_S + LAUNCH_AND_END_S + convert_s
     worker_hour = (job.vcpus * PRICES["vcpu_hour"] + job.memory_gb * PRICES["memory_gb_hour"]
                    + job.disk_gb * PRICES["disk_gb_hour"])

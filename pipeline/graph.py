@@ -82,7 +82,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         # files; ImageRef -> the ImageRefs it does not hold yet (a changed file is rejected, one there is counted)
         sources = p | "ReadSources" >> ReadSources(plan.base_sources)
         judged = images | "SkipPresent" >> SkipPresent(sources, settings.image.max_file_bytes,
-                                                       settings.image.throttled_retry_s)
+                                                       settings.image.throttled_retry_s,
+                                                       settings.image.reads_per_s_at_start)
         images, present = judged.images, judged[PRESENT]
         not_listed.append(judged[CHANGED])
         old_records = sources | "OldHashes" >> beam.Map(old_hashes)  # the duplicate report covers the dataset

@@ -122,6 +122,24 @@ def test_a_changed_file_is_rejected_and_the_dataset_keeps_its_record(grown):
     assert main_of(verify.run, [str(out)]) == 0
 
 
+def test_a_damaged_sources_file_fails_the_append_in_one_line_and_keeps_the_dataset(grown, capsys):
+    """A line of the dataset's own list of what it holds that is not a record would drop that image from the
+    list, and the append would write it twice: the run stops instead, naming the file."""
+    src, out, _ = grown
+    sources = sorted(name for name in os.listdir(out) if name.startswith("sources-"))
+    damaged = out / sources[0]
+    lines = damaged.read_text().splitlines()
+    damaged.write_text("\n".join(["[not a record", *lines[1:]]) + "\n")
+    files = _folder(out)
+    code, err = main_in_process(capsys, f"--input_dir={src}", f"--output_dir={out}", "--quiet", *OPTIONS,
+                                "--if_exists=append", *FAST)
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: the dataset's sources file {damaged} is damaged")
+    assert "--if_exists=overwrite" in last
+    assert _folder(out) == files  # the old dataset as it was
+
+
 def test_options_that_shape_records_must_be_the_datasets(grown, capsys):
     src, out, _ = grown
     files = _folder(out)

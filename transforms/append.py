@@ -38,6 +38,7 @@ from transforms.dataset_format import (
 from transforms.duplicates import hash_file
 from transforms.layout import display_path
 from transforms.records import Rejection
+from transforms.rows import TruncatedFile
 
 CHANGED = CHANGED_SINCE_DATASET
 PRESENT = "images_already_in_dataset"  # the counter, and DescribeDataset's input of their number
@@ -63,6 +64,21 @@ def parse_source_line(line: str):
     if not (isinstance(relpath, str) and isinstance(sha256, str) and isinstance(split, str)):
         return None
     return relpath, (sha256, split, tuple(label) if isinstance(label, list) else label)
+
+
+def checked_source_line(path: str, line: str):
+    """`parse_source_line` of a line of the sources file `path`.
+
+    Raises:
+        TruncatedFile: the line is not a sources record: the dataset's own list of what it holds is damaged, and
+            appending would convert the image it named again, beside its record.
+    """
+    parsed = parse_source_line(line)
+    if parsed is None:
+        raise TruncatedFile(f"the dataset's sources file {path} is damaged (a line that is not [relpath, sha256, "
+                            f"split, label]: {line[:80]!r}): appending would write its image twice; convert the "
+                            "folder again with --if_exists=overwrite")
+    return parsed
 
 
 class WriteSources(beam.PTransform):
@@ -93,9 +109,9 @@ class ReadSources(beam.PTransform):
         return (
             pbegin
             | "SourceFiles" >> beam.Create(self._paths)
-            | "ReadSourceLines" >> beam.io.ReadAllFromText()
-            | "ParseSources" >> beam.Map(parse_source_line)
-            | "UsableSources" >> beam.Filter(lambda parsed: parsed is not None)
+            # (file, line): a line that is not a record fails the run, never drops its image from the dataset
+            | "ReadSourceLines" >> beam.io.ReadAllFromText(with_filename=True)
+            | "ParseSources" >> beam.MapTuple(checked_source_line)
         )
 
 
@@ -109,9 +125,10 @@ class _Judge(beam.DoFn):
     """(relpath, {"new": [ImageRef], "old": [(sha256, split, label)]}) -> the ImageRefs to convert; a Rejection
     of each changed file on REJECTED; 1 per image already in the dataset on PRESENT."""
 
-    def __init__(self, max_bytes: int, throttled_s: float | None = None):
+    def __init__(self, max_bytes: int, throttled_s: float | None = None, start_rate: float | None = None):
         self._max_bytes = max_bytes
         self._throttled_s = throttled_s
+        self._start_rate = start_rate  # a process's first read rate (None: transient.INITIAL_READS_PER_S)
 
     def process(self, element):
         _, joined = element
@@ -120,7 +137,7 @@ class _Judge(beam.DoFn):
             if not old:
                 yield ref
                 continue
-            digest = hash_file(ref.path, self._max_bytes, ref.size, self._throttled_s)
+            digest = hash_file(ref.path, self._max_bytes, ref.size, self._throttled_s, self._start_rate)
             recorded = {sha256 for sha256, _, _ in old}
             if digest and digest in recorded:
                 counters.inc(PRESENT)
@@ -144,10 +161,11 @@ class SkipPresent(beam.PTransform):
     """ImageRef -> the ImageRefs not yet in the dataset ('images'); REJECTED: Rejection of each changed file;
     PRESENT: 1 per image already in the dataset. `sources`: (relpath, (sha256, split, label)) from ReadSources."""
 
-    def __init__(self, sources, max_file_bytes: int, throttled_s: float | None = None):
+    def __init__(self, sources, max_file_bytes: int, throttled_s: float | None = None,
+                 start_rate: float | None = None):
         super().__init__()
         self._sources = sources
-        self._fn = _Judge(max_file_bytes, throttled_s)
+        self._fn = _Judge(max_file_bytes, throttled_s, start_rate)
 
     def expand(self, refs):
         keyed = refs | "KeyByPath" >> beam.Map(lambda ref: (display_path(ref.relpath), ref))

@@ -54,7 +54,8 @@ _START_FIELD, _IN_FIELD, _IN_QUOTED, _QUOTE_IN_QUOTED = range(4)
 
 class TruncatedFile(Exception):
     """A compressed manifest or metadata file that ends before its compressed stream does, or is damaged: read
-    as complete, it would lose its last rows (or cut one into a new class)."""
+    as complete, it would lose its last rows (or cut one into a new class); also a dataset's damaged sources file
+    (`transforms.append`), which would let an append write an image twice."""
 
 
 # --- Compressed files, read with their end checked ------------------------------------------------------
