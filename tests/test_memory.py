@@ -144,7 +144,7 @@ def test_a_wait_with_no_memory_coming_back_gives_up_after_the_stall_period_and_l
         budget.acquire(20, stall_s=0.3)
     assert (caught.value.need, caught.value.held, caught.value.holders) == (20, 90, 1)
     assert budget.waiting == 0
-    assert budget.acquire(10, stall_s=0.3) == 0.0  # what fits still gets in
+    budget.acquire(10, stall_s=0.3)  # what fits still gets in, with nobody left queued in front of it
     assert (budget.held, budget.holders) == (100, 2)
 
 
