@@ -9,6 +9,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from PIL import Image
 from tests import image_cases as cases
 from transforms import fast_imaging, imaging
 from transforms.imaging import RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings, convert_image
+from transforms.pool import ConversionPool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -195,15 +197,43 @@ print(digest())
 """
 
 
-def digest() -> str:
-    """SHA-256 of the records' image bytes for every resize mode and filter, enlarging and shrinking."""
-    total = hashlib.sha256()
-    sources = (SMALL, LARGE, MIDDLE_PNG, FAST["greyscale JPEG"])
-    for data, mode, resample, image_format in itertools.product(
-            sources, RESIZE_MODES, sorted(RESAMPLE_FILTERS), ("jpeg", "png")):
+def records() -> dict:
+    """Each record's image bytes by (source, resize mode, filter, format): every mode and filter, shrinking
+    (the photos) and enlarging (the 40 x 30 JPEGs)."""
+    sources = {"small photo": SMALL, "large photo": LARGE, "PNG photo": MIDDLE_PNG,
+               "40 x 30 RGB JPEG": FAST["baseline RGB JPEG"], "40 x 30 greyscale JPEG": FAST["greyscale JPEG"]}
+    out = {}
+    for (name, data), mode, resample, image_format in itertools.product(
+            sources.items(), RESIZE_MODES, sorted(RESAMPLE_FILTERS), ("jpeg", "png")):
         settings = ImageSettings(width=224, height=160, resize_mode=mode, resample=resample, image_format=image_format)
-        total.update(convert_image(data, settings).data)
+        out[name, mode, resample, image_format] = convert_image(data, settings).data
+    return out
+
+
+def digest() -> str:
+    """SHA-256 of the records' image bytes (`records`), in order."""
+    total = hashlib.sha256()
+    for data in records().values():
+        total.update(data)
     return total.hexdigest()
+
+
+def test_records_are_byte_identical_in_a_worker_thread():
+    # OpenCV keeps its IPP switch per thread, and a new thread starts with IPP on: its bicubic resize wrote
+    # other bytes in the pool's helper threads than in the thread that imported the fast core.
+    here = records()
+    in_thread = {}
+    worker = threading.Thread(target=lambda: in_thread.update(records()))
+    worker.start()
+    worker.join()
+    pool = ConversionPool(None, threads=1)
+    try:
+        in_pool = pool.result(pool.submit(lambda _deadline: records()))
+    finally:
+        pool.close()
+    assert len(in_thread) == len(in_pool) == len(here) == 5 * len(RESIZE_MODES) * len(RESAMPLE_FILTERS) * 2
+    assert [key for key in here if in_thread[key] != here[key]] == []
+    assert [key for key in here if in_pool[key] != here[key]] == []
 
 
 # /proc/cpuinfo flag -> OpenCV's name of the CPU feature it may dispatch to.

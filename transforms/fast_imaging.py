@@ -19,14 +19,17 @@ Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion co
     kernels do not (bilinear and bicubic differ by one level in some pixels with
     AVX2), and keeping 5.0 exact took cv2.setUseOptimized(False), at half the speed:
     hence the pinned 4.10 (setup.py). Intel IPP, bundled in the wheel with its own
-    per-CPU code, is switched off, and so are OpenCV's own threads (the pool and Beam
-    already run one conversion per thread). libjpeg-turbo's SIMD is exact: the same
+    per-CPU code, is switched off in every thread that converts (`_exact_kernels`:
+    OpenCV keeps that switch per thread, and a new thread starts with IPP on, whose
+    bicubic enlarging gives other bytes), and OpenCV's own threads are off (the pool
+    and Beam already run one conversion per thread). libjpeg-turbo's SIMD is exact: the same
     bytes with JSIMD_FORCENONE=1. tests/test_fast_imaging.py checks both.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import cv2
 import numpy as np
@@ -34,8 +37,21 @@ import simplejpeg
 
 __all__ = ["INTERPOLATIONS", "decode_jpeg", "encode_jpeg", "histogram", "orient", "resample"]
 
-cv2.setNumThreads(1)  # one conversion per worker thread already keeps the cores busy
-cv2.ipp.setUseIPP(False)  # IPP's per-CPU code paths need not give the same bytes on every worker
+cv2.setNumThreads(1)  # one conversion per worker thread already keeps the cores busy (a process-wide setting)
+_thread = threading.local()
+
+
+def _exact_kernels() -> None:
+    """Intel IPP off in the calling thread, once: IPP's per-CPU code need not give the same bytes on every worker,
+    and its bicubic resize does not give OpenCV's own bytes. OpenCV keeps the switch per thread (a new thread
+    starts with IPP on), so every function here that calls OpenCV calls this first, in whatever thread converts:
+    the pool's helpers, Beam's threads, the main thread."""
+    if not getattr(_thread, "exact", False):
+        cv2.ipp.setUseIPP(False)
+        _thread.exact = True
+
+
+_exact_kernels()
 
 # --resample -> the OpenCV interpolation used for the fractional box and for enlarging. Pillow's "area" (a box
 # filter) enlarges by repeating pixels: nearest neighbour. OpenCV's bicubic is a = -0.75 (Pillow's -0.5) and its
@@ -84,12 +100,14 @@ def encode_jpeg(pixels: np.ndarray, quality: int, chroma_subsampling: str) -> by
 
 def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """The upright pixels for an EXIF orientation 1-8."""
+    _exact_kernels()
     turn = _ORIENT.get(orientation)
     return pixels if turn is None else turn(pixels)
 
 
 def histogram(pixels: np.ndarray) -> np.ndarray:
     """The (3, 256) counts of each channel's values."""
+    _exact_kernels()
     counts = [cv2.calcHist([pixels], [c], None, [256], [0, 256]).reshape(256) for c in range(3)]
     return np.stack(counts).astype(np.int64)
 
@@ -136,6 +154,7 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
     scale (no aliasing); what is left (the fractional offset, a scale near 1, or an enlarging) is one
     `warpAffine` with the filter's interpolation, skipped when it would be the identity.
     """
+    _exact_kernels()
     x0, y0, x1, y1 = box
     width, height = size
     direct = _direct_resize(pixels, box, size, resample_filter)
