@@ -130,6 +130,40 @@ def test_statistics_are_those_of_the_stored_pixels():
     assert encoded.stats.pixels == 200 * 150
 
 
+
+def _exact_sums(pixels: np.ndarray) -> tuple[tuple, tuple]:
+    flat = np.asarray(pixels, np.int64).reshape(-1, 3)
+    return tuple(int(v) for v in flat.sum(0)), tuple(int(v) for v in (flat * flat).sum(0))
+
+
+def test_statistics_stay_exact_past_2_24_pixels():
+    # 4201 x 4101 = 17,228,301 pixels, most of one value in each channel: a float32 count (cv2.calcHist's) holds
+    # integers exactly only up to 2**24, and lost pixels (200 of the red sum, the pixel count itself).
+    width, height = 4201, 4101
+    source = np.empty((height, width, 3), np.uint8)
+    source[..., 0] = 200
+    source[:100, :, 0] = np.arange(width, dtype=np.uint64)[None, :] % 256
+    source[..., 1] = (np.arange(width, dtype=np.uint64) % 256)[None, :]
+    source[..., 2] = 255
+    source[7, 11] = (1, 2, 3)
+    encoded = convert_image(cases.encode(Image.fromarray(source), "PNG"),
+                            ImageSettings(resize_mode="none", image_format="png"))
+    stored = np.asarray(pixels_of(encoded))
+    assert (stored == source).all()
+    sums, squares = _exact_sums(source)
+    assert sums[2] > 2**32  # the sums themselves are past what a float32 (or an int32) holds
+    assert encoded.stats.pixels == width * height
+    assert (encoded.stats.sums, encoded.stats.squares) == (sums, squares)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (1000, 301), (2, (1 << 17) + 3), (64, 64)])
+def test_sums_and_squares_are_numpys_exact_ones_band_by_band(shape):
+    pixels = np.random.default_rng(shape[1]).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    assert fast_imaging.sums_and_squares(pixels) == _exact_sums(pixels)
+    turned = pixels.transpose(1, 0, 2)  # a view that is not contiguous
+    assert fast_imaging.sums_and_squares(turned) == _exact_sums(turned)
+
+
 FAST = {
     "baseline RGB JPEG": cases.jpeg(photo(40, 30)),
     "progressive RGB JPEG": cases.jpeg(photo(40, 30), progressive=True),

@@ -29,13 +29,14 @@ Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion co
 from __future__ import annotations
 
 import math
+import queue
 import threading
 
 import cv2
 import numpy as np
 import simplejpeg
 
-__all__ = ["INTERPOLATIONS", "decode_jpeg", "encode_jpeg", "histogram", "orient", "resample"]
+__all__ = ["INTERPOLATIONS", "decode_jpeg", "encode_jpeg", "orient", "resample", "sums_and_squares"]
 
 cv2.setNumThreads(1)  # one conversion per worker thread already keeps the cores busy (a process-wide setting)
 _thread = threading.local()
@@ -105,11 +106,43 @@ def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
     return pixels if turn is None else turn(pixels)
 
 
-def histogram(pixels: np.ndarray) -> np.ndarray:
-    """The (3, 256) counts of each channel's values."""
+# The statistics split at most this many pixels at a time (a band of rows; a 512 x 512 image at once) into three
+# planes, reused by the next conversion whose band has the same size (with a fixed --image_size, every one): at most
+# one set per conversion running at once (never one per thread), of 3 x 2**18 bytes or less (or one row of an image
+# wider than that).
+_BAND = 1 << 18
+_bands: queue.SimpleQueue = queue.SimpleQueue()
+
+
+def sums_and_squares(pixels: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Per channel (R, G, B), the exact sum and the exact sum of squares of an RGB array's values.
+
+    Band by band, `cv2.split` into three planes, then per plane OpenCV's L1 norm (the sum, for 8-bit values) and
+    squared L2 norm: both add up in integers, then in float64, which is exact to 2**53 (over 10**11 pixels).
+    A float32 histogram (`cv2.calcHist`) loses counts past 2**24 pixels; this takes 0.4-0.6x its time too
+    (BENCHMARKS.md, benchmarks/stats_bench.py).
+    """
     _exact_kernels()
-    counts = [cv2.calcHist([pixels], [c], None, [256], [0, 256]).reshape(256) for c in range(3)]
-    return np.stack(counts).astype(np.int64)
+    height, width = pixels.shape[:2]
+    rows = min(height, max(1, _BAND // width))
+    try:
+        planes = _bands.get_nowait()
+    except queue.Empty:
+        planes = None
+    if planes is None or planes[0].shape != (rows, width):  # made for another size (the output's is the same)
+        planes = [np.empty((rows, width), np.uint8) for _ in range(3)]
+    sums, squares = [0, 0, 0], [0, 0, 0]
+    try:
+        for top in range(0, height, rows):
+            band = pixels[top:top + rows]
+            parts = planes if band.shape[0] == rows else [plane[:band.shape[0]] for plane in planes]
+            cv2.split(band, parts)
+            for c, part in enumerate(parts):
+                sums[c] += int(cv2.norm(part, cv2.NORM_L1))
+                squares[c] += int(cv2.norm(part, cv2.NORM_L2SQR))
+    finally:
+        _bands.put(planes)
+    return (sums[0], sums[1], sums[2]), (squares[0], squares[1], squares[2])
 
 
 def _axis_steps(start: float, end: float, limit: int, out: int) -> tuple[int, int, int]:

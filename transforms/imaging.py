@@ -36,7 +36,7 @@ from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
 
 from transforms import fast_imaging, memory
 from transforms.dataset_format import DEFAULT_MAX_IMAGE_MB, DEFAULT_MAX_PIXELS
-from transforms.stats import ImageStats, histogram_stats, image_stats
+from transforms.stats import ImageStats, image_stats
 
 # Truncated files are rejected, never padded with grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -812,7 +812,8 @@ def _stats(image, source_size: tuple[int, int]) -> ImageStats:
     """The statistics' figures of the stored pixels (a PIL image, or the fast path's RGB array)."""
     if isinstance(image, Image.Image):
         return image_stats(image, source_size)
-    return histogram_stats(fast_imaging.histogram(image), source_size)
+    sums, squares = fast_imaging.sums_and_squares(image)
+    return ImageStats(int(source_size[0]), int(source_size[1]), image.shape[0] * image.shape[1], sums, squares)
 
 
 def _fast_kind(image: Image.Image, data: bytes, settings: ImageSettings) -> str | None:

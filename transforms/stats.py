@@ -3,8 +3,11 @@
 Plain functions, no Beam. Each image's figures (`ImageStats`) come from the
 conversion itself (`transforms.imaging`): the source's upright width and
 height before resizing, and per channel the sum and the sum of squares of the
-stored pixels, taken from Pillow's 256-bin histogram of the resized RGB image
-(C code: nearly free next to the resize and the encoding). The shard writer adds
+stored pixels, exact integers: on the Pillow path from Pillow's 256-bin histogram
+of the resized RGB image, on the fast core from OpenCV's L1 and squared L2 norms
+of its planes (`transforms.fast_imaging.sums_and_squares`; a float32 histogram
+would lose pixels past 2**24). Both are C code, nearly free next to the resize
+and the encoding. The shard writer adds
 up its images per split (`StatsTally`), so one `SplitStats` per shard leaves it;
 the description step merges them per split (`merge`, exact integer sums: the
 result is the same in any order) and describes them (`describe`).
