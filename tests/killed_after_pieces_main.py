@@ -1,0 +1,31 @@
+"""`python -m tests.killed_after_pieces_main ARGS`: pipeline.main, killed with SIGKILL mid-conversion (for tests).
+
+Once $KILL_AFTER_PIECES chunks have their done record (transforms/resume.py) in the run's folder, the worker
+that wrote the last one sends SIGKILL to the whole process group: the launcher and every worker end at once, as
+when a machine is switched off. The test starts this in a session of its own (start_new_session=True). Worker
+processes are forked from this launcher, so the patch reaches them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pipeline.main  # first: it sets up the environment before Beam is imported
+from apache_beam.io.filesystems import FileSystems
+from transforms import resume
+
+_real_write_done = resume.write_done
+
+
+def _killing_write_done(run_folder, record, key):
+    _real_write_done(run_folder, record, key)
+    done = FileSystems.join(run_folder, resume.DONE_DIR, "*.json")
+    if len(FileSystems.match([done])[0].metadata_list) >= int(os.environ["KILL_AFTER_PIECES"]):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+resume.write_done = _killing_write_done
+
+if __name__ == "__main__":
+    raise SystemExit(pipeline.main.main())
