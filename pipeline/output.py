@@ -16,12 +16,12 @@ is converted:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import socket
-import dataclasses
 import threading
 import uuid
 from dataclasses import dataclass

@@ -12,7 +12,6 @@ import os
 import signal
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-from apache_beam.io.filesystems import FileSystems
 from transforms import resume
 
 _real_write_done = resume.write_done
@@ -20,8 +19,8 @@ _real_write_done = resume.write_done
 
 def _killing_write_done(run_folder, record, key):
     _real_write_done(run_folder, record, key)
-    done = FileSystems.join(run_folder, resume.DONE_DIR, "*.json")
-    if len(FileSystems.match([done])[0].metadata_list) >= int(os.environ["KILL_AFTER_PIECES"]):
+    done = resume.FileSystems.join(run_folder, resume.DONE_DIR, "*.json")
+    if len(resume.FileSystems.match([done])[0].metadata_list) >= int(os.environ["KILL_AFTER_PIECES"]):
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 

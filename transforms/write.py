@@ -67,8 +67,8 @@ from transforms.sharding import ShardKey, rank_order
 from transforms.stats import SplitStats, StatsTally
 from transforms.stats import merge as merge_stats
 
-__all__ = ["HASHES", "REJECTED", "RESUMED", "STATS", "WRITTEN", "ChunkKey", "PieceInfo", "ShardInfo", "WriteShards", "assemble",
-           "cut_chunks", "index_text", "write_index", "write_piece"]
+__all__ = ["HASHES", "REJECTED", "RESUMED", "STATS", "WRITTEN", "ChunkKey", "PieceInfo", "ShardInfo", "WriteShards",
+           "assemble", "cut_chunks", "index_text", "write_index", "write_piece"]
 REJECTED = "rejected"
 WRITTEN = "written"
 HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report
