@@ -132,12 +132,10 @@ def done_record(digest: str, run_id: str, piece, piece_sha256: str, members: lis
     }
 
 
-def piece_of(record: dict, file: str, resumed_from: str):
-    """The PieceInfo of a done record whose piece is now `file` in this run's folder."""
-    from transforms.write import PieceInfo
-
+def piece_of(record: dict, file: str, resumed_from: str, piece_type):
+    """The `piece_type` (transforms.write.PieceInfo) of a done record whose piece is now `file` in this run's folder."""
     stats = record["stats"]
-    return PieceInfo(
+    return piece_type(
         tuple(record["shard"]), record["chunk"], record["chunks"], file, record["bytes"], tuple(record["sizes"]),
         tuple(((split, _label(label), upscaled), count) for split, label, upscaled, count in record["written"]),
         None if stats is None else SplitStats(*(tuple(v) if isinstance(v, list) else v for v in stats)),
@@ -232,9 +230,9 @@ class Resume:
         write_done(self.folder, done_record(chunk_digest(self.fingerprint, key, refs), self.run_id, piece,
                                             piece_sha256, members), key)
 
-    def take(self, key: tuple, refs, piece_name: str, shards_folder: str):
-        """The PieceInfo of the chunk taken from an interrupted run (copied, checked, into `piece_name` in
-        `shards_folder`, and recorded as done in this run), or None: convert it."""
+    def take(self, key: tuple, refs, piece_name: str, shards_folder: str, piece_type):
+        """The `piece_type` (transforms.write.PieceInfo) of the chunk taken from an interrupted run (copied, checked,
+        into `piece_name` in `shards_folder`, and recorded as done in this run), or None: convert it."""
         if not self.earlier:
             return None
         digest = chunk_digest(self.fingerprint, key, refs)
@@ -248,7 +246,7 @@ class Resume:
             if not copy_checked(FileSystems.join(earlier.shards, record["file"]), dest, record["bytes"],
                                 record["sha256"]):
                 continue  # the piece is gone, cut short or changed: another run's, or converted again
-            piece = piece_of(record, piece_name, earlier.run_id)
+            piece = piece_of(record, piece_name, earlier.run_id, piece_type)
             write_done(self.folder, {**record, "run_id": self.run_id, "file": piece_name}, key)
             counters.inc(RESUMED, len(piece.sizes))
             for rejection in piece.rejections:  # the progress line: every image leaves conversion once

@@ -238,7 +238,7 @@ class _ConvertChunk(beam.DoFn):
         if self._resume is None:
             return None
         name = piece_name(key, self._compression, self._file_format, uuid.uuid4().hex[:16])
-        return self._resume.take(tuple(key), refs, name, self._folder)
+        return self._resume.take(tuple(key), refs, name, self._folder, PieceInfo)
 
     def _write_piece(self, key: ChunkKey, jobs) -> PieceInfo:
         try:
