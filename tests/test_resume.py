@@ -198,8 +198,8 @@ def test_other_options_convert_everything_with_one_line_saying_why(monkeypatch, 
     assert convert(photos, out, *other) == 0
 
     lines = [line for line in capsys.readouterr().err.splitlines() if "resum" in line.lower()]
-    assert lines == [f"WARNING pipeline: Not resuming the interrupted run {interrupted} in {out}: its options differ (image_size: "
-                     "'16x16' -> '20x20'); its files are removed and everything is converted"]
+    assert lines == [f"WARNING pipeline: Not resuming the interrupted run {interrupted} in {out}: its options "
+                     "differ (image_size: '16x16' -> '20x20'); its files are removed and everything is converted"]
     info = json.loads((out / "image_tfrecords.json").read_text())
     assert "resumed" not in info and sum(converted) == IMAGES
     assert {row["height"] for rows in read_records(out).values() for row in rows} == {20}  # none of 16 px
@@ -265,9 +265,9 @@ def test_a_damaged_piece_is_converted_again_not_published(monkeypatch, photos, f
 def test_a_failed_dataflow_job_is_resumed_by_the_next_launch(gcs_emulator, dataflow_api, tmp_path):
     """On gs:// through the Dataflow stand-in: the first job's workers die after 2 chunks (the job FAILS), and
     the same launch again resumes that job's run folder, converts the rest and leaves nothing behind."""
-    from tests.test_dataflow_submit import BUCKET, assert_complete_dataset, dataflow_args, launch
-
     from google.api_core import exceptions
+
+    from tests.test_dataflow_submit import BUCKET, assert_complete_dataset, dataflow_args, launch
 
     write_tiny_tree(tmp_path / "photos", {"cat": 4, "dog": 4, "fox": 4})
     photos, output = f"gs://{BUCKET}/resume-photos", f"gs://{BUCKET}/resumed"
@@ -310,3 +310,50 @@ def test_a_failed_dataflow_job_is_resumed_by_the_next_launch(gcs_emulator, dataf
     assert paths == {f"{c}/img_{i:05d}.jpg": hashlib.sha256((tmp_path / "photos" / c / f"img_{i:05d}.jpg")
                                                             .read_bytes()).hexdigest()
                      for c in ("cat", "dog", "fox") for i in range(4)}
+
+
+def _multi_label_manifest(root) -> list[str]:
+    """16 images of several classes each in a --multi_label manifest, and a damaged file it lists (rejected)."""
+    from PIL import Image
+
+    labels = ["cat;dog", "dog", "cat; cat ;bird", "bird", "dog;cat", "bird;cat;dog", "cat", "bird;dog"]
+    lines = ["path,labels,split"]
+    for i in range(16):
+        Image.new("RGB", (20, 20), (i * 15, 100, 200 - i * 10)).save(root / f"{i:02d}.png")
+        lines.append(f'{i:02d}.png,"{labels[i % 8]}",{"train" if i < 12 else "validation"}')
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    lines.append('broken.png,"cat",train')
+    (root / "list.csv").write_text("\n".join(lines) + "\n")
+    return [f"--manifest={root / 'list.csv'}", "--multi_label", "--num_shards=train=4,validation=1",
+            "--image_size=16"]
+
+
+@pytest.mark.parametrize("kind", ["gzip", "array_record", "multi_label"])
+def test_other_formats_and_labels_resume_byte_for_byte(monkeypatch, tmp_path, kind):
+    """Pieces whose SHA-256 is read back (gzip, ArrayRecord), label lists and rejected files in the done records:
+    the resumed dataset is still the fresh one, byte for byte."""
+    source = tmp_path / "in"
+    source.mkdir()
+    if kind == "multi_label":
+        options = _multi_label_manifest(source)
+    else:
+        write_tiny_tree(source, {"cat": 6, "dog": 6, "fox": 6})
+        options = ["--num_shards=train=4,validation=1", "--image_size=16",
+                   "--compression=gzip" if kind == "gzip" else "--file_format=array_record"]
+    fresh = tmp_path / "fresh"
+    assert convert(source, fresh, *options) == 0
+    out = tmp_path / "out"
+    done = _interrupt(monkeypatch, source, out, 2, *options)
+    kept = sum(len(record["sizes"]) for record in done)
+
+    converted = _count_conversions(monkeypatch)
+    assert convert(source, out, *options) == 0
+
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["resumed"]["images"] == kept > 0
+    assert sum(converted) + kept + sum(len(r["rejections"]) for r in done) == (17 if kind == "multi_label" else 18)
+    assert _files(out) == _files(fresh) and _sources(out) == _sources(fresh)
+    if kind == "multi_label":
+        assert info["files"]["rejected"] == 1 and info["rejected_by_reason"]
+    assert not (out / TEMP_DIR).exists()
+    assert main_of(verify.run, [str(out)]) == 0
