@@ -194,6 +194,19 @@ def copy_checked(source: str, dest: str, size: int, sha256: str) -> bool:
     return False
 
 
+def _consistent(record: dict, key: tuple, images: int) -> bool:
+    """Whether a done record is of chunk `key` of `images` images, and its figures add up (never trusted)."""
+    try:
+        return ([*record["shard"], record["chunk"], record["chunks"]] == list(key)
+                and len(record["members"]) == images
+                and len(record["sizes"]) + len(record["rejections"]) == images
+                and sum(count for *_, count in record["written"]) == len(record["sizes"]) == len(record["hashes"])
+                and isinstance(record["bytes"], int) and isinstance(record["sha256"], str)
+                and isinstance(record["file"], str) and "/" not in record["file"].removeprefix("pieces/"))
+    except (TypeError, ValueError):
+        return False
+
+
 class Earlier(NamedTuple):
     """An interrupted run whose plan is this run's: its id, its temporary folder and its shards folder."""
 
@@ -238,7 +251,7 @@ class Resume:
         digest = chunk_digest(self.fingerprint, key, refs)
         for earlier in self.earlier:
             record = read_done(earlier.folder, digest)
-            if record is None or len(record["members"]) != len(refs):
+            if record is None or not _consistent(record, key, len(refs)):
                 continue
             if any(not old or old != self.member_hash(ref) for ref, old in zip(refs, record["members"], strict=True)):
                 return None  # a file changed in place (the same name and size, other bytes): converted again
@@ -246,7 +259,11 @@ class Resume:
             if not copy_checked(FileSystems.join(earlier.shards, record["file"]), dest, record["bytes"],
                                 record["sha256"]):
                 continue  # the piece is gone, cut short or changed: another run's, or converted again
-            piece = piece_of(record, piece_name, earlier.run_id, piece_type)
+            try:
+                piece = piece_of(record, piece_name, earlier.run_id, piece_type)
+            except (TypeError, ValueError, KeyError):  # a record this code cannot read: converted again
+                FileSystems.delete([dest])
+                continue
             write_done(self.folder, {**record, "run_id": self.run_id, "file": piece_name}, key)
             counters.inc(RESUMED, len(piece.sizes))
             for rejection in piece.rejections:  # the progress line: every image leaves conversion once
