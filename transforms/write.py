@@ -19,6 +19,10 @@ Its size, its record count and, with index files, its `offset length` index
 come from the pieces' records as they were written. ArrayRecord files cannot
 be concatenated: an ArrayRecord shard is one chunk, converted in one place.
 
+Each converted chunk leaves a done record beside its piece (`transforms.resume`), and a chunk that an
+interrupted run of the same plan converted is taken from that run's folder, checked (its piece's size and
+SHA-256, its images' SHA-256), instead of converted again: Convert does it where the chunk arrives.
+
 Shards are assembled in the run's own temporary folder, each attempt under a
 name of its own (train-00000-of-00004-<attempt>.tfrecord): a retried and a
 stale attempt of one shard never write the same file, and the ShardInfo that
