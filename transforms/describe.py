@@ -338,7 +338,11 @@ class _WriteInfo(beam.DoFn):
         """The folders of the interrupted runs that the launcher kept for this run to resume: done with."""
         for run_id in self._earlier_runs:
             if run_id != self._run_id:
-                remove_run_dir(self._output_dir, run_id)
+                try:
+                    remove_run_dir(self._output_dir, run_id)
+                except Exception as e:  # noqa: BLE001 - the dataset is published; the next run removes them
+                    _LOG.warning("Could not remove the folder of the resumed run %s (%s): the next run removes it",
+                                 run_id, e)
 
 
 class Grown(NamedTuple):
