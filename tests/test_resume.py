@@ -241,12 +241,13 @@ def test_changed_input_is_converted_again_and_nothing_stale_is_published(monkeyp
     assert resumed <= sum(len(r["sizes"]) for r in done if changed not in [h[3] for h in r["hashes"]])
 
 
-def test_a_damaged_piece_is_converted_again_not_published(monkeypatch, photos, fresh, tmp_path):
+def test_a_damaged_piece_or_done_record_is_converted_again_not_published(monkeypatch, photos, fresh, tmp_path):
     out = tmp_path / "out"
-    done = _interrupt(monkeypatch, photos, out, 3)
+    done = _interrupt(monkeypatch, photos, out, 4)
     (interrupted,) = os.listdir(out / TEMP_DIR)
     shards = out / TEMP_DIR / interrupted / "shards"
-    cut, flipped, whole = done
+    cut, flipped, garbled, whole = done
+    (out / TEMP_DIR / interrupted / resume.DONE_DIR / f"{garbled['digest']}.json").write_text('{"digest": 1')
     (shards / cut["file"]).write_bytes((shards / cut["file"]).read_bytes()[:-5])  # cut short
     data = bytearray((shards / flipped["file"]).read_bytes())
     data[len(data) // 2] ^= 0xFF  # the same size, one byte changed
