@@ -164,6 +164,39 @@ def test_a_rerun_takes_the_converted_chunks_and_converts_only_the_rest(monkeypat
     assert "resumed" not in json.loads((fresh / "image_tfrecords.json").read_text())
 
 
+def test_a_run_stopped_while_it_assembled_shards_takes_their_chunks_from_the_shards(monkeypatch, photos, fresh,
+                                                                                     tmp_path):
+    """Every chunk converted, 3 shards assembled from their pieces (the pieces are gone into them), then the run
+    stops: the rerun takes every chunk, those of the assembled shards from their byte ranges in the shards' files,
+    and converts none. Chunks of 2 images: each shard is 2 to 4 pieces, concatenated."""
+    out = tmp_path / "out"
+    cut = write.cut_chunks
+    monkeypatch.setattr(write, "cut_chunks", lambda keyed, file_format, *_: cut(keyed, file_format, 2))
+    real, assembled = resume.Resume.assembled, []
+
+    def stop_after_three(self, *args):
+        real(self, *args)
+        assembled.append(args[1])
+        if len(assembled) == 3:
+            raise Stopped("stopped after 3 shards")
+
+    monkeypatch.setattr(resume.Resume, "assembled", stop_after_three)
+    with pytest.raises(Exception, match="stopped after 3 shards"):
+        convert(photos, out, *OPTIONS)
+    monkeypatch.setattr(resume.Resume, "assembled", real)
+    records = _done_records(out)
+    in_shards = [r for r in records.values() if "offset" in r]
+    assert {r["file"] for r in in_shards} == set(assembled) and not any("pieces/" in r["file"] for r in in_shards)
+    assert len(in_shards) > 3 and any(r["offset"] > 0 for r in in_shards)  # pieces within the shards' files
+
+    converted = _count_conversions(monkeypatch)
+    assert convert(photos, out, *OPTIONS) == 0
+
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["resumed"]["images"] == IMAGES and sum(converted) == 0
+    assert_same_dataset(out, fresh)
+
+
 def test_a_run_killed_with_sigkill_is_resumed_by_the_same_command(photos, fresh, tmp_path):
     """The whole process group (launcher and its worker processes) gets SIGKILL mid-conversion; the rerun, a
     user's command, prints what it resumed."""

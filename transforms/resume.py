@@ -132,7 +132,7 @@ def done_record(digest: str, run_id: str, piece, piece_sha256: str, members: lis
     }
 
 
-def piece_of(record: dict, file: str, resumed_from: str, piece_type):
+def piece_of(record: dict, file: str, resumed_from: str, piece_type, digest: str = ""):
     """The `piece_type` (transforms.write.PieceInfo) of a done record whose piece is now `file` in this run's folder."""
     stats = record["stats"]
     return piece_type(
@@ -141,11 +141,12 @@ def piece_of(record: dict, file: str, resumed_from: str, piece_type):
         None if stats is None else SplitStats(*(tuple(v) if isinstance(v, list) else v for v in stats)),
         tuple(Rejection(*r) for r in record["rejections"]),
         tuple((sha256, (split, _label(label), relpath)) for sha256, split, label, relpath in record["hashes"]),
-        resumed_from)
+        resumed_from, digest)
 
 
 def write_done(run_folder: str, record: dict, key: tuple) -> None:
-    """Write a chunk's done record into `run_folder`/done/, after its piece file is complete."""
+    """Write a chunk's done record into `run_folder`/done/, after its piece file is complete (or, with an 'offset',
+    once the piece's bytes are in its shard's file, `record['file']`, from that offset on)."""
     body = {**record, "shard": list(key[:3]), "chunk": key[3], "chunks": key[4]}
     path = FileSystems.join(run_folder, DONE_DIR, f"{record['digest']}.json")
     _write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
@@ -170,14 +171,16 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def copy_checked(source: str, dest: str, size: int, sha256: str) -> bool:
-    """Copy `source` to `dest` if it holds exactly `size` bytes of SHA-256 `sha256`; False (nothing left at
-    `dest`) when it does not, or cannot be read."""
+def copy_checked(source: str, dest: str, size: int, sha256: str, offset: int | None = None) -> bool:
+    """Copy `source` to `dest` if it holds exactly `size` bytes of SHA-256 `sha256`, or with an `offset`, if it
+    holds such `size` bytes from that offset on; False (nothing left at `dest`) when not, or it cannot be read."""
     digest, total = hashlib.sha256(), 0
     try:
         with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f, FileSystems.create(
                 dest, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED) as out:
-            while piece := f.read(_READ):
+            if offset is not None:
+                f.seek(offset)
+            while piece := f.read(_READ if offset is None else min(_READ, size - total)):
                 total += len(piece)
                 if total > size:
                     break
@@ -202,6 +205,7 @@ def _consistent(record: dict, key: tuple, images: int) -> bool:
                 and len(record["sizes"]) + len(record["rejections"]) == images
                 and sum(count for *_, count in record["written"]) == len(record["sizes"]) == len(record["hashes"])
                 and isinstance(record["bytes"], int) and isinstance(record["sha256"], str)
+                and isinstance(record.get("offset", 0), int) and record.get("offset", 0) >= 0
                 and isinstance(record["file"], str) and "/" not in record["file"].removeprefix("pieces/"))
     except (TypeError, ValueError):
         return False
@@ -238,10 +242,22 @@ class Resume:
 
         return hash_file(ref.path, self._max_file_bytes, ref.size, self._throttled_s, self._start_rate)
 
-    def record(self, key: tuple, refs, piece, members: list[str], piece_sha256: str) -> None:
-        """Leave the done record of a chunk this run converted into `piece`."""
-        write_done(self.folder, done_record(chunk_digest(self.fingerprint, key, refs), self.run_id, piece,
-                                            piece_sha256, members), key)
+    def record(self, key: tuple, refs, piece, members: list[str], piece_sha256: str) -> str:
+        """Leave the done record of a chunk this run converted into `piece`; returns its digest."""
+        digest = chunk_digest(self.fingerprint, key, refs)
+        write_done(self.folder, done_record(digest, self.run_id, piece, piece_sha256, members), key)
+        return digest
+
+    def assembled(self, shards_folder: str, shard_file: str, pieces) -> None:
+        """Point the done records of a shard's `pieces` (in order) at their bytes in the shard's file, `shard_file`
+        in `shards_folder`, now that the pieces are in it: a rerun takes them from there."""
+        offset = 0
+        for piece in pieces:
+            record = read_done(self.folder, piece.digest) if piece.digest else None
+            if record is not None and record["file"] == piece.file:  # else another attempt's piece, still there
+                write_done(self.folder, {**record, "file": shard_file, "offset": offset},
+                           (*record["shard"], record["chunk"], record["chunks"]))
+            offset += piece.bytes
 
     def take(self, key: tuple, refs, piece_name: str, shards_folder: str, piece_type):
         """The `piece_type` (transforms.write.PieceInfo) of the chunk taken from an interrupted run (copied, checked,
@@ -257,14 +273,15 @@ class Resume:
                 return None  # a file changed in place (the same name and size, other bytes): converted again
             dest = FileSystems.join(shards_folder, piece_name)
             if not copy_checked(FileSystems.join(earlier.shards, record["file"]), dest, record["bytes"],
-                                record["sha256"]):
+                                record["sha256"], record.get("offset")):
                 continue  # the piece is gone, cut short or changed: another run's, or converted again
             try:
-                piece = piece_of(record, piece_name, earlier.run_id, piece_type)
+                piece = piece_of(record, piece_name, earlier.run_id, piece_type, digest)
             except (TypeError, ValueError, KeyError):  # a record this code cannot read: converted again
                 FileSystems.delete([dest])
                 continue
-            write_done(self.folder, {**record, "run_id": self.run_id, "file": piece_name}, key)
+            own = {name: value for name, value in record.items() if name != "offset"}
+            write_done(self.folder, {**own, "run_id": self.run_id, "file": piece_name}, key)
             counters.inc(RESUMED, len(piece.sizes))
             for rejection in piece.rejections:  # the progress line: every image leaves conversion once
                 counters.inc(counters.rejected(rejection.reason))

@@ -140,6 +140,7 @@ class PieceInfo(NamedTuple):
     rejections: tuple  # Rejection, ...
     hashes: tuple  # (sha256, (split, label, relpath)), ...
     resumed_from: str = ""  # the interrupted run whose converted chunk this is (transforms.resume); '' when converted
+    digest: str = ""  # the name of its done record (transforms.resume); '' for none
 
 
 def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGES,
@@ -254,7 +255,7 @@ class _ConvertChunk(beam.DoFn):
                 members = [sha256 if sha256 is not None else self._resume.member_hash(ref)
                            for ref, sha256 in zip(refs, done["members"], strict=True)]
                 piece_sha256 = done["sha256"] or file_sha256(FileSystems.join(self._folder, piece.file))
-                self._resume.record(tuple(key), refs, piece, members, piece_sha256)
+                piece = piece._replace(digest=self._resume.record(tuple(key), refs, piece, members, piece_sha256))
             return piece
         except BaseException:
             self._drop_started()
@@ -364,8 +365,9 @@ class _AssembleShard(beam.DoFn):
     (sha256, (split, label, relpath)) of each written image on HASHES; (split, SplitStats) of the shard on STATS."""
 
     def __init__(self, folder: str, compression: str, index_files: bool, file_format: str = TFRECORD,
-                 shard_names: str = STANDARD):
+                 shard_names: str = STANDARD, resume: Resume | None = None):
         self._folder = folder
+        self._resume = resume
         self._compression = compression
         self._index_files = index_files
         self._file_format = file_format
@@ -378,6 +380,8 @@ class _AssembleShard(beam.DoFn):
         name = shard_name(key.split, key.index, key.count, self._compression, self._file_format)
         # this attempt's own file: another attempt at the shard, retried or stale, never writes it
         temp, size = assemble(self._folder, name, pieces, attempt=uuid.uuid4().hex[:16])
+        if self._resume is not None:  # the pieces are in the shard's file now: a rerun takes them from there
+            self._resume.assembled(self._folder, temp, pieces)
         sizes = [record for piece in pieces for record in piece.sizes]
         written: Counter = Counter()
         for piece in pieces:
@@ -469,7 +473,7 @@ class WriteShards(beam.PTransform):
         self._file_format = file_format
         self._chunk_images = chunk_images
         self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format, resume)
-        self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names)
+        self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names, resume)
 
     def expand(self, placed):
         return (
