@@ -251,11 +251,11 @@ class _ConvertChunk(beam.DoFn):
             piece = write_piece(self._folder, key, self._pace(collect_in_order(self._pool, jobs, self._schema)),
                                 self._compression, self._file_format, done=done)
             if self._resume is not None:  # after the piece is complete: what a rerun may take instead
+                # a member of no SHA-256 (never read whole) makes the chunk one a rerun converts again
                 refs = [ref for ref, _ in jobs]
-                members = [sha256 if sha256 is not None else self._resume.member_hash(ref)
-                           for ref, sha256 in zip(refs, done["members"], strict=True)]
                 piece_sha256 = done["sha256"] or file_sha256(FileSystems.join(self._folder, piece.file))
-                piece = piece._replace(digest=self._resume.record(tuple(key), refs, piece, members, piece_sha256))
+                piece = piece._replace(digest=self._resume.record(tuple(key), refs, piece, done["members"],
+                                                                  piece_sha256))
             return piece
         except BaseException:
             self._drop_started()
@@ -267,8 +267,8 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
     """Write a chunk's conversion `outcomes` (Converted, in order) to a new piece file in `folder`.
 
     With `done` (a dict), what the chunk's done record needs is put in it: 'members', each image's source SHA-256
-    in order (None for a rejected one: not known here), and 'sha256', the piece file's (None when it is not known
-    without reading the file back: compressed, or ArrayRecord).
+    in order ('' for one rejected before it was read whole: a timeout, a read error), and 'sha256', the piece
+    file's (None when it is not known without reading the file back: compressed, or ArrayRecord).
     """
     name = piece_name(key, compression, file_format, attempt or uuid.uuid4().hex[:16])
     out = open_writer(FileSystems.join(folder, name), file_format, compression)
@@ -277,7 +277,7 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
     tally = StatsTally()  # one small element per shard leaves, not one per image
     members = []
     for outcome in outcomes:
-        members.append((outcome.sha256 or None) if outcome.rejection is None else None)
+        members.append(outcome.sha256)  # a rejected one's when it was read whole, else ''
         if outcome.rejection is not None:
             rejections.append(outcome.rejection)
             continue
