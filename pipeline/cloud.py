@@ -11,6 +11,7 @@ workers, and what to print about the submitted job.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -484,12 +485,20 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
     from transforms.lock import update_lock
+    from transforms.outputs import remove_run_dir
 
     cloud = options.view_as(GoogleCloudOptions)
+
+    def nothing_ran() -> None:
+        """The job was never created: this run's folder (its plan.json, transforms/resume.py) goes, and the lock."""
+        with contextlib.suppress(Exception):  # never hide the submission's own error behind this
+            remove_run_dir(settings.output_dir, run_id)
+        give_back_lock()
+
     try:
         result = pipeline.run()
     except _submission_errors() as e:
-        give_back_lock()
+        nothing_ran()
         first_line = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(
             f"the Dataflow job could not be staged or submitted ({type(e).__name__}: {first_line}): check "

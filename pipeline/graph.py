@@ -19,9 +19,10 @@ from transforms.listing import FOUND, SKIPPED, ListImages
 from transforms.manifest import CLASS_NAMES, ReadManifest
 from transforms.manifest import STATS as MANIFEST_STATS
 from transforms.metadata import JoinMetadata
-from transforms.outputs import shards_dir
+from transforms.outputs import run_dir, shards_dir
+from transforms.resume import Resume, fingerprint
 from transforms.sharding import AssignShards
-from transforms.write import HASHES, REJECTED, STATS, WRITTEN, WriteShards
+from transforms.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
@@ -96,10 +97,15 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         images, dropped, source_hashes = deduped["kept"], [deduped[DROPPED]], deduped[DUP_HASHES]
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
     placed = images | "AssignShards" >> AssignShards(plan.sizing)
+    resume = None
+    if plan.record is not None:  # done records of the chunks converted; an interrupted run's taken instead
+        resume = Resume(fingerprint(plan.record), run_id, run_dir(settings.output_dir, run_id), plan.resume_from,
+                        settings.image.max_file_bytes, settings.image.throttled_retry_s,
+                        settings.image.reads_per_s_at_start)
     # (ShardKey, ImageRef) -> ShardInfo: each shard converted and written where its images are grouped
     written = placed | "WriteShards" >> WriteShards(
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
-        settings.compression, settings.index_files, settings.file_format, settings.shard_names,
+        settings.compression, settings.index_files, settings.file_format, settings.shard_names, resume=resume,
     )
     rejections = (*not_listed, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
     # every written image's source hash; with drop, every hashed source's (the report covers the input)
@@ -118,6 +124,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     }
     if present is not None:
         inputs["present"] = present
+    if resume is not None:
+        inputs["resumed"] = written[RESUMED]
     grouped = (bool(settings.group_by) and not settings.unlabeled) or plan.manifest_groups
     if grouped:
         inputs["groups"] = groups
@@ -139,5 +147,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         split_by,
         extra_features=plan.features,
         base=plan.base,
+        earlier_runs=[earlier[0] for earlier in plan.resume_from],
     )
     return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}

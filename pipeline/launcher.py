@@ -24,7 +24,7 @@ from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
 from pipeline.options import Settings, check_flags, help_text, ignored_options, validate
 from pipeline.output import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
-from pipeline.plan import Plan, plan_dataset
+from pipeline.plan import Plan, plan_dataset, plan_record
 from pipeline.report import summarise_run
 from transforms.lock import holder_record
 from transforms.outputs import new_run_id
@@ -141,7 +141,14 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
         take_lock(settings, holder, options)  # one run per output folder
     try:
         # Leftovers of interrupted runs leave the folder at once and are deleted while this one runs.
-        old = prepare_output(settings, run_id, dry_run=dry_run, background=True)
+        # What decides the records: an interrupted run of the same plan is resumed (an append is not resumable:
+        # the dataset it grows decides its class names once the lock is held).
+        record = plan_record(settings, plan) if settings.if_exists != "append" else None
+        old = prepare_output(settings, run_id, dry_run=dry_run, background=True, record=record)
+        plan.record, plan.resume_from = (record if not dry_run else None), old.resumed
+        for earlier in old.resumed:
+            _LOG.warning("Resuming the interrupted run %s: each chunk it converted is checked (its file and its "
+                         "images' SHA-256) and taken; the rest is converted", earlier.run_id)
         if old.paths:
             _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
         _LOG.info(

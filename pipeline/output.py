@@ -9,11 +9,14 @@ is converted:
   result when it was made with the same options (`--if_exists=skip`);
 * the lock: one run per output folder; a lock whose run has ended (its process
   on this machine, or its Dataflow job) is taken over, any other stops this run;
-* leftovers of interrupted runs: removed, since the lock proves they are dead.
+* leftovers of interrupted runs: removed, since the lock proves they are dead; the temporary folder of one
+  whose plan (`transforms.resume`, plan.json) is this run's is kept for this run to resume, and goes once this
+  run has published.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -60,6 +63,7 @@ from transforms.outputs import (
     temporary_outputs,
 )
 from transforms.paths import is_local
+from transforms.resume import PLAN_FILE, Earlier, fingerprint, plan_differences, read_plan, write_plan
 
 _LOG = logging.getLogger("pipeline")
 
@@ -273,6 +277,7 @@ class OldOutputs:
     paths: list[str]
     deleting: threading.Thread | None = None
     done: str | None = None
+    resumed: list = dataclasses.field(default_factory=list)  # Earlier: interrupted runs of this run's plan, kept
 
     def wait(self) -> None:
         """Return once the files are deleted."""
@@ -280,7 +285,7 @@ class OldOutputs:
             self.deleting.join()
 
 
-def _move_aside(output_dir: str, run_id: str, stale: list[str]) -> str:
+def _move_aside(output_dir: str, run_id: str, stale: list[str], kept: tuple = ()) -> str:
     """Move `stale` (local paths in `output_dir`) into one new folder inside this run's temporary folder.
 
     A rename is instant whatever the file's size, so the names are free at
@@ -293,7 +298,7 @@ def _move_aside(output_dir: str, run_id: str, stale: list[str]) -> str:
     mine = run_dir(output_dir, run_id)
     for entry in os.listdir(temp):  # interrupted runs' folders, wholly theirs
         path = os.path.join(temp, entry)
-        if path != mine:
+        if path != mine and entry not in kept:
             os.rename(path, os.path.join(aside, entry))
     for index, path in enumerate(stale):
         if not path.startswith(temp + os.sep) and os.path.lexists(path):
@@ -301,7 +306,8 @@ def _move_aside(output_dir: str, run_id: str, stale: list[str]) -> str:
     return aside
 
 
-def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, background: bool = False) -> OldOutputs:
+def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, background: bool = False,
+                   record: dict | None = None) -> OldOutputs:
     """Make `output_dir` ready for run `run_id`, which must hold the folder's lock.
 
     Leftovers of interrupted runs go: their temporary folders and, when the
@@ -319,6 +325,11 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
     this run's temporary folder and deleted on a thread while the job runs; the
     caller must `wait()` before it exits.
 
+    With `record` (`pipeline.plan.plan_record`), this run is resumable: its plan.json is written into its
+    temporary folder, and the folders of interrupted runs whose plan.json holds the same fingerprint are kept
+    (`OldOutputs.resumed`, the newest first) for the job to take their converted chunks from; any other goes
+    as a leftover, with one line saying why it is not resumed.
+
     Raises:
         UserError: a path that this tool would act on is not its own (a link, another device), or the
             dataset that finishing an interrupted publishing left is one --if_exists refuses.
@@ -326,12 +337,39 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
     if dry_run:
         return OldOutputs([])
     try:
-        return _prepare_output(settings, run_id, background)
+        return _prepare_output(settings, run_id, background, record)
     except UnsafePath as e:
         raise UserError(str(e)) from None
 
 
-def _prepare_output(settings: Settings, run_id: str, background: bool) -> OldOutputs:
+def _resumable(output_dir: str, stale: list[str], mine: str, record: dict | None) -> list[Earlier]:
+    """The interrupted runs among `stale`'s temporary folders whose plan is `record`, the newest first; one line
+    for each other run that had converted chunks, saying why it is not resumed."""
+    temp = FileSystems.join(output_dir, TEMP_DIR)
+    runs: dict[str, bool] = {}  # run id -> whether it holds converted chunks
+    for path in stale:
+        if path.startswith(temp + "/") and not path.startswith(mine + "/"):
+            run, _, rest = path[len(temp) + 1:].partition("/")
+            runs[run] = runs.get(run, False) or rest.startswith("done/")
+    if record is None:
+        return []
+    wanted, kept = fingerprint(record), []
+    for run in sorted(runs, reverse=True):  # run ids start with their UTC time: the newest first
+        folder = run_dir(output_dir, run)
+        plan = read_plan(folder)
+        if plan is not None and plan["fingerprint"] == wanted and plan["run_id"] == run:
+            kept.append(Earlier(run, folder, FileSystems.join(folder, "shards")))
+            continue
+        if not runs[run]:
+            continue  # nothing converted there: nothing to say
+        why = (f"it left no readable {PLAN_FILE} (an earlier version's run, or one stopped at its start)"
+               if plan is None else plan_differences(plan.get("record") or {}, record))
+        _LOG.warning("Not resuming the interrupted run %s in %s: %s; its files are removed and everything is "
+                     "converted", run, output_dir, why)
+    return kept
+
+
+def _prepare_output(settings: Settings, run_id: str, background: bool, record: dict | None = None) -> OldOutputs:
     output_dir, local = settings.output_dir, is_local(settings.output_dir)
     temp = os.path.join(output_dir, TEMP_DIR)
     if local and os.path.isdir(output_dir):
@@ -341,12 +379,19 @@ def _prepare_output(settings: Settings, run_id: str, background: bool) -> OldOut
     mine = run_dir(output_dir, run_id)
     # With a complete dataset, only temporary files are leftovers; its own files go when a new run publishes.
     stale = [p for p in (temporary_outputs if complete else own_outputs)(output_dir) if not p.startswith(mine + "/")]
+    resumed = [] if done or refused else _resumable(output_dir, stale, mine, record)
+    stale = [p for p in stale if not any(p.startswith(earlier.folder + "/") for earlier in resumed)]
+    resumable = record is not None and not (done or refused)
     if not local:
+        if resumable:
+            write_plan(mine, run_id, record)
         delete_files(stale)  # in parallel batches: a leftover run's thousands of shards are no serial chore
-        return OldOutputs(stale, done=done)
+        return OldOutputs(stale, done=done, resumed=resumed)
     check_own_paths(output_dir, [*stale, *dataset_files(output_dir)])  # what this run deletes, now or at the end
     os.makedirs(mine, exist_ok=True)
     check_own_path(output_dir, mine, folder=True)
+    if resumable:
+        write_plan(mine, run_id, record)
     if done or refused or not (background and stale):
         if stale:
             FileSystems.delete([p for p in stale if os.path.lexists(p)])
@@ -355,13 +400,13 @@ def _prepare_output(settings: Settings, run_id: str, background: bool) -> OldOut
             remove_run_dir(output_dir, run_id)
         if refused:
             raise refused
-        return OldOutputs(stale, done=done)
-    aside = _move_aside(output_dir, run_id, stale)
+        return OldOutputs(stale, done=done, resumed=resumed)
+    aside = _move_aside(output_dir, run_id, stale, tuple(earlier.run_id for earlier in resumed))
     _remove_empty_folders(output_dir, mine)
     deleting = threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
                                 name="delete-old-outputs", daemon=True)
     deleting.start()
-    return OldOutputs(stale, deleting, done)
+    return OldOutputs(stale, deleting, done, resumed)
 
 
 def _finish_interrupted_publish(settings: Settings) -> tuple[str | None, UserError | None]:

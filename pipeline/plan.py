@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -66,6 +67,8 @@ class Plan:
     manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
     base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.append)
+    record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
+    resume_from: list = field(default_factory=list)  # transforms.resume.Earlier of the interrupted runs it resumes
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -617,3 +620,34 @@ def _class_of(relpath: str, split_folders: bool) -> str | None:
 
 # The output folder's names live in transforms.outputs; these stay importable from here.
 __all__ = ["SHARD_NAME", "Plan", "own_outputs", "plan_dataset"]
+
+
+def plan_record(settings: Settings, plan: Plan) -> dict:
+    """Everything that decides this run's records, as JSON: two runs of equal records convert the same chunks into
+    the same bytes (`transforms.resume`: an interrupted run's converted chunks are taken only when it matches).
+
+    'options': the record-shaping options (`Settings.as_dict`: size, mode, format, quality, schema, splits and
+    their seed, shard sizing, compression, index files, names...); 'plan': what the launcher decided from the input
+    (class names, the layout, how shards are sized from its sample, the extra features); 'code': the package
+    version, the code's hash and the dataset format's version. The options that only say how to run (threads,
+    memory, --if_exists, logging) are not in it.
+    """
+    from pipeline import __version__
+    from pipeline.code_version import code_hash
+    from transforms.dataset_format import FORMAT_VERSION
+
+    return bounded.loads(json.dumps({
+        "options": settings.as_dict(),
+        "plan": {
+            "class_names": list(plan.class_names),
+            "split_folders": plan.split_folders,
+            "sizing": [dict(plan.sizing.explicit), plan.sizing.shard_size_mb, plan.sizing.bytes_per_image,
+                       plan.sizing.bytes_per_source_byte, plan.sizing.extra_bytes_per_image],
+            "manifest_format": plan.manifest_format,
+            "manifest_file_size": plan.manifest_file_size,
+            "features": repr(plan.features),
+            "metadata_format": plan.metadata_format,
+            "manifest_groups": plan.manifest_groups,
+        },
+        "code": {"version": __version__, "code": code_hash(), "format_version": FORMAT_VERSION},
+    }, sort_keys=True))

@@ -228,6 +228,11 @@ def format_summary(info: dict) -> str:
         f"Found {files['found']} files: {files['written']} written, {files['rejected']} rejected, "
         f"{files['skipped']} skipped.",
     ]
+    resumed = info.get("resumed")
+    if resumed:  # a rerun after an interrupted run: its converted chunks were taken (transforms/resume.py)
+        runs = resumed.get("from_runs") or []
+        lines.append(f"Resumed: {resumed.get('images')} images from the interrupted run{'s' if len(runs) > 1 else ''} "
+                     f"{', '.join(runs)}, converted {resumed.get('converted')}.")
     for split, split_info in info["splits"].items():
         lines.append(
             f"  {split:<10} {split_info['records']:>8} images in {len(split_info['shards'])} shard(s), "

@@ -14,6 +14,9 @@ the test says (`outcome`):
 * "cancel": the job ends CANCELLED.
 * "hold": the job stays RUNNING until the test calls `finish(job_id)` or `cancel`.
 
+With `worker_env={"KILL_AFTER_PIECES": "N"}` a running job's workers exit once N chunks are converted
+(tests/killed_after_pieces_main.py): the job ends FAILED midway, as when its workers are lost.
+
 Its workers see a metadata server that gives the job's id (as a Dataflow worker VM's does), and run this
 checkout's code, or the code in `worker_code` (a worker image built from other code).
 
@@ -88,6 +91,7 @@ class DataflowStandIn:
         self.jobs: dict[str, StandInJob] = {}
         self.outcome = "run"
         self.worker_code: str | None = None  # a folder of other pipeline/ and transforms/ for the workers to run
+        self.worker_env: dict = {}  # more environment for the workers (KILL_AFTER_PIECES: a job that dies midway)
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
         self._executor_env = executor_env
         self._lock = threading.Lock()
@@ -145,7 +149,7 @@ class DataflowStandIn:
     def _execute(self, job: StandInJob) -> None:
         """Run the staged graph on Beam's local runner in a process of its own."""
         staging = job.options["staging_location"]
-        env = {**os.environ, **self._executor_env}
+        env = {**os.environ, **self._executor_env, **self.worker_env}
         if self.worker_code:  # the workers' image holds other code: its pipeline/ and transforms/ come first
             env["PYTHONPATH"] = os.pathsep.join([self.worker_code, REPO])
         with metadata_server(job.id) as metadata_host:  # what a worker VM's metadata server says of its job
@@ -302,4 +306,8 @@ def run_staged_job(staging: str) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("KILL_AFTER_PIECES"):  # the workers die after converting that many chunks: the job FAILS
+        from tests.killed_after_pieces_main import install
+
+        install(lambda: os._exit(3))
     run_staged_job(sys.argv[1])

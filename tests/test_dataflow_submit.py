@@ -140,8 +140,10 @@ def test_a_job_that_fails_or_is_cancelled_exits_1_with_one_line(gcs_emulator, da
         f"earlier complete one there is untouched); see the job's errors with: gcloud dataflow jobs show {job_id} "
         f"--region={REGION} --project={PROJECT}, fix them and run the same command again"]
     assert "Traceback" not in result.stderr
-    # The lock is given back: the same command can run again at once.
-    assert gcs_emulator.list_names(output) == ["notes.txt"]
+    # The lock is given back: the same command can run again at once. The run's plan stays, so that the next
+    # launch of the same options resumes what the job converted (tests/test_resume.py): nothing else is left.
+    run_id = dataflow_api.jobs[job_id].request["labels"]["image-tfrecords-run"]
+    assert gcs_emulator.list_names(output) == [f".image-tfrecords-tmp/{run_id}/plan.json", "notes.txt"]
 
 
 @pytest.mark.timeout(300)

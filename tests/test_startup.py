@@ -64,11 +64,13 @@ def test_the_local_graph_has_few_steps_each_a_stage_round_trip_or_a_dofn_to_insp
     leaves = [t for t in proto.components.transforms.values() if not t.subtransforms]
     urns = [t.spec.urn for t in leaves]
     # 34 ParDos, 11 GroupByKeys and 2 Impulses, and the sources list that --if_exists=append reads (issue 32),
-    # written by Beam's WriteToText: 9 ParDos, a GroupByKey and an Impulse of its own
+    # written by Beam's WriteToText: 9 ParDos, a GroupByKey and an Impulse of its own; and one ParDo that tallies
+    # the chunks resumed from an interrupted run (transforms/resume.py)
     sources = [t.spec.urn for t in leaves if t.unique_name.startswith("WriteSources/")]
     assert (sources.count(common_urns.primitives.PAR_DO.urn), sources.count(common_urns.primitives.GROUP_BY_KEY.urn),
             sources.count(common_urns.primitives.IMPULSE.urn)) == (9, 1, 1)
-    assert urns.count(common_urns.primitives.PAR_DO.urn) == 34 + 9
+    assert urns.count(common_urns.primitives.PAR_DO.urn) == 34 + 9 + 1
+    assert [t.unique_name for t in leaves if "TallyResumed" in t.unique_name]
     assert urns.count(common_urns.primitives.GROUP_BY_KEY.urn) == 11 + 1
     assert urns.count(common_urns.primitives.IMPULSE.urn) == 2 + 1  # the listing's top, the description, the sink
     assert not [t.unique_name for t in leaves if "SpreadParts" in t.unique_name]  # a local folder has no parts

@@ -228,7 +228,11 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
             if deadline is not None:
                 deadline += waited
             started = time.monotonic()
-            image = imaging.convert_image(data, settings, deadline)
+            try:
+                image = imaging.convert_image(data, settings, deadline)
+            except ImageRejected as e:  # read whole, then refused: its bytes' SHA-256 is known (transforms/resume.py)
+                e.sha256 = digest
+                raise
             if pacing is not None:
                 pacing.add(read_s, time.monotonic() - started)
         return image._replace(sha256=digest)
@@ -238,7 +242,8 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
 
 
 class Converted(NamedTuple):
-    """One image's outcome: its serialized Example, whether it was upscaled, its source's SHA-256; or its Rejection."""
+    """One image's outcome: its serialized Example, whether it was upscaled, its source's SHA-256; or its Rejection
+    (with its source's SHA-256 when it was read whole before it was refused, else '')."""
 
     ref: ImageRef
     example: bytes | None
@@ -282,7 +287,7 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
         try:
             image = pool.result(job)
         except ImageRejected as e:
-            yield _rejected(ref, e.reason, e.detail)
+            yield _rejected(ref, e.reason, e.detail, getattr(e, "sha256", ""))
             continue
         except TransientReadError:
             raise  # not the image's fault: the bundle fails, and is retried, instead of the image being rejected
@@ -307,6 +312,7 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
         yield Converted(ref, serialized, image.upscaled, None, image.sha256, stats=image.stats, kept=image.kept)
 
 
-def _rejected(ref: ImageRef, reason: str, detail: str) -> Converted:
+def _rejected(ref: ImageRef, reason: str, detail: str, sha256: str = "") -> Converted:
+    """`sha256`: of the file's bytes, when they were read whole before the image was refused; '' when not."""
     counters.inc(counters.rejected(reason))
-    return Converted(ref, None, False, Rejection(ref.relpath, "rejected", reason, detail))
+    return Converted(ref, None, False, Rejection(ref.relpath, "rejected", reason, detail), sha256)

@@ -6,6 +6,7 @@ NAMESPACE = "image_tfrecords"
 # The counters the progress line adds up (pipeline/local/progress.py): an image leaves conversion either converted
 # or rejected (under a name `rejected(reason)` gives), out of the images labelled for conversion.
 CONVERTED = "images_converted"
+RESUMED = "images_resumed"  # records taken, checked, from an interrupted run's converted chunks (transforms.resume)
 TO_CONVERT = "images_to_convert"  # counted by AssignLabels (or the manifest's labels): the job's own total
 _REJECTED_PREFIX = "rejected_"
 _counters = {}
@@ -17,8 +18,8 @@ def rejected(reason: str) -> str:
 
 
 def leaves_conversion(name: str) -> bool:
-    """Whether counter `name` counts images that left conversion (converted, or rejected after labelling)."""
-    return name == CONVERTED or name.startswith(_REJECTED_PREFIX)
+    """Whether counter `name` counts images that left conversion (converted, resumed, or rejected after labelling)."""
+    return name in (CONVERTED, RESUMED) or name.startswith(_REJECTED_PREFIX)
 
 
 def inc(name: str, value: int = 1) -> None:

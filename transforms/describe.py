@@ -48,6 +48,7 @@ from transforms.outputs import (
 __all__ = ["Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise",
            "write_lines", "write_text"]
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
+RESUMED = "resumed"  # tally key: ("resumed", run id), records taken from that interrupted run's chunks
 
 _LOG = logging.getLogger(__name__)
 
@@ -237,8 +238,9 @@ class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash", extra_features=(), base=None):
+                 split_by="path_hash", extra_features=(), base=None, earlier_runs=()):
         self._output_dir = output_dir
+        self._earlier_runs = list(earlier_runs)  # interrupted runs' folders kept for this run: go once it publishes
         self._base = base  # --if_exists=append: the description of the dataset this run grows
         self._split_by = split_by
         self._extra_features = tuple(extra_features)
@@ -254,6 +256,8 @@ class _WriteInfo(beam.DoFn):
                 metadata=None, class_names=None, manifest=None, sources=(), present=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
+        resumed = {key[1]: count for key, count in tallies if key[0] == RESUMED}
+        tallies = [(key, count) for key, count in tallies if key[0] != RESUMED]
         counts = summarise(tallies, shard_stats, self._class_names)
         sources = sorted(FileSystems.split(path)[1] for path in sources)  # this run's, in its shards folder
         grown = None
@@ -292,6 +296,9 @@ class _WriteInfo(beam.DoFn):
                            "format": "one JSON list a line: [relpath, sha256, split, label]"}
         if grown is not None:
             info["appends"] = grown.history
+        if sum(resumed.values()):
+            info["resumed"] = {"images": sum(resumed.values()), "from_runs": sorted(resumed),
+                               "converted": counts.files["written"] - sum(resumed.values())}
         all_shards = [s for split in info["splits"].values() for s in split["shards"]]
         renamed = counts.renamed
         join = lambda name: FileSystems.join(self._output_dir, name)  # noqa: E731
@@ -299,6 +306,7 @@ class _WriteInfo(beam.DoFn):
         if published is not None:
             # A retry of this step after an attempt that published and then failed (Dataflow retries a
             # failed bundle): the dataset is complete, so only the cleaning up is left to do.
+            self._remove_earlier_runs()
             remove_run_dir(self._output_dir, self._run_id)
             release_lock(self._output_dir, self._run_id)
             yield published
@@ -320,10 +328,21 @@ class _WriteInfo(beam.DoFn):
         # Written in full first, then the previous dataset (if any) gives way: transforms/outputs.py.
         publish_dataset(self._output_dir, self._run_id, shard_files, descriptions, sizes,
                         renames=grown.renames if grown else None, keep=grown.keep + old_sources if grown else ())
-        # This run's own temporary folder and lock; another run's are never touched.
+        # This run's own temporary folder and lock, and the interrupted runs' it resumed; no other run's.
+        self._remove_earlier_runs()
         remove_run_dir(self._output_dir, self._run_id)
         release_lock(self._output_dir, self._run_id)
         yield info
+
+    def _remove_earlier_runs(self) -> None:
+        """The folders of the interrupted runs that the launcher kept for this run to resume: done with."""
+        for run_id in self._earlier_runs:
+            if run_id != self._run_id:
+                try:
+                    remove_run_dir(self._output_dir, run_id)
+                except Exception as e:  # noqa: BLE001 - the dataset is published; the next run removes them
+                    _LOG.warning("Could not remove the folder of the resumed run %s (%s): the next run removes it",
+                                 run_id, e)
 
 
 class Grown(NamedTuple):
@@ -424,14 +443,15 @@ class DescribeDataset(beam.PTransform):
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash", extra_features=(), base=None):
+                 split_by="path_hash", extra_features=(), base=None, earlier_runs=()):
         super().__init__()
         self._output_dir = output_dir
         # a list, or a PCollection of one list (the class names found in the job): a side input
         self._names = class_names if isinstance(class_names, beam.PCollection) else None
         given = [] if self._names is not None else class_names
         self._info_fn = _WriteInfo(output_dir, run_id, given, schema, options, image_info, start_time,
-                                   tool_version, split_by, extra_features=extra_features, base=base)
+                                   tool_version, split_by, extra_features=extra_features, base=base,
+                                   earlier_runs=earlier_runs)
 
     def expand(self, inputs):
         rejections = inputs["rejections"]
@@ -444,6 +464,8 @@ class DescribeDataset(beam.PTransform):
                 inputs["found"] | "TallyFound" >> beam.Map(lambda n: ((FOUND,), n)),
                 inputs["written"] | "TallyWritten" >> beam.MapTuple(lambda key, n: ((WRITTEN, *key), n)),
                 rejections | "TallyRejected" >> beam.Map(lambda r: ((r.stage, r.reason), 1)),
+                *([inputs["resumed"] | "TallyResumed" >> beam.MapTuple(lambda run, n: ((RESUMED, run), n))]
+                  if "resumed" in inputs else []),
             )
             | "AllTallies" >> beam.Flatten()
             # (event, count)

@@ -13,6 +13,7 @@ file and uploaded whole through Beam's file systems when it is closed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -36,11 +37,20 @@ class TFRecordShardWriter:
         self._codec = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
         self._out = FileSystems.create(path, mime_type="application/octet-stream", compression_type=self._codec)
         self._written = 0
+        # uncompressed, the file's bytes are the framed records: their SHA-256 is the file's, known without a read
+        self._digest = hashlib.sha256() if self._codec == CompressionTypes.UNCOMPRESSED else None
+
+    @property
+    def sha256(self) -> str | None:
+        """The SHA-256 of the file's bytes written so far when known without reading them back (uncompressed)."""
+        return self._digest.hexdigest() if self._digest is not None else None
 
     def write(self, data: bytes) -> int:
         """Write one record; returns its framed size in bytes (before compression)."""
         record = frame_record(data)
         self._out.write(record)
+        if self._digest is not None:
+            self._digest.update(record)
         self._written += len(record)
         return len(record)
 

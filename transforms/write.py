@@ -19,6 +19,10 @@ Its size, its record count and, with index files, its `offset length` index
 come from the pieces' records as they were written. ArrayRecord files cannot
 be concatenated: an ArrayRecord shard is one chunk, converted in one place.
 
+Each converted chunk leaves a done record beside its piece (`transforms.resume`), and a chunk that an
+interrupted run of the same plan converted is taken from that run's folder, checked (its piece's size and
+SHA-256, its images' SHA-256), instead of converted again: Convert does it where the chunk arrives.
+
 Shards are assembled in the run's own temporary folder, each attempt under a
 name of its own (train-00000-of-00004-<attempt>.tfrecord): a retried and a
 stale attempt of one shard never write the same file, and the ShardInfo that
@@ -61,17 +65,19 @@ from transforms.layout import display_path
 from transforms.outputs import shards_dir
 from transforms.pool import ConversionPool, time_limit
 from transforms.records import label_of
+from transforms.resume import Resume, file_sha256
 from transforms.shardfiles import open_writer
 from transforms.sharding import ShardKey, rank_order
 from transforms.stats import SplitStats, StatsTally
 from transforms.stats import merge as merge_stats
 
-__all__ = ["HASHES", "REJECTED", "STATS", "WRITTEN", "ChunkKey", "PieceInfo", "ShardInfo", "WriteShards", "assemble",
-           "cut_chunks", "index_text", "write_index", "write_piece"]
+__all__ = ["HASHES", "REJECTED", "RESUMED", "STATS", "WRITTEN", "ChunkKey", "PieceInfo", "ShardInfo", "WriteShards",
+           "assemble", "cut_chunks", "index_text", "write_index", "write_piece"]
 REJECTED = "rejected"
 WRITTEN = "written"
 HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report
 STATS = "stats"  # (split, transforms.stats.SplitStats): one per shard, its images' pixel sums and source sizes
+RESUMED = "resumed"  # (run id, records) of each piece taken from an interrupted run (transforms.resume)
 
 
 class ShardInfo(NamedTuple):
@@ -133,6 +139,8 @@ class PieceInfo(NamedTuple):
     stats: SplitStats | None  # its images' pixel sums and source sizes; None when none was written
     rejections: tuple  # Rejection, ...
     hashes: tuple  # (sha256, (split, label, relpath)), ...
+    resumed_from: str = ""  # the interrupted run whose converted chunk this is (transforms.resume); '' when converted
+    digest: str = ""  # the name of its done record (transforms.resume); '' for none
 
 
 def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGES,
@@ -176,8 +184,9 @@ class _ConvertChunk(beam.DoFn):
     """
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
-                 file_format: str = TFRECORD):
+                 file_format: str = TFRECORD, resume: Resume | None = None):
         self._folder = folder
+        self._resume = resume  # None: no done records (tests that drive the converter alone)
         self._settings = settings
         self._schema = schema
         self._threads = threads
@@ -209,6 +218,10 @@ class _ConvertChunk(beam.DoFn):
 
     def process(self, element):
         key, refs = element
+        taken = self._take(ChunkKey(*key), refs)
+        if taken is not None:
+            yield taken
+            return
         self._started.append((ChunkKey(*key), start_conversions(self._pool, refs, self._settings, self._threads,
                                                                 self._pacing)))
         while len(self._started) > 1:
@@ -225,24 +238,46 @@ class _ConvertChunk(beam.DoFn):
                 job.cancelled = True
         self._started.clear()
 
+    def _take(self, key: ChunkKey, refs) -> PieceInfo | None:
+        """The chunk's piece taken from an interrupted run of the same plan, checked; None: convert it."""
+        if self._resume is None:
+            return None
+        name = piece_name(key, self._compression, self._file_format, uuid.uuid4().hex[:16])
+        return self._resume.take(tuple(key), refs, name, self._folder, PieceInfo)
+
     def _write_piece(self, key: ChunkKey, jobs) -> PieceInfo:
         try:
-            return write_piece(self._folder, key, self._pace(collect_in_order(self._pool, jobs, self._schema)),
-                               self._compression, self._file_format)
+            done = {} if self._resume is not None else None
+            piece = write_piece(self._folder, key, self._pace(collect_in_order(self._pool, jobs, self._schema)),
+                                self._compression, self._file_format, done=done)
+            if self._resume is not None:  # after the piece is complete: what a rerun may take instead
+                # a member of no SHA-256 (never read whole) makes the chunk one a rerun converts again
+                refs = [ref for ref, _ in jobs]
+                piece_sha256 = done["sha256"] or file_sha256(FileSystems.join(self._folder, piece.file))
+                piece = piece._replace(digest=self._resume.record(tuple(key), refs, piece, done["members"],
+                                                                  piece_sha256))
+            return piece
         except BaseException:
             self._drop_started()
             raise
 
 
 def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_format: str = TFRECORD,
-                attempt: str | None = None) -> PieceInfo:
-    """Write a chunk's conversion `outcomes` (Converted, in order) to a new piece file in `folder`."""
+                attempt: str | None = None, done: dict | None = None) -> PieceInfo:
+    """Write a chunk's conversion `outcomes` (Converted, in order) to a new piece file in `folder`.
+
+    With `done` (a dict), what the chunk's done record needs is put in it: 'members', each image's source SHA-256
+    in order ('' for one rejected before it was read whole: a timeout, a read error), and 'sha256', the piece
+    file's (None when it is not known without reading the file back: compressed, or ArrayRecord).
+    """
     name = piece_name(key, compression, file_format, attempt or uuid.uuid4().hex[:16])
     out = open_writer(FileSystems.join(folder, name), file_format, compression)
     written: Counter = Counter()  # (split, label, upscaled) -> records
     sizes, rejections, hashes = [], [], []
     tally = StatsTally()  # one small element per shard leaves, not one per image
+    members = []
     for outcome in outcomes:
+        members.append(outcome.sha256)  # a rejected one's when it was read whole, else ''
         if outcome.rejection is not None:
             rejections.append(outcome.rejection)
             continue
@@ -252,6 +287,8 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
         tally.add(outcome.stats, outcome.upscaled, outcome.kept)
         hashes.append((outcome.sha256, (key.split, label, display_path(outcome.ref.relpath))))
     size = out.close()
+    if done is not None:
+        done.update(members=members, sha256=getattr(out, "sha256", None))
     return PieceInfo((key.split, key.index, key.count), key.chunk, key.chunks, name, size, tuple(sizes),
                      tuple(written.items()), tally.result() if tally.images else None, tuple(rejections),
                      tuple(hashes))
@@ -328,8 +365,9 @@ class _AssembleShard(beam.DoFn):
     (sha256, (split, label, relpath)) of each written image on HASHES; (split, SplitStats) of the shard on STATS."""
 
     def __init__(self, folder: str, compression: str, index_files: bool, file_format: str = TFRECORD,
-                 shard_names: str = STANDARD):
+                 shard_names: str = STANDARD, resume: Resume | None = None):
         self._folder = folder
+        self._resume = resume
         self._compression = compression
         self._index_files = index_files
         self._file_format = file_format
@@ -342,9 +380,13 @@ class _AssembleShard(beam.DoFn):
         name = shard_name(key.split, key.index, key.count, self._compression, self._file_format)
         # this attempt's own file: another attempt at the shard, retried or stale, never writes it
         temp, size = assemble(self._folder, name, pieces, attempt=uuid.uuid4().hex[:16])
+        if self._resume is not None:  # the pieces are in the shard's file now: a rerun takes them from there
+            self._resume.assembled(self._folder, temp, pieces)
         sizes = [record for piece in pieces for record in piece.sizes]
         written: Counter = Counter()
         for piece in pieces:
+            if piece.resumed_from:
+                yield beam.pvalue.TaggedOutput(RESUMED, (piece.resumed_from, len(piece.sizes)))
             written.update(dict(piece.written))
             for rejection in piece.rejections:
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
@@ -399,24 +441,28 @@ class AssembleShards(beam.PTransform):
             pieces
             # (shard key, [PieceInfo]): a shard's pieces, a few small elements
             | "GroupPieces" >> beam.GroupBy(shard_of_piece)
-            | "Assemble" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, STATS, main="shards")
+            | "Assemble" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, STATS, RESUMED,
+                                                          main="shards")
         )
 
 
 class WriteShards(beam.PTransform):
     """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection), WRITTEN (tallies), HASHES
-    ((sha256, (split, label, relpath)) per written image) and STATS ((split, SplitStats) per shard) on the side.
+    ((sha256, (split, label, relpath)) per written image), STATS ((split, SplitStats) per shard) and RESUMED
+    ((run id, records) per chunk taken from an interrupted run) on the side.
 
     Shards are written to the run's own temporary folder under their standard
     names; the dataset description publishes them into `output_dir`, under
     their final names, once every count is checked. With `index_files`, each
     shard's index file is written beside it (uncompressed TFRecord shards only).
-    `chunk_images`: the most images in one unit of conversion work.
+    `chunk_images`: the most images in one unit of conversion work. `resume` (transforms.resume.Resume): each
+    converted chunk leaves a done record, and a chunk an interrupted run of the same plan converted is taken
+    from it, checked, instead of converted again.
     """
 
     def __init__(self, output_dir: str, run_id: str, settings: ImageSettings, schema: str, threads: int,
                  compression: str, index_files: bool = False, file_format: str = TFRECORD,
-                 shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES):
+                 shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES, resume: Resume | None = None):
         super().__init__()
         if index_files and (compression != "none" or file_format != TFRECORD):
             raise ValueError("index files hold byte offsets into uncompressed TFRecord shards: not with "
@@ -426,8 +472,8 @@ class WriteShards(beam.PTransform):
         folder = shards_dir(output_dir, run_id)
         self._file_format = file_format
         self._chunk_images = chunk_images
-        self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format)
-        self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names)
+        self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format, resume)
+        self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names, resume)
 
     def expand(self, placed):
         return (
