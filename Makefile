@@ -20,6 +20,20 @@ $(error $(PYTHON) is $(if $(PYTHON_VERSION),Python $(PYTHON_VERSION),not a Pytho
 endif
 endif
 
+# The Pythons `make test` runs the suite on, each in its own virtual environment: none given (a developer's
+# make test), the suite runs once, in .venv with $(PYTHON); under CI (CI=true) the oldest and the newest of
+# SUPPORTED; or as given: make test TEST_PYTHONS="3.11 3.13".
+CI_RUN := $(filter true 1,$(CI))
+ifneq ($(CI_RUN),)
+TEST_PYTHONS ?= $(firstword $(SUPPORTED)) $(lastword $(SUPPORTED))
+endif
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+ifneq ($(filter-out $(SUPPORTED),$(TEST_PYTHONS)),)
+$(error TEST_PYTHONS names Python $(filter-out $(SUPPORTED),$(TEST_PYTHONS)); image-tfrecords supports Python \
+  $(subst $() ,$(comma) ,$(SUPPORTED)): give versions such as make test TEST_PYTHONS="3.11 3.13")
+endif
+endif
+
 .PHONY: venv demo test lint bench fuzz clean
 
 # The virtual environment is created once and reused; it is updated when setup.py changes, and built anew when
@@ -35,6 +49,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 venv: $(STAMP)
+	@:
 
 demo: venv
 	$(PY) -m pipeline.demo
@@ -42,9 +57,40 @@ demo: venv
 # The tests run in one process per logical CPU (pytest-xdist; an idle one takes tests queued for another);
 # `make test TEST_WORKERS=0` runs them in one. The 25 slowest are listed at the end (where the suite's time goes).
 TEST_WORKERS ?= logical
+PYTEST_ARGS = -n $(TEST_WORKERS) --dist worksteal --durations=25
+# The interpreter of Python $$v (in the shell variable py, empty if none): $(PYTHON) if it is that version, else
+# python$$v on the PATH, else pyenv's (`pyenv prefix $$v`, ~/.pyenv/versions/$$v*): the first that runs as $$v
+# (a pyenv shim of a version that is not selected does not).
+FIND_PYTHON = py=; prefix=$$(pyenv prefix $$v 2>/dev/null); \
+  for c in "$(PYTHON)" "$$(command -v python$$v)" $${prefix:+"$$prefix/bin/python$$v"} \
+      $$HOME/.pyenv/versions/$$v*/bin/python$$v; do \
+    [ "$$("$$c" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$$v" ] && { py=$$c; break; }; \
+  done
 test: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
+ifeq ($(strip $(TEST_PYTHONS)),)
+	$(PY) -m pytest $(PYTEST_ARGS)
+else
+# The lint once, then the suite once per Python: $(PYTHON)'s in $(VENV), another one in $(VENV)-3.N (built and
+# reused like $(VENV)). Every run happens even if one before it failed; the last line names the ones that failed.
+	@failed=; skipped=; passed=; for v in $(TEST_PYTHONS); do \
+	  $(FIND_PYTHON); \
+	  if [ -z "$$py" ]; then \
+	    echo "make test: Python $$v not found (no python$$v on the PATH, none under pyenv): install it" \
+	      "(pyenv install $$v) or put python$$v on the PATH$(if $(CI_RUN),, - the suite is not run on it)"; \
+	    $(if $(CI_RUN),failed="$$failed $$v (not found)",skipped="$$skipped $$v"); continue; \
+	  fi; \
+	  if [ "$$py" = "$(PYTHON)" ]; then venv=$(VENV); else venv=$(VENV)-$$v; fi; \
+	  echo "make test: the suite on Python $$v ($$py, in $$venv)"; \
+	  if $(MAKE) --no-print-directory venv PYTHON="$$py" VENV=$$venv && \
+	     $$venv/bin/python -m pytest $(PYTEST_ARGS); then passed="$$passed $$v"; else failed="$$failed $$v"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then \
+	  echo "make test: failed on Python$$failed$${passed:+ (passed on$$passed)}$${skipped:+ (not run on$$skipped)}"; \
+	  exit 1; fi; \
+	if [ -z "$$passed" ]; then echo "make test: the suite ran on none of Python $(TEST_PYTHONS)"; exit 1; fi; \
+	echo "make test: passed on Python$$passed$${skipped:+ (not run on$$skipped: not found)}"
+endif
 
 lint: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
@@ -60,4 +106,4 @@ fuzz: venv
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_imaging.py -q --timeout=0
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo_output
+	rm -rf $(VENV) $(VENV)-3.* build *.egg-info demo_output

@@ -12,14 +12,17 @@ workers, and what to print about the submitted job.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import io
 import logging
 import os
 import re
 import socket
 import sys
+import tempfile
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -446,7 +449,8 @@ def launch_nothing(options: PipelineOptions, message: str) -> int:
     pipeline = beam.Pipeline(options=options)
     _ = pipeline | "NothingToDo" >> beam.Create([message]) | "Say" >> beam.Map(_nothing_to_do)
     try:
-        pipeline.run()
+        with package_build_lock(options.view_as(SetupOptions).setup_file):
+            pipeline.run()
     except _submission_errors() as e:
         first_line = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(f"the Dataflow job description could not be written to {cloud.template_location} "
@@ -454,6 +458,38 @@ def launch_nothing(options: PipelineOptions, message: str) -> int:
     print(f"Wrote the Dataflow job description of a job that does nothing (job {cloud.job_name}) to "
           f"{cloud.template_location}, so that the template launch succeeds; it ends at once.")
     return 0
+
+
+def package_lock_path(setup_file: str) -> str:
+    """The lock file of the builds in setup_file's folder (`package_build_lock`)."""
+    key = hashlib.sha256(os.path.dirname(os.path.abspath(setup_file)).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"image-tfrecords-sdist-{key}.lock")
+
+
+@contextlib.contextmanager
+def package_build_lock(setup_file: str | None) -> Iterator[None]:
+    """One build of setup_file's source distribution at a time, across processes.
+
+    Beam builds the package for --setup_file in setup.py's folder (`setup.py sdist` makes its release tree and
+    egg-info there), so two launches from one checkout at once (a train and a validation job, say) would build
+    into each other's tree, and one would stage a broken package or fail with a missing file. The lock is a
+    file in the temporary folder named by the setup.py, held while the job is staged (not while it runs).
+    """
+    if not setup_file:
+        yield
+        return
+    folder = os.path.dirname(os.path.abspath(setup_file))
+    # Read-only: a lock file another user made (0644) still locks.
+    lock = os.open(package_lock_path(setup_file), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _LOG.info("waiting for another launch from %s to build its package", folder)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)  # and with it the lock
 
 
 def add_job_checks(pipeline, options: PipelineOptions, settings, run_id: str) -> None:
@@ -496,7 +532,8 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
         give_back_lock()
 
     try:
-        result = pipeline.run()
+        with package_build_lock(options.view_as(SetupOptions).setup_file):
+            result = pipeline.run()
     except _submission_errors() as e:
         nothing_ran()
         first_line = (str(e).strip().splitlines() or [""])[0][:300]

@@ -41,7 +41,17 @@ class Emulator:
         return storage.Client(project="test-project", credentials=AnonymousCredentials())
 
     def create_bucket(self, name: str) -> str:
-        self.client().create_bucket(name)
+        """An empty bucket `name`. A module's fixture that made it may run again in the same session: pytest-xdist's
+        worksteal can hand a worker the rest of a module after other modules' tests, and the module's fixtures are
+        then set up anew; the bucket, left by the module's earlier tests, is emptied instead of a 409 Conflict."""
+        from google.api_core.exceptions import Conflict
+
+        client = self.client()
+        try:
+            client.create_bucket(name)
+        except Conflict:
+            for blob in client.list_blobs(name):
+                blob.delete()
         return f"gs://{name}"
 
     def upload_tree(self, local_dir, gs_dir: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import fcntl
 import io
 import json
 import os
@@ -79,12 +80,14 @@ def test_dry_run_stages_the_package_built_from_setup_py(gcs_emulator, dry_run):
     assert set(staged) == set(gcs_emulator.list_names(staging))
 
     sdist = tarfile.open(fileobj=io.BytesIO(gcs_emulator.read(f"{staging}/workflow.tar.gz")))
-    root = f"image-tfrecords-{pipeline.__version__}"
+    # Its one folder: image-tfrecords-V, or image_tfrecords-V from setuptools 69.3 on (they normalize the name).
+    (root,) = {name.split("/")[0] for name in sdist.getnames()}
+    assert root in (f"image-tfrecords-{pipeline.__version__}", f"image_tfrecords-{pipeline.__version__}"), root
     names = {name.removeprefix(root + "/") for name in sdist.getnames()}
     assert {"setup.py", "pipeline/__init__.py", "pipeline/launcher.py", "pipeline/cloud.py", "pipeline/graph.py",
             "transforms/__init__.py", "transforms/convert.py", "transforms/imaging.py",
             "transforms/write.py"} <= names
-    assert not any(name.startswith(("tests/", ".venv/")) for name in names)
+    assert not any(name.startswith(("tests/", ".venv")) for name in names)  # .venv/, .venv-3.13/
     requires = sdist.extractfile(f"{root}/image_tfrecords.egg-info/requires.txt").read().decode()
     runtime = requires.split("\n[", 1)[0]  # before the first extra
     assert "apache-beam[gcp]" in runtime and "pillow" in runtime
@@ -390,8 +393,12 @@ def test_template_image_matches_the_tested_sdk_and_build_context():
     with open(os.path.join(REPO, "dataflow", "Dockerfile")) as f:
         dockerfile = f.read()
     assert f"ARG BEAM_VERSION={apache_beam.__version__}\n" in dockerfile
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert f"ARG PYTHON_VERSION={python}\n" in dockerfile
+    # The image's Python (the launcher's and the workers') is one the suite runs on under CI: the oldest or the
+    # newest supported (the Makefile's SUPPORTED); the launcher base image is of the same Python.
+    python = re.search(r"^ARG PYTHON_VERSION=(3\.\d+)\n", dockerfile, re.M).group(1)
+    with open(os.path.join(REPO, "Makefile")) as f:
+        supported = re.search(r"^SUPPORTED := (.*)$", f.read(), re.M).group(1).split()
+    assert python in (supported[0], supported[-1]), (python, supported)
     assert f"python{python.replace('.', '')}-template-launcher-base" in dockerfile
 
     env = dict(os.environ, PROJECT="p", REGION="us-central1", BUCKET="b", TAG="t1")
@@ -451,6 +458,51 @@ def test_refused_submission_is_a_one_line_user_error(gcs_emulator, dry_run, refu
     assert any(name.endswith("/pipeline.pb") for name in staged)
     assert not any(name.endswith("/workflow.tar.gz") for name in staged)  # the image has the package
     assert gcs_emulator.list_names(f"gs://{BUCKET}/refused") == []
+
+
+def _taken_by_another(path: str) -> bool:
+    """Whether another holder has the lock file at `path` (a second open file: flock locks are per open file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_launches_from_one_checkout_build_its_package_one_at_a_time(tmp_path):
+    """Beam builds the --setup_file package in setup.py's folder (its release tree and egg-info there): two
+    launches at once from one checkout built into each other's tree (`No such file or directory:
+    'image_tfrecords-0.1.0/transforms/counters.py'`). The job is staged under a lock named by that folder."""
+    from pipeline import cloud
+
+    setup = os.path.join(REPO, "setup.py")
+    path = cloud.package_lock_path(setup)
+    assert path == cloud.package_lock_path(os.path.join(REPO, ".", "setup.py"))
+    elsewhere = cloud.package_lock_path(str(tmp_path / "setup.py"))
+    assert elsewhere != path  # another checkout builds beside it
+    with cloud.package_build_lock(setup):
+        assert _taken_by_another(path) and not _taken_by_another(elsewhere)
+    assert not _taken_by_another(path)
+
+    # The launcher holds it while Beam stages the job (pipeline.run), and gives it back when that fails.
+    class Stop(Exception):
+        pass
+
+    seen, given_back = [], []
+
+    class Staging:
+        def run(self):
+            seen.append(_taken_by_another(path))
+            raise Stop
+
+    options = PipelineOptions([f"--setup_file={setup}", "--project=p", "--region=us-central1"])
+    with pytest.raises(Stop):
+        cloud.run_on_dataflow(Staging(), options, None, "run1", lambda: given_back.append(True))
+    assert seen == [True] and given_back == [True]
+    assert not _taken_by_another(path)
 
 
 def _check_against_the_template(parameters: dict) -> None:

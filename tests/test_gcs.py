@@ -156,3 +156,13 @@ def test_duplicates_are_hashed_and_dropped_on_gcs(gcs_emulator, gcs_input, sampl
     assert info["duplicates"]["groups"] == 2 and info["duplicates"]["conflicting_labels"] == 1
     assert {g["sha256"] for g in info["duplicates"]["examples"]} == {
         hashlib.sha256(p.read_bytes()).hexdigest() for p in photos[:2]}
+
+
+def test_a_bucket_made_again_in_the_session_is_empty(gcs_emulator):
+    """A module's fixture set up a second time in one xdist worker (worksteal) gets its bucket back empty, not a
+    409 Conflict that errors every test of the module."""
+    bucket = gcs_emulator.create_bucket("made-twice")
+    gcs_emulator.write(f"{bucket}/out/a.txt", "left by the module's earlier tests")
+    assert gcs_emulator.list_names(bucket) == ["out/a.txt"]
+    assert gcs_emulator.create_bucket("made-twice") == bucket
+    assert gcs_emulator.list_names(bucket) == []

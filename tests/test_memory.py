@@ -283,6 +283,39 @@ def test_the_conversion_moves_its_own_deadline_on_by_the_time_it_waited_for_memo
     assert (budget.held, budget.holders) == (0, 0)
 
 
+def live_pillow_blocks() -> int:
+    """Pillow's pixel blocks allocated and not yet freed, in this process (none are cached: blocks_max is 0)."""
+    stats = Image.core.get_stats()
+    assert stats["blocks_cached"] == 0
+    return stats["allocated_blocks"] + stats["reused_blocks"] - stats["freed_blocks"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("mode", "worker_memory_mb"), [("RGBA", 17), ("RGB", 19)])  # Pillow's path; the fast one
+def test_the_decoded_pixels_are_freed_before_the_budget_is_given_back(tmp_path, monkeypatch, mode,
+                                                                     worker_memory_mb):
+    """A conversion waiting for memory starts the moment the budget is given back: if the pixels decoded into
+    the opened image were still alive then, the two would hold more than the budget (four 6000 x 6000 RGBA
+    PNGs on four threads went 144 MB over it, one decoded image, when the machine was busy)."""
+    path = tmp_path / "a.png"
+    flat_png(path, 1000, mode)
+    settings = ImageSettings(worker_memory_mb=worker_memory_mb)  # a budget of its own
+    budget = memory.budget(settings.worker_memory_bytes)
+    real_release = budget.release
+    at_release: list[int] = []
+
+    def release(nbytes):
+        at_release.append(live_pillow_blocks())
+        real_release(nbytes)
+
+    monkeypatch.setattr(budget, "release", release)
+    before = live_pillow_blocks()
+    image = imaging.convert_image(path.read_bytes(), settings)
+    assert (image.width, image.height) == (512, 512)
+    assert at_release == [before]
+    assert (budget.held, budget.holders) == (0, 0)
+
+
 @pytest.mark.timeout(60)
 def test_a_conversion_stalled_by_stuck_holders_is_rejected_as_stalled_worker(tmp_path):
     path = tmp_path / "a.png"

@@ -21,6 +21,7 @@ import venv
 
 import pytest
 
+from pipeline.cloud import package_build_lock
 from tests.conftest import REPO
 
 PACKAGES = ("pipeline", "transforms")
@@ -47,8 +48,10 @@ def sdist(tmp_path_factory) -> str:
     """The source distribution built from the checkout as Beam builds it, in a temporary folder."""
     dist = tmp_path_factory.mktemp("dist")
     # --egg-base keeps the build's egg-info out of the checkout (and out of a parallel test's way).
-    built = run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(dist), "sdist", "--dist-dir",
-                 str(dist)], cwd=REPO)
+    # The release tree is made in the checkout all the same: not while a dry run's launcher builds its own there.
+    with package_build_lock(os.path.join(REPO, "setup.py")):
+        built = run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(dist), "sdist", "--dist-dir",
+                     str(dist)], cwd=REPO)
     assert built.returncode == 0, built.stderr
     (tarball,) = dist.glob("*.tar.gz")
     return str(tarball)

@@ -804,6 +804,9 @@ def _convert(data: bytes, settings: ImageSettings, deadline: float | None) -> En
             deadline += waited  # waiting for memory is not the image's fault
         return _decode_and_encode(image, data, orientation, stored_size, box, settings, deadline)
     finally:
+        # The pixels go before the memory is given back: Image.load decodes into `image`, which this frame holds
+        # until it ends, and a conversion waiting for the memory would decode its own beside them, over the budget.
+        image.close()
         if budget is not None:
             budget.release(need)
 
