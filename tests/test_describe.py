@@ -26,9 +26,9 @@ CLASSES = ["cat", "dog"]
 # ("found",), ("written", split, label, upscaled) or (stage, reason), each with its count
 TALLIES = [(("found",), 7), (("written", "train", 0, False), 3), (("written", "train", 1, True), 1),
            (("written", "validation", 1, False), 1), (("rejected", "truncated"), 1), (("skipped", "not_an_image"), 1)]
-SHARDS = [("train", "train-00001-of-00002.tfrecord", 2, 200, ""),
-          ("train", "train-00000-of-00002.tfrecord", 2, 150, ""),
-          ("validation", "validation-00000-of-00001.tfrecord", 1, 90, "validation-00000-of-00001.idx")]
+SHARDS = [ShardInfo("train", "train-00001-of-00002.tfrecord", 2, 200),
+          ShardInfo("train", "train-00000-of-00002.tfrecord", 2, 150),
+          ShardInfo("validation", "validation-00000-of-00001.tfrecord", 1, 90, "validation-00000-of-00001.idx")]
 
 
 def test_summarise_adds_up_the_tallies_per_split_and_class_and_lists_shards_in_name_order():
@@ -46,7 +46,8 @@ def test_summarise_adds_up_the_tallies_per_split_and_class_and_lists_shards_in_n
 
 
 def test_summarise_leaves_out_a_class_and_a_split_with_no_image():
-    counts = summarise([(("found",), 1), (("written", "train", 1, False), 1)], [("train", "t.tfrecord", 1, 9)], CLASSES)
+    counts = summarise([(("found",), 1), (("written", "train", 1, False), 1)], [ShardInfo("train", "t.tfrecord", 1, 9)],
+                       CLASSES)
     assert list(counts.splits) == ["train"]
     assert counts.splits["train"]["class_counts"] == {"dog": 1}
 
@@ -68,7 +69,7 @@ def test_check_accounting_refuses_shards_that_miss_a_converted_image():
 def _shard_files(output_dir, run_id):
     folder = shards_dir(str(output_dir), run_id)
     os.makedirs(folder)
-    for _, name, _, size, index in SHARDS:
+    for _, name, _, size, index, _ in SHARDS:
         with open(os.path.join(folder, name), "wb") as f:
             f.write(b"x" * size)
         if index:
@@ -82,7 +83,7 @@ def _describe(p, output_dir, run_id, found):
     return {
         "written": p | "Written" >> beam.Create([(key[1:], n) for key, n in TALLIES if key[0] == "written"]),
         "rejections": p | "Rejections" >> beam.Create(rejections),
-        "shards": p | "Shards" >> beam.Create([ShardInfo(*s) for s in SHARDS]),
+        "shards": p | "Shards" >> beam.Create(SHARDS),
         "found": p | "Found" >> beam.Create([found - 2, 2]),  # counted per bundle
     } | DescribeDataset(str(output_dir), run_id, CLASSES, "default", {"compression": ""}, {"fixed_size": False},
                         0.0, "0.1.0")

@@ -102,7 +102,7 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
     """Add up the run's tallies and list its shards per split.
 
     `tallies`: (key, count) with key ("found",), ("written", split, label, upscaled) or (stage, reason);
-    `shard_stats`: (split, file name, records, bytes[, index file name or ''[, name in the run's folder]]).
+    `shard_stats`: ShardInfos (split, file name, records, bytes, index file name or '', name in the run's folder or '').
     """
     records = Counter()
     per_class = defaultdict(Counter)
@@ -129,9 +129,8 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
     shards = defaultdict(list)
     renamed = {}  # final name -> its name in the run's folder, when they differ (--shard_names=kaggle)
     # In shard order: by the name in the run's folder (train-00000-of-00004...), which every shard has.
-    for split, name, count, size, *rest in sorted(shard_stats, key=_shard_order):
+    for split, name, count, size, index, temp in sorted(shard_stats, key=_shard_order):
         entry = {"file": name, "records": count, "bytes": size}
-        index, temp = (list(rest) + ["", ""])[:2]  # older ShardInfos have neither
         if index:
             entry["index"] = index
         if temp:

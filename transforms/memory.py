@@ -167,15 +167,6 @@ class MemoryBudget:
             self._progress += 1
             self._cond.notify_all()
 
-    @contextlib.contextmanager
-    def reserve(self, nbytes: int, stall_s: float | None = None) -> Iterator[float]:
-        """`acquire` for the duration of a `with` block, which gets the seconds waited."""
-        waited = self.acquire(nbytes, stall_s)
-        try:
-            yield waited
-        finally:
-            self.release(nbytes)
-
 
 def budget(capacity: int) -> MemoryBudget | None:
     """This process's budget of `capacity` bytes (one per capacity, made on first use); None for 0, no budget."""
@@ -186,23 +177,6 @@ def budget(capacity: int) -> MemoryBudget | None:
         if found is None:
             found = _budgets[capacity] = MemoryBudget(capacity)
         return found
-
-
-@contextlib.contextmanager
-def reserve(nbytes: int, capacity: int, stall_s: float | None = None) -> Iterator[float]:
-    """Hold `nbytes` of this process's budget of `capacity` bytes (0: none) for a `with` block.
-
-    The block gets the seconds spent waiting for them.
-
-    Raises:
-        BudgetStalled: see `MemoryBudget.acquire`.
-    """
-    shared = budget(capacity)
-    if shared is None:
-        yield 0.0
-        return
-    with shared.reserve(nbytes, stall_s) as waited:
-        yield waited
 
 
 class Pause:
