@@ -25,8 +25,8 @@ from transforms.sharding import AssignShards
 from transforms.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
 
 
-def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> dict:
-    """Add the conversion to `p`; returns its main PCollections so tests can drive the graph.
+def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> None:
+    """Add the conversion to `p`.
 
     `run_id` names the run's own temporary folder in the output folder (see transforms.outputs).
     """
@@ -135,7 +135,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["manifest"] = manifest_stats
     split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders
                 else "group_hash" if grouped else "path_hash")
-    info = inputs | "DescribeDataset" >> DescribeDataset(
+    inputs | "DescribeDataset" >> DescribeDataset(
         settings.output_dir,
         run_id,
         class_names,
@@ -149,4 +149,3 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         base=plan.base,
         earlier_runs=[earlier[0] for earlier in plan.resume_from],
     )
-    return {"placed": placed, "rejections": rejections, "shards": written.shards, "info": info}
