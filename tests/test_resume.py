@@ -53,14 +53,17 @@ def fresh(photos, tmp_path_factory):
     return out
 
 
-def _done_records(out) -> dict[str, dict]:
-    """digest -> done record, of every run folder left in `out`."""
+def _done_records(out, suffix: str = ".json") -> dict[str, dict]:
+    """digest -> done record (or with suffix ".at.json", where its piece is in its shard's file), of every run
+    folder left in `out`."""
     found = {}
     temp = out / TEMP_DIR
     for run in os.listdir(temp) if temp.is_dir() else ():
         done = temp / run / resume.DONE_DIR
         for name in os.listdir(done) if done.is_dir() else ():
-            found[name[:-5]] = json.loads((done / name).read_text())
+            digest = name.removesuffix(suffix)
+            if name.endswith(suffix) and "." not in digest:
+                found[digest] = json.loads((done / name).read_text())
     return found
 
 
@@ -70,7 +73,8 @@ def _interrupt(monkeypatch, photos, out, after: int, *options) -> list[dict]:
 
     def write_done(run_folder, record, key):
         real(run_folder, record, key)
-        if len(os.listdir(os.path.join(run_folder, resume.DONE_DIR))) >= after:
+        names = os.listdir(os.path.join(run_folder, resume.DONE_DIR))
+        if len([name for name in names if name.count(".") == 1]) >= after:
             raise Stopped(f"stopped after {after} chunks")
 
     monkeypatch.setattr(resume, "write_done", write_done)
@@ -184,10 +188,10 @@ def test_a_run_stopped_while_it_assembled_shards_takes_their_chunks_from_the_sha
     with pytest.raises(Exception, match="stopped after 3 shards"):
         convert(photos, out, *OPTIONS)
     monkeypatch.setattr(resume.Resume, "assembled", real)
-    records = _done_records(out)
-    in_shards = [r for r in records.values() if "offset" in r]
+    records, in_shards = _done_records(out), list(_done_records(out, ".at.json").values())
     assert {r["file"] for r in in_shards} == set(assembled) and not any("pieces/" in r["file"] for r in in_shards)
     assert len(in_shards) > 3 and any(r["offset"] > 0 for r in in_shards)  # pieces within the shards' files
+    assert all(records[r["digest"]]["file"] == r["piece"] for r in in_shards)  # the done records are as written
 
     converted = _count_conversions(monkeypatch)
     assert convert(photos, out, *OPTIONS) == 0

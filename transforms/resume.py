@@ -145,8 +145,8 @@ def piece_of(record: dict, file: str, resumed_from: str, piece_type, digest: str
 
 
 def write_done(run_folder: str, record: dict, key: tuple) -> None:
-    """Write a chunk's done record into `run_folder`/done/, after its piece file is complete (or, with an 'offset',
-    once the piece's bytes are in its shard's file, `record['file']`, from that offset on)."""
+    """Write a chunk's done record into `run_folder`/done/, after its piece file is complete (`write_location`
+    adds where its bytes are once the piece is in its shard's file)."""
     body = {**record, "shard": list(key[:3]), "chunk": key[3], "chunks": key[4]}
     path = FileSystems.join(run_folder, DONE_DIR, f"{record['digest']}.json")
     _write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
@@ -160,6 +160,26 @@ def read_done(run_folder: str, digest: str) -> dict | None:
     needed = ("file", "bytes", "sha256", "members", "sizes", "written", "stats", "rejections", "hashes", "shard",
               "chunk", "chunks")
     return record if all(name in record for name in needed) else None
+
+
+def write_location(run_folder: str, digest: str, piece_file: str, shard_file: str, offset: int) -> None:
+    """Record that chunk `digest`'s piece `piece_file` is now in `shard_file` (both in the run's shards folder)
+    from byte `offset` on."""
+    body = {"digest": digest, "piece": piece_file, "file": shard_file, "offset": offset}
+    path = FileSystems.join(run_folder, DONE_DIR, f"{digest}.at.json")
+    _write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
+
+
+def read_location(run_folder: str, digest: str, piece_file: str) -> tuple[str, int] | None:
+    """(shard file, offset) where chunk `digest`'s piece `piece_file` was assembled, None when not recorded (or
+    recorded for another attempt's piece, or unusable)."""
+    record = _read_json(FileSystems.join(run_folder, DONE_DIR, f"{digest}.at.json"), limit=1 << 16)
+    if not isinstance(record, dict) or record.get("digest") != digest or record.get("piece") != piece_file:
+        return None
+    file, offset = record.get("file"), record.get("offset")
+    if not isinstance(file, str) or not file or "/" in file or type(offset) is not int or offset < 0:
+        return None
+    return file, offset
 
 
 def file_sha256(path: str) -> str:
@@ -205,7 +225,6 @@ def _consistent(record: dict, key: tuple, images: int) -> bool:
                 and len(record["sizes"]) + len(record["rejections"]) == images
                 and sum(count for *_, count in record["written"]) == len(record["sizes"]) == len(record["hashes"])
                 and isinstance(record["bytes"], int) and isinstance(record["sha256"], str)
-                and isinstance(record.get("offset", 0), int) and record.get("offset", 0) >= 0
                 and isinstance(record["file"], str) and "/" not in record["file"].removeprefix("pieces/"))
     except (TypeError, ValueError):
         return False
@@ -249,14 +268,15 @@ class Resume:
         return digest
 
     def assembled(self, shards_folder: str, shard_file: str, pieces) -> None:
-        """Point the done records of a shard's `pieces` (in order) at their bytes in the shard's file, `shard_file`
-        in `shards_folder`, now that the pieces are in it: a rerun takes them from there."""
+        """Leave, beside the done records of a shard's `pieces` (in order), where their bytes are in the shard's
+        file, `shard_file` in `shards_folder`, now that the pieces are in it: a rerun takes them from there.
+
+        A small record of its own per piece (`<digest>.at.json`), written without reading the done record back.
+        """
         offset = 0
         for piece in pieces:
-            record = read_done(self.folder, piece.digest) if piece.digest else None
-            if record is not None and record["file"] == piece.file:  # else another attempt's piece, still there
-                write_done(self.folder, {**record, "file": shard_file, "offset": offset},
-                           (*record["shard"], record["chunk"], record["chunks"]))
+            if piece.digest:
+                write_location(self.folder, piece.digest, piece.file, shard_file, offset)
             offset += piece.bytes
 
     def take(self, key: tuple, refs, piece_name: str, shards_folder: str, piece_type):
@@ -272,16 +292,19 @@ class Resume:
             if any(not old or old != self.member_hash(ref) for ref, old in zip(refs, record["members"], strict=True)):
                 return None  # a file changed in place (the same name and size, other bytes): converted again
             dest = FileSystems.join(shards_folder, piece_name)
-            if not copy_checked(FileSystems.join(earlier.shards, record["file"]), dest, record["bytes"],
-                                record["sha256"], record.get("offset")):
+            places = [(record["file"], None)]  # its piece file, else its bytes in its shard's file
+            located = read_location(earlier.folder, digest, record["file"])
+            if located is not None:
+                places.append(located)
+            if not any(copy_checked(FileSystems.join(earlier.shards, file), dest, record["bytes"], record["sha256"],
+                                    offset) for file, offset in places):
                 continue  # the piece is gone, cut short or changed: another run's, or converted again
             try:
                 piece = piece_of(record, piece_name, earlier.run_id, piece_type, digest)
             except (TypeError, ValueError, KeyError):  # a record this code cannot read: converted again
                 FileSystems.delete([dest])
                 continue
-            own = {name: value for name, value in record.items() if name != "offset"}
-            write_done(self.folder, {**own, "run_id": self.run_id, "file": piece_name}, key)
+            write_done(self.folder, {**record, "run_id": self.run_id, "file": piece_name}, key)
             counters.inc(RESUMED, len(piece.sizes))
             for rejection in piece.rejections:  # the progress line: every image leaves conversion once
                 counters.inc(counters.rejected(rejection.reason))
