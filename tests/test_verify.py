@@ -27,6 +27,7 @@ from transforms.examples import build_example, feature_description
 from transforms.layout import hash_split
 from transforms.records import Rejection
 from transforms.tfrecord import masked_crc
+from transforms.write import ShardInfo
 
 GOOD_PER_CLASS = 8
 CLASSES = ("cat", "dog", "fox")
@@ -286,13 +287,13 @@ def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tm
     fn = _WriteInfo(str(tmp_path), "run-1", ["cat", "dog"], "default", {"compression": "none"}, {}, 0.0, "test")
     tallies = [(("written", "train", 0, False), 2), (("written", "train", 1, False), 1),
                (("rejected", "truncated"), 1), (("skipped", "hidden_file"), 1)]
-    shards = [("train", "train-00000-of-00001.tfrecord", 3, 100)]
+    shards = [ShardInfo("train", "train-00000-of-00001.tfrecord", 3, 100)]
     rejections = [Rejection("cat/bad.jpg", "rejected", "truncated", "cut off"),
                   Rejection("cat/.hidden.jpg", "skipped", "hidden_file", "")]
     with pytest.raises(DatasetIncomplete, match="accounting mismatch: 6 files found but 3 written"):
         list(fn.process(None, [*tallies, (("found",), 6)], shards, rejections))
     assert not (tmp_path / "image_tfrecords.json").exists()
-    short = [("train", "train-00000-of-00001.tfrecord", 2, 100)]
+    short = [ShardInfo("train", "train-00000-of-00001.tfrecord", 2, 100)]
     with pytest.raises(DatasetIncomplete, match="the shards hold 2 records but 3 images were converted"):
         list(fn.process(None, [*tallies, (("found",), 5)], short, rejections))
     assert not (tmp_path / "image_tfrecords.json").exists()
