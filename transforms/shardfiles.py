@@ -13,9 +13,9 @@ file and uploaded whole through Beam's file systems when it is closed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -87,6 +87,8 @@ class ArrayRecordShardWriter:
         if not self._writer.ok():
             raise OSError(f"cannot write {self._file}")
 
+        self.sha256: str | None = None  # the file's SHA-256 once closed, from its local bytes (never a read back)
+
     def write(self, data: bytes) -> int:
         self._writer.write(data)
         return len(data)
@@ -95,11 +97,16 @@ class ArrayRecordShardWriter:
         try:
             self._writer.close()
             size = os.path.getsize(self._file)
+            digest = hashlib.sha256()
+            with open(self._file, "rb") as source, contextlib.ExitStack() as stack:
+                out = None if self._local else stack.enter_context(FileSystems.create(
+                    self._path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED))
+                while chunk := source.read(8 << 20):
+                    digest.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
+            self.sha256 = digest.hexdigest()
             if not self._local:
-                with open(self._file, "rb") as source, FileSystems.create(
-                        self._path, mime_type="application/octet-stream",
-                        compression_type=CompressionTypes.UNCOMPRESSED) as out:
-                    shutil.copyfileobj(source, out, 8 << 20)
                 uploaded = FileSystems.match([self._path])[0].metadata_list[0].size_in_bytes
                 if uploaded != size:
                     raise OSError(f"{self._path} holds {uploaded} bytes after uploading {size}: run the conversion "

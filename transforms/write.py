@@ -268,7 +268,7 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
 
     With `done` (a dict), what the chunk's done record needs is put in it: 'members', each image's source SHA-256
     in order ('' for one rejected before it was read whole: a timeout, a read error), and 'sha256', the piece
-    file's (None when it is not known without reading the file back: compressed, or ArrayRecord).
+    file's (None when it is not known without reading the file back: gzip-compressed TFRecord).
     """
     name = piece_name(key, compression, file_format, attempt or uuid.uuid4().hex[:16])
     out = open_writer(FileSystems.join(folder, name), file_format, compression)
