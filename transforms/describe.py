@@ -14,7 +14,6 @@ import json
 import logging
 import statistics
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -42,11 +41,9 @@ from transforms.outputs import (
     publish_dataset,
     read_text,
     remove_run_dir,
-    write_file,
 )
 
-__all__ = ["Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise",
-           "write_lines", "write_text"]
+__all__ = ["Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise"]
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 RESUMED = "resumed"  # tally key: ("resumed", run id), records taken from that interrupted run's chunks
 
@@ -55,22 +52,6 @@ _LOG = logging.getLogger(__name__)
 
 class DatasetIncomplete(RuntimeError):
     """The shards written do not hold exactly the records converted."""
-
-
-def write_lines(path: str, lines: Iterable[str]) -> None:
-    """Write `lines` (streamed, each ending in a newline) to `path` atomically.
-
-    A temporary name first, then a rename: a reader never sees half a file.
-    """
-    directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
-    temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}") if directory else f".{name}.tmp"
-    write_file(temp, lines)
-    FileSystems.rename([temp], [path])
-
-
-def write_text(path: str, text: str) -> None:
-    """Write `text` to `path` atomically."""
-    write_lines(path, [text])
 
 
 def _summary(values: list[int]) -> dict:

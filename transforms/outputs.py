@@ -88,7 +88,7 @@ _OWN_NAME = re.compile(
     "|".join(
         [
             _FINAL_NAME.pattern,
-            r"\.(?:" + _DESCRIPTIONS + r")\.tmp-[0-9a-f]{32}",  # describe.write_lines' temporary names
+            r"\.(?:" + _DESCRIPTIONS + r")\.tmp-[0-9a-f]{32}",  # the temporary names of older versions' descriptions
             _BEAM_TEMP_DIR + r"/.+",
             re.escape(TEMP_DIR) + r"/.+",  # runs' temporary folders
         ]
@@ -415,6 +415,16 @@ def write_file(path: str, lines: Iterable[str]) -> None:
     with FileSystems.create(path, mime_type="application/octet-stream") as f:
         for line in lines:
             f.write(line.encode("utf-8"))
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write `data` to `path` under a temporary name first, then rename it: a reader finds the whole file or none
+    (on GCS, one object write and a server-side copy)."""
+    folder, name = path.rsplit("/", 1)
+    temp = FileSystems.join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
+    with FileSystems.create(temp, mime_type="application/octet-stream", compression_type="uncompressed") as f:
+        f.write(data)
+    FileSystems.rename([temp], [path])
 
 
 def publish_dataset(output_dir: str, run_id: str, shard_files: list, descriptions: dict,

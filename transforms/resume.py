@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import bounded, counters
+from transforms.outputs import write_atomically
 from transforms.records import Rejection
 from transforms.stats import SplitStats
 
@@ -51,15 +51,6 @@ def fingerprint(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    """A temporary name first, then a rename: a reader finds the whole file or none (GCS: one object write)."""
-    folder, name = path.rsplit("/", 1)
-    temp = FileSystems.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-    with FileSystems.create(temp, mime_type="application/json", compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
-    FileSystems.rename([temp], [path])
-
-
 def _read_json(path: str, limit: int = 64 << 20):
     """The JSON at `path`; None when there is none, or it cannot be read or parsed (never trusted)."""
     try:
@@ -73,7 +64,7 @@ def _read_json(path: str, limit: int = 64 << 20):
 def write_plan(run_folder: str, run_id: str, record: dict) -> None:
     """Write `plan.json` into a run's temporary folder (the launcher, at the run's start)."""
     body = {"fingerprint": fingerprint(record), "run_id": run_id, "record": record}
-    _write_atomically(FileSystems.join(run_folder, PLAN_FILE), json.dumps(body, indent=1).encode("utf-8"))
+    write_atomically(FileSystems.join(run_folder, PLAN_FILE), json.dumps(body, indent=1).encode("utf-8"))
 
 
 def read_plan(run_folder: str) -> dict | None:
@@ -149,7 +140,7 @@ def write_done(run_folder: str, record: dict, key: tuple) -> None:
     adds where its bytes are once the piece is in its shard's file)."""
     body = {**record, "shard": list(key[:3]), "chunk": key[3], "chunks": key[4]}
     path = FileSystems.join(run_folder, DONE_DIR, f"{record['digest']}.json")
-    _write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
+    write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
 
 
 def read_done(run_folder: str, digest: str) -> dict | None:
@@ -167,7 +158,7 @@ def write_location(run_folder: str, digest: str, piece_file: str, shard_file: st
     from byte `offset` on."""
     body = {"digest": digest, "piece": piece_file, "file": shard_file, "offset": offset}
     path = FileSystems.join(run_folder, DONE_DIR, f"{digest}.at.json")
-    _write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
+    write_atomically(path, json.dumps(body, ensure_ascii=True).encode("ascii"))
 
 
 def read_location(run_folder: str, digest: str, piece_file: str) -> tuple[str, int] | None:
