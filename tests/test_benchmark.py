@@ -221,8 +221,8 @@ def test_records_counted_are_the_dataset_times_the_epochs(cli_run, sample_output
             assert stage["bytes"] == record_bytes * 2
         assert stage["batches"] == stage["records"] // 2
         assert stage["measured_records"] == stage["records"] - 2
-        assert stage["images_per_s"] == pytest.approx(stage["measured_records"] / stage["elapsed_s"])
-        assert stage["batches_per_s"] == pytest.approx(stage["measured_batches"] / stage["elapsed_s"])
+        # Rates are reported; their arithmetic is checked on injected intervals (test_stage_figures_exclude_...).
+        assert {"images_per_s", "batches_per_s", "elapsed_s"} <= set(stage)
         assert isinstance(stage["time_to_first_batch_s"], float)  # reported; its value is the machine's, not checked
         assert stage["ms_per_batch_p50"] <= stage["ms_per_batch_p95"]
 
