@@ -35,7 +35,7 @@ setuptools.setup(
         # Pillow 13 passes the imaging tests (Python 3.13), but apache-beam 2.77 itself requires pillow<13, so pip
         # cannot install it beside the pinned Beam: widen this with the Beam pin.
         "pillow>=12.0,<13",
-        # The fast conversion core (transforms/fast_imaging.py): libjpeg-turbo and OpenCV's SIMD resize. The byte
+        # The fast conversion core (transforms/images/fast.py): libjpeg-turbo and OpenCV's SIMD resize. The byte
         # identity of records across runs, processes and CPUs is tested on these versions.
         "simplejpeg>=1.9,<1.10",
         "opencv-python-headless>=4.10,<4.11",  # 5.0's warpAffine is not exact across CPUs

@@ -40,7 +40,7 @@ import time
 import numpy as np
 import psutil
 
-from transforms.imaging import ImageSettings, convert_image
+from transforms.images.imaging import ImageSettings, convert_image
 
 CLASSES = ("apple", "banana", "cherry", "grape")
 

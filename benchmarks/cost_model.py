@@ -14,7 +14,7 @@ An estimate, never a measurement on Google Cloud (nothing here reaches it). The 
   at most double its rate every 20 minutes (https://cloud.google.com/storage/docs/request-rate);
   the job keeps to that ramp: each worker process starts at its share of `--initial_read_rate`
   (5,000 over the job's processes, given `--max_num_workers`) and doubles every 20 minutes
-  (`transforms/transient.py`). Deleted objects are kept, and
+  (`transforms/base/transient.py`). Deleted objects are kept, and
   billed, for 7 days by default (soft delete, https://cloud.google.com/storage/docs/soft-delete).
 * **The conversion**, second by second: images a second = the least of what the CPUs convert,
   what the bucket serves at that moment, what the processes' own ramps allow and what the
@@ -29,10 +29,10 @@ import dataclasses
 import inspect
 import math
 
-from transforms.concat import MAX_COMPOSE
-from transforms.convert import ReadPacing
-from transforms.transient import JOB_READS_PER_S, MOST_READS_PER_S, RAMP_DOUBLING_S, process_start_rate
-from transforms.write import CHUNK_IMAGES
+from transforms.base.transient import JOB_READS_PER_S, MOST_READS_PER_S, RAMP_DOUBLING_S, process_start_rate
+from transforms.images.convert import ReadPacing
+from transforms.output.concat import MAX_COMPOSE
+from transforms.output.write import CHUNK_IMAGES
 
 PRICES = {  # us-central1 list prices, USD
     "vcpu_hour": 0.056,  # Dataflow batch worker vCPU

@@ -18,9 +18,9 @@ from __future__ import annotations
 import threading
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-import transforms.convert
+import transforms.images.convert
 
-_real_read_and_convert = transforms.convert.read_and_convert
+_real_read_and_convert = transforms.images.convert.read_and_convert
 _ready: dict = {}  # ImageSettings -> the EncodedImage handed out for every image
 _lock = threading.Lock()  # the helper threads of a worker: one conversion, not one each
 
@@ -35,7 +35,7 @@ def convert_once(path, settings, deadline, **kwargs):
 
 # At import, so worker processes get it too: forked ones inherit the patched
 # module, and spawned ones import this module again as their __main__.
-transforms.convert.read_and_convert = convert_once
+transforms.images.convert.read_and_convert = convert_once
 
 if __name__ == "__main__":
     raise SystemExit(pipeline.main.main())

@@ -10,7 +10,7 @@ is written to `--dir` (kept for the next run). Then, each in a fresh process:
   worker), stopped when the graph is built (`pipeline.graph:build_pipeline` returns; benchmarks.launcher_listing's
   child mode): its wall time from the process's start and its peak RSS. Without --labels_file (the default
   here) the class names are the job's to find, so nothing the launcher does should grow with N.
-- the job's row parsing, as its workers do it (transforms.manifest): the ranges of `--range_mb`; the records of
+- the job's row parsing, as its workers do it (transforms.inputs.manifest): the ranges of `--range_mb`; the records of
   every range but the last counted (count_records), then each range parsed (parse_range) from its first row
   number. `--parse first` times the first range only; `all` (the default) every range, one after the other,
   and checks that the rows come out numbered 1..N. Per range: seconds to count and to parse, and the
@@ -55,7 +55,7 @@ def write_manifest(path: Path, rows: int, classes: int) -> None:
 # --- the job's row parsing, in a process of its own ------------------------------------------------------------------
 
 def parse_child(manifest: str, range_bytes: int, which: str) -> dict:
-    from transforms import manifest as m
+    from transforms.inputs import manifest as m
 
     ranges = m.manifest_ranges(manifest, range_bytes)
     todo = ranges if which == "all" else ranges[:1]

@@ -13,7 +13,7 @@ first, on an image of over 2**24 pixels too, where a float32 count is no longer 
   * split_norms: `cv2.split` into whole per-thread planes, then per plane `cv2.norm` L1 (the sum)
     and L2SQR (the sum of squares), both accumulated in integers, then float64;
   * split_norms_fresh: the same with planes allocated for each image;
-  * sums_and_squares: what the fast core does (`transforms.fast_imaging.sums_and_squares`): the
+  * sums_and_squares: what the fast core does (`transforms.images.fast.sums_and_squares`): the
     same band by band (at most 2**18 pixels), in planes reused by the next conversion whose band
     has the same size (at most one set per conversion at once, never one per thread);
   * split_sumElems: `cv2.sumElems` of the interleaved array for the sums, L2SQR per plane;
@@ -31,10 +31,10 @@ import time
 import cv2
 import numpy as np
 
-from transforms import fast_imaging
+from transforms.images import fast as fast_imaging
 
 cv2.setNumThreads(1)
-cv2.ipp.setUseIPP(False)  # as the fast core converts (transforms.fast_imaging)
+cv2.ipp.setUseIPP(False)  # as the fast core converts (transforms.images.fast)
 _local = threading.local()
 _CHUNK = 1 << 24
 _VALUES = np.arange(256, dtype=np.int64)

@@ -36,7 +36,7 @@ from apache_beam.options.pipeline_options import (
 
 from pipeline.errors import Terminated, UserError
 from pipeline.workers import FLEX_TEMPLATE_ENV, is_dataflow
-from transforms import gcs
+from transforms.base import gcs
 
 _LOG = logging.getLogger("pipeline")
 
@@ -380,7 +380,7 @@ def dataflow_lock_stale(holder: dict, options: PipelineOptions) -> str | None:
     """
     from google.cloud import dataflow_v1beta3
 
-    from transforms.lock import local_holder_alive
+    from transforms.output.lock import local_holder_alive
 
     project, region, run_id = holder.get("project"), holder.get("region"), holder.get("run_id")
     Filter = dataflow_v1beta3.ListJobsRequest.Filter  # noqa: N806
@@ -498,7 +498,7 @@ def add_job_checks(pipeline, options: PipelineOptions, settings, run_id: str) ->
     import apache_beam as beam
 
     from pipeline.code_version import code_identity
-    from transforms.lock import RecordJobId
+    from transforms.output.lock import RecordJobId
 
     if is_template_launch(options) and not is_dry_run(options):
         _ = pipeline | "RecordJobId" >> RecordJobId(settings.output_dir, run_id)
@@ -520,13 +520,14 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
 
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
-    from transforms.lock import update_lock
-    from transforms.outputs import remove_run_dir
+    from transforms.output.lock import update_lock
+    from transforms.output.outputs import remove_run_dir
 
     cloud = options.view_as(GoogleCloudOptions)
 
     def nothing_ran() -> None:
-        """The job was never created: this run's folder (its plan.json, transforms/resume.py) goes, and the lock."""
+        """The job was never created: this run's folder (its plan.json, see transforms/output/resume.py) goes,
+        and the lock."""
         with contextlib.suppress(Exception):  # never hide the submission's own error behind this
             remove_run_dir(settings.output_dir, run_id)
         give_back_lock()

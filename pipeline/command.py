@@ -28,22 +28,22 @@ def _convert(argv: list[str]) -> int:
 
 
 def _verify(argv: list[str]) -> int:
+    from pipeline import verify
     from pipeline.cli import main_of
-    from pipeline.readers import verify
 
     return main_of(verify.run, argv)
 
 
 def _preview(argv: list[str]) -> int:
+    from pipeline import preview
     from pipeline.cli import main_of
-    from pipeline.readers import preview
 
     return main_of(preview.run, argv)
 
 
 def _benchmark(argv: list[str]) -> int:
+    from pipeline import benchmark
     from pipeline.cli import main_of
-    from pipeline.readers import benchmark
 
     return main_of(benchmark.run, argv)
 

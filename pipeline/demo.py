@@ -34,7 +34,7 @@ def run(argv: list[str]) -> int:
 
     print("3/4 Reading the dataset back with tf.data")
     import_tensorflow()  # quietly: no CUDA probing chatter between the demo's lines
-    from pipeline.readers import reader
+    from pipeline import reader
 
     info = reader.load_info(dataset)
     for split, split_info in info["splits"].items():
@@ -49,7 +49,7 @@ def run(argv: list[str]) -> int:
             return 1
 
     print("4/4 Benchmarking how fast the train split feeds the device, beside the original files")
-    from pipeline.readers import benchmark
+    from pipeline import benchmark
 
     return benchmark.run([f"--dataset_dir={dataset}", "--batch_size=16", f"--compare_files={images}",
                           f"--json={os.path.join(args.workdir, 'benchmark.json')}",

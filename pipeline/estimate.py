@@ -7,12 +7,12 @@ Two samples, both spread evenly over the listing:
   the launcher can say *before* converting that most images are smaller than
   --image_size and would be upscaled;
 * **bytes per image**: up to `ENCODE_SAMPLE` files read and converted with the
-  run's own settings (`transforms.convert.read_bytes` and
-  `transforms.imaging.convert_image`, what the workers run) and built into
+  run's own settings (`transforms.images.convert.read_bytes` and
+  `transforms.images.imaging.convert_image`, what the workers run) and built into
   Examples, so that shard counts come from a measured size rather than a guess.
 
 Every read goes through Beam's file systems (local or gs://) on helper threads
-with a time limit (`transforms.pool.ConversionPool`), and local files that are
+with a time limit (`transforms.images.pool.ConversionPool`), and local files that are
 not regular files are never opened: a FIFO or a hung mount cannot stall the
 launcher. A file that fails is left out of the sample; the run reports it.
 """
@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
-from transforms.convert import read_bytes, read_head
-from transforms.examples import build_example
-from transforms.imaging import DECODED_FORMATS, ImageSettings, convert_image
-from transforms.layout import display_path
-from transforms.paths import is_local
-from transforms.pool import ConversionPool
+from transforms.base.examples import build_example
+from transforms.base.paths import display_path, is_local
+from transforms.images.convert import read_bytes, read_head
+from transforms.images.imaging import DECODED_FORMATS, ImageSettings, convert_image
+from transforms.images.pool import ConversionPool
 
 SIZE_SAMPLE = 200  # headers read to learn the input's image sizes
 ENCODE_SAMPLE = 12  # images converted to measure the output bytes of one image

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 
 from pipeline.cli import program_name
-from transforms.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
-from transforms.imaging import (
+from transforms.base.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
+from transforms.base.transient import JOB_READS_PER_S
+from transforms.images.imaging import (
     CHROMA_SUBSAMPLING,
     IMAGE_BACKENDS,
     IMAGE_FORMATS,
@@ -19,7 +20,6 @@ from transforms.imaging import (
     RESIZE_MODES,
     ImageSettings,
 )
-from transforms.transient import JOB_READS_PER_S
 
 IF_EXISTS = ("refuse", "overwrite", "skip", "append")
 DUPLICATES = ("keep", "drop")

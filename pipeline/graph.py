@@ -7,28 +7,28 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
-from transforms import metadata
-from transforms.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
-from transforms.append import REJECTED as CHANGED
-from transforms.describe import DescribeDataset
-from transforms.duplicates import DROPPED, DropDuplicates
-from transforms.duplicates import HASHES as DUP_HASHES
-from transforms.labels import GROUPS, UNLABELED, AssignLabels, UniqueIds
-from transforms.labels import REJECTED as DUPLICATE_IDS
-from transforms.listing import FOUND, SKIPPED, ListImages
-from transforms.manifest import CLASS_NAMES, ReadManifest
-from transforms.manifest import STATS as MANIFEST_STATS
-from transforms.metadata import JoinMetadata
-from transforms.outputs import run_dir, shards_dir
-from transforms.resume import Resume, fingerprint
-from transforms.sharding import AssignShards
-from transforms.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
+from transforms.inputs import metadata
+from transforms.inputs.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
+from transforms.inputs.append import REJECTED as CHANGED
+from transforms.inputs.duplicates import DROPPED, DropDuplicates
+from transforms.inputs.duplicates import HASHES as DUP_HASHES
+from transforms.inputs.listing import FOUND, SKIPPED, ListImages
+from transforms.inputs.manifest import CLASS_NAMES, ReadManifest
+from transforms.inputs.manifest import STATS as MANIFEST_STATS
+from transforms.inputs.metadata import JoinMetadata
+from transforms.labels.assign import GROUPS, UNLABELED, AssignLabels, UniqueIds
+from transforms.labels.assign import REJECTED as DUPLICATE_IDS
+from transforms.labels.sharding import AssignShards
+from transforms.output.describe import DescribeDataset
+from transforms.output.outputs import run_dir, shards_dir
+from transforms.output.resume import Resume, fingerprint
+from transforms.output.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> None:
     """Add the conversion to `p`.
 
-    `run_id` names the run's own temporary folder in the output folder (see transforms.outputs).
+    `run_id` names the run's own temporary folder in the output folder (see transforms.output.outputs).
     """
     if settings.manifest:
         # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job

@@ -14,7 +14,7 @@ import stat
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.errors import UserError
-from transforms.paths import is_local
+from transforms.base.paths import is_local
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))

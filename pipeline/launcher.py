@@ -2,7 +2,7 @@
 
 The run's story is `run` below; each step is a module of its own: options
 (pipeline/options.py), planning the input (pipeline/plan.py), the output folder
-(pipeline/output.py), the graph (pipeline/graph.py), the local runner
+(pipeline/output_folder.py), the graph (pipeline/graph.py), the local runner
 (pipeline/local/) or Dataflow (pipeline/cloud.py), the summary (pipeline/report.py).
 
     python -m pipeline.main --input_dir=photos/ --output_dir=tfrecords/
@@ -23,11 +23,11 @@ from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
 from pipeline.options import Settings, check_flags, help_text, ignored_options, validate
-from pipeline.output import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
+from pipeline.output_folder import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset, plan_record
 from pipeline.report import summarise_run
-from transforms.lock import holder_record
-from transforms.outputs import new_run_id
+from transforms.output.lock import holder_record
+from transforms.output.outputs import new_run_id
 
 __all__ = ["run"]
 

@@ -32,12 +32,12 @@ from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, pa
     parse_bool,
 )
 from pipeline.inputs import read_small_file
-from transforms.dataset_format import SPLITS
-from transforms.features import format_spec, parse_spec
-from transforms.imaging import ImageSettings
-from transforms.layout import UNLABELED_SPLIT, compile_group_by
-from transforms.paths import bucket_problem, is_local
-from transforms.transient import JOB_READS_PER_S, process_start_rate
+from transforms.base.dataset_format import SPLITS
+from transforms.base.features import format_spec, parse_spec
+from transforms.base.paths import bucket_problem, is_local
+from transforms.base.transient import JOB_READS_PER_S, process_start_rate
+from transforms.images.imaging import ImageSettings
+from transforms.labels.layout import UNLABELED_SPLIT, compile_group_by
 
 NAMED_COLOURS = {
     "white": (255, 255, 255),
@@ -81,7 +81,7 @@ class Settings:
     group_by: str | None = None
     duplicates: str = "keep"
     manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
-    features: tuple = ()  # --features: the declared FeatureTypes (transforms.features), in the order given
+    features: tuple = ()  # --features: the declared FeatureTypes (transforms.base.features), in the order given
     metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
     multi_label: bool = False  # --manifest's labels column: several classes per image
     unlabeled: bool = False  # --unlabeled: a flat folder of images, no labels, one split (UNLABELED_SPLIT)

@@ -25,23 +25,22 @@ from pipeline import cloud, estimate, inputs
 from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
-from transforms import bounded, features, manifest, metadata
-from transforms.dataset_format import SHARD_NAME, split_of
-from transforms.layout import (
+from transforms.base import bounded, features
+from transforms.base.dataset_format import SHARD_NAME, split_of
+from transforms.base.paths import IMAGE_EXTENSIONS, is_local, quoted_name, relative_path
+from transforms.base.records import FileRef
+from transforms.inputs import manifest, metadata
+from transforms.inputs.listing import Folder, classify, list_folder, list_top
+from transforms.labels.layout import (
     NO_CLASS_FOLDER,
     UNLABELED_SPLIT,
     class_name_problem,
     nested_class_folders,
-    quoted_name,
-    relative_path,
     split_folder_layout,
     split_folder_note,
 )
-from transforms.listing import Folder, classify, list_folder, list_top
-from transforms.outputs import own_outputs
-from transforms.paths import IMAGE_EXTENSIONS, is_local
-from transforms.records import FileRef
-from transforms.sharding import ShardSizing
+from transforms.labels.sharding import ShardSizing
+from transforms.output.outputs import own_outputs
 
 _LOG = logging.getLogger(__name__)
 
@@ -62,13 +61,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     manifest_format: str = ""  # with --manifest: 'csv' or 'jsonl'
     manifest_file_size: int = 0  # with --manifest: the sampled files' mean size, standing in for each file's
-    features: tuple = ()  # the extra features (transforms.features.FeatureType): declared, then string columns
+    features: tuple = ()  # the extra features (transforms.base.features.FeatureType): declared, then string columns
     metadata_format: str = ""  # with --metadata: 'csv' or 'jsonl'
     manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
-    base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.append)
+    base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.inputs.append)
     record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
-    resume_from: list = field(default_factory=list)  # transforms.resume.Earlier of the interrupted runs it resumes
+    resume_from: list = field(default_factory=list)  # output.resume.Earlier: the runs it resumes
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -618,13 +617,13 @@ def _class_of(relpath: str, split_folders: bool) -> str | None:
     return parts[0] if len(parts) >= 2 else None
 
 
-# The output folder's names live in transforms.outputs; these stay importable from here.
+# The output folder's names live in transforms.output.outputs; these stay importable from here.
 __all__ = ["SHARD_NAME", "Plan", "own_outputs", "plan_dataset"]
 
 
 def plan_record(settings: Settings, plan: Plan) -> dict:
     """Everything that decides this run's records, as JSON: two runs of equal records convert the same chunks into
-    the same bytes (`transforms.resume`: an interrupted run's converted chunks are taken only when it matches).
+    the same bytes (`transforms.output.resume`: an interrupted run's converted chunks are taken only when it matches).
 
     'options': the record-shaping options (`Settings.as_dict`: size, mode, format, quality, schema, splits and
     their seed, shard sizing, compression, index files, names...); 'plan': what the launcher decided from the input
@@ -634,7 +633,7 @@ def plan_record(settings: Settings, plan: Plan) -> dict:
     """
     from pipeline import __version__
     from pipeline.code_version import code_hash
-    from transforms.dataset_format import FORMAT_VERSION
+    from transforms.base.dataset_format import FORMAT_VERSION
 
     return bounded.loads(json.dumps({
         "options": settings.as_dict(),

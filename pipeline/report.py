@@ -9,9 +9,9 @@ from __future__ import annotations
 import statistics
 import sys
 
-from pipeline.readers.reader import load_info
-from transforms.duplicate_kinds import summary_line
-from transforms.outputs import read_text
+from pipeline.reader import load_info
+from transforms.base.duplicate_kinds import summary_line
+from transforms.output.outputs import read_text
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -229,7 +229,7 @@ def format_summary(info: dict) -> str:
         f"{files['skipped']} skipped.",
     ]
     resumed = info.get("resumed")
-    if resumed:  # a rerun after an interrupted run: its converted chunks were taken (transforms/resume.py)
+    if resumed:  # a rerun after an interrupted run: its converted chunks were taken (transforms/output/resume.py)
         runs = resumed.get("from_runs") or []
         lines.append(f"Resumed: {resumed.get('images')} images from the interrupted run{'s' if len(runs) > 1 else ''} "
                      f"{', '.join(runs)}, converted {resumed.get('converted')}.")

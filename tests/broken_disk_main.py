@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-from transforms import shardfiles
+from transforms.output import shardfiles
 
 
 def _broken_write(*args, **kwargs):

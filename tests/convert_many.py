@@ -1,7 +1,7 @@
 """`python -m tests.convert_many PATH... [--threads=N] [--worker_memory_mb=N] [--max_image_mb=N]`
 
 Reads and converts the files at once on one `ConversionPool` of N threads, as a worker process's
-DoFn does (`transforms.convert.read_and_convert`), and prints one JSON line: each file's outcome
+DoFn does (`transforms.images.convert.read_and_convert`), and prints one JSON line: each file's outcome
 ("ok" or the rejection reason), this process's resident memory before the first image and its
 peak (VmHWM), and the most memory the process's budget ever had reserved at once. Run it under
 `tests.hostile_files.run_bounded`.
@@ -14,9 +14,10 @@ import functools
 import json
 
 from tests.convert_one import peak_rss_mb
-from transforms import convert, memory
-from transforms.imaging import ImageRejected, ImageSettings
-from transforms.pool import ConversionPool
+from transforms.base import memory
+from transforms.images import convert
+from transforms.images.imaging import ImageRejected, ImageSettings
+from transforms.images.pool import ConversionPool
 
 
 def rss_mb() -> float:

@@ -1,6 +1,6 @@
 """`python -m tests.convert_one PATH [--listed_size=N] [--no_type_check] [--max_file_mb=N] [--max_image_mb=N]`
 
-Reads and converts one file as a worker does (`transforms.convert.read_and_convert`) and
+Reads and converts one file as a worker does (`transforms.images.convert.read_and_convert`) and
 prints one JSON line: the outcome ("ok" or the rejection reason) and the peak resident
 memory of this process. For hostile-input tests, run under `tests.hostile_files.run_bounded`.
 --no_type_check skips the regular-file check, as if the file looked like one (a FUSE or
@@ -14,8 +14,8 @@ import json
 import os
 import resource
 
-from transforms import convert
-from transforms.imaging import ImageRejected, ImageSettings
+from transforms.images import convert
+from transforms.images.imaging import ImageRejected, ImageSettings
 
 
 def main() -> None:

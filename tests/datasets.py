@@ -8,8 +8,8 @@ import os
 
 from PIL import Image
 
-from transforms.examples import Example
-from transforms.tfrecord import iter_records
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
 
 
 def read_records(dataset_dir) -> dict[str, list[dict]]:

@@ -11,8 +11,8 @@ import sys
 import time
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-import transforms.describe
-import transforms.imaging
+import transforms.images.imaging
+import transforms.output.describe
 
 LAUNCHER = os.getpid()  # the launcher samples images itself (pipeline/estimate.py): never held
 
@@ -31,9 +31,10 @@ def _held(function, started: str = ""):
 
 
 if os.environ.get("HOLD_CONVERSIONS"):
-    transforms.imaging.convert_image = _held(transforms.imaging.convert_image, os.environ["HOLD_CONVERSIONS"])
+    imaging = transforms.images.imaging
+    imaging.convert_image = _held(imaging.convert_image, os.environ["HOLD_CONVERSIONS"])
 else:
-    transforms.describe.publish_dataset = _held(transforms.describe.publish_dataset)
+    transforms.output.describe.publish_dataset = _held(transforms.output.describe.publish_dataset)
 
 if __name__ == "__main__":
     sys.exit(pipeline.main.main())

@@ -4,7 +4,7 @@ Every builder writes a small dataset folder whose image_tfrecords.json agrees wi
 what is on disk except for the one thing the case breaks, and returns what a
 tool must name: the shard file and the record index of the bad record, or the
 stray file. No TensorFlow is needed to build them: records are framed with the
-project's own CRC helper, and Examples come from transforms.examples.
+project's own CRC helper, and Examples come from transforms.base.examples.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from transforms.dataset_format import FORMAT_VERSION
-from transforms.examples import build_example, feature_description
-from transforms.tfrecord import masked_crc
+from transforms.base.dataset_format import FORMAT_VERSION
+from transforms.base.examples import build_example, feature_description
+from transforms.base.tfrecord import masked_crc
 
 CLASSES = ("cat", "dog")
 SIZE = (20, 16)  # width, height of every stored image
@@ -215,7 +215,7 @@ WRONG_LABEL_INDEX = 1
 
 def wrong_label_type(root: Path) -> tuple[Path, str, int]:
     """Record 1 of the train shard is an Example whose label is a string, not an int64."""
-    from transforms.examples import Example
+    from transforms.base.examples import Example
 
     records = [example(i) for i in range(6)]
     bad = Example.FromString(records[WRONG_LABEL_INDEX])

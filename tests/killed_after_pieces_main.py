@@ -1,6 +1,6 @@
 """`python -m tests.killed_after_pieces_main ARGS`: pipeline.main, killed with SIGKILL mid-conversion (for tests).
 
-Once $KILL_AFTER_PIECES chunks have their done record (transforms/resume.py) in the run's folder, the worker
+Once $KILL_AFTER_PIECES chunks have their done record (transforms/output/resume.py) in the run's folder, the worker
 that wrote the last one sends SIGKILL to the whole process group: the launcher and every worker end at once, as
 when a machine is switched off. The test starts this in a session of its own (start_new_session=True). Worker
 processes are forked from this launcher, so the patch reaches them.
@@ -15,7 +15,7 @@ import os
 import signal
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-from transforms import resume
+from transforms.output import resume
 
 
 def _kill_everything() -> None:

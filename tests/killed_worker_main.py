@@ -10,7 +10,7 @@ import os
 import signal
 
 import pipeline.main  # first: it sets up the environment before Beam is imported
-from transforms import convert
+from transforms.images import convert
 
 _real_read_and_convert = convert.read_and_convert
 

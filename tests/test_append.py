@@ -17,12 +17,12 @@ import sys
 import pytest
 from PIL import Image
 
+from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import UserError
-from pipeline.readers import verify
 from tests.conftest import FAST, REPO, convert, main_in_process
 from tests.datasets import error_rows, read_records, write_tiny_tree
-from transforms.dataset_format import ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR, shard_globs
+from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR, shard_globs
 
 CLASSES = {"cat": 10, "dog": 10, "fox": 10, "owl": 10}  # 40 images
 ADDED = {"cat": 3, "dog": 3, "fox": 2, "owl": 2}  # 10 more

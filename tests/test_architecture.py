@@ -4,8 +4,10 @@ Every import counts, at module level and inside functions: a lazy import closes 
 a top-level one, it only hides it. The rule:
 - no import loops among the project's modules;
 - `transforms/` (Beam transforms and their plain functions) never imports `pipeline/`;
-- the read-side tools (`pipeline/readers/`) never import the converter's launcher, graph, planning,
-  output preparation or local runner;
+- the read-side tools (`pipeline/{reader,verify,preview,benchmark}.py` and `pipeline/readers/`, their
+  helpers) never import the converter's launcher, graph, planning, output preparation or local runner;
+- `transforms/` is sub-packages by stage, each importing only itself and the ones before it in LAYERS
+  (base, labels, inputs, images, output): no module sits loose in `transforms/`;
 - the local-runner machinery (`pipeline/local/`) is imported by the launcher only;
 - no module is named like a standard-library or popular package, so that no module of this project can
   shadow one (e.g. no `pipeline/inspect.py` or `transforms/io.py`).
@@ -24,9 +26,12 @@ from tests.conftest import REPO
 
 PACKAGES = ("pipeline", "transforms")
 READERS = "pipeline.readers"
+READ_TOOLS = ("pipeline.reader", "pipeline.verify", "pipeline.preview", "pipeline.benchmark")
+# transforms/' sub-packages, ground floor first: each may import its own modules and those of the ones before it.
+LAYERS = ("transforms.base", "transforms.labels", "transforms.inputs", "transforms.images", "transforms.output")
 LOCAL = "pipeline.local"
 # What the read-side tools may not import: the converter's run (launcher, graph, plan, output, cloud submission).
-CONVERTER = ("pipeline.launcher", "pipeline.main", "pipeline.graph", "pipeline.plan", "pipeline.output",
+CONVERTER = ("pipeline.launcher", "pipeline.main", "pipeline.graph", "pipeline.plan", "pipeline.output_folder",
              "pipeline.cloud", "pipeline.demo", LOCAL)
 # Popular third-party top-level names a module of ours must not take (the standard library's come from sys).
 POPULAR = {
@@ -73,7 +78,7 @@ def imports_of(module: str, path: str, modules: set[str]) -> set[str]:
         else:
             continue
         for name in names:
-            while name and name not in modules:  # `import transforms.convert.x` -> the longest known module
+            while name and name not in modules:  # `import transforms.images.convert.x` -> the longest known module
                 name = name.rpartition(".")[0]
             if name and name != module:
                 targets.add(name)
@@ -93,7 +98,7 @@ def in_package(module: str, package: str) -> bool:
 def test_the_reader_of_imports_sees_function_level_imports(graph):
     # pipeline/main.py imports the launcher inside main(): a reader that missed it would miss lazy loops too.
     assert "pipeline.launcher" in graph["pipeline.main"]
-    assert "transforms.imaging" in graph["transforms.pool"]
+    assert "transforms.images.imaging" in graph["transforms.images.pool"]
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -144,11 +149,36 @@ def test_transforms_never_import_pipeline(graph):
     assert not upward, upward
 
 
+def _read_side(module: str) -> bool:
+    return in_package(module, READERS) or module in READ_TOOLS
+
+
 def test_read_side_tools_never_import_the_converter(graph):
-    assert any(in_package(m, READERS) for m in graph), "pipeline/readers/ is missing"
-    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if in_package(m, READERS)
+    assert set(READ_TOOLS) <= set(graph) and any(in_package(m, READERS) for m in graph), "a read-side tool is missing"
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if _read_side(m)
                     for t in targets if any(in_package(t, c) for c in CONVERTER))
     assert not upward, upward
+
+
+def _layer(module: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if in_package(module, layer)), None)
+
+
+def test_every_transforms_module_is_in_a_stage_sub_package(graph):
+    loose = sorted(m for m in graph if in_package(m, "transforms") and m != "transforms" and _layer(m) is None)
+    assert not loose, f"modules outside transforms/' stage sub-packages {LAYERS}: {loose}"
+
+
+def test_a_stage_imports_only_itself_and_the_stages_before_it(graph):
+    assert all(layer in graph for layer in LAYERS), "a stage sub-package is missing"
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if _layer(m) is not None
+                    for t in targets if _layer(t) is not None and _layer(t) > _layer(m))
+    assert not upward, f"imports of a later stage (move the shared part down a layer): {upward}"
+
+
+def test_the_layer_rule_sees_an_upward_import():
+    assert _layer("transforms.base.paths") == 0 and _layer("transforms.output.write") == 4
+    assert _layer("transforms.baseline") is None  # a prefix is not the package
 
 
 def test_only_the_launcher_imports_the_local_runner(graph):
@@ -166,32 +196,23 @@ def test_no_module_named_like_a_popular_package(graph):
 
 
 @pytest.mark.parametrize("tool", ["verify", "preview", "benchmark"])
-def test_the_read_side_tools_old_names_still_run_them(tool):
-    # README and docs/ give `python -m pipeline.<tool>`; the tools live in pipeline/readers/.
-    moved = subprocess.run([sys.executable, "-m", f"pipeline.{tool}", "--help"], cwd=REPO, capture_output=True,
-                           text=True, timeout=120)
-    assert moved.returncode == 0, moved.stderr
-    assert moved.stdout.startswith(f"usage: python -m pipeline.{tool}")
-
-
-def test_the_read_side_tools_old_import_names_are_the_moved_modules():
-    from pipeline import benchmark, preview, reader, verify
-    from pipeline.readers import benchmark as benchmark_
-    from pipeline.readers import preview as preview_
-    from pipeline.readers import reader as reader_
-    from pipeline.readers import verify as verify_
-
-    assert (reader, verify, preview, benchmark) == (reader_, verify_, preview_, benchmark_)
+def test_python_m_runs_each_read_side_tool(tool):
+    # README and docs/ give `python -m pipeline.<tool>`: the module is the tool itself, not a forward.
+    result = subprocess.run([sys.executable, "-m", f"pipeline.{tool}", "--help"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: python -m pipeline.{tool}")
+    with open(os.path.join(REPO, "pipeline", f"{tool}.py"), encoding="utf-8") as f:
+        assert "runpy" not in f.read()
 
 
 # -- the read side without Beam (issues 27 and 31) -------------------------------------------------------------------
 
-READ_SIDE = ("pipeline.reader", "pipeline.verify", "pipeline.preview", "pipeline.benchmark", "pipeline.readers.reader",
-             "pipeline.readers.verify", "pipeline.readers.preview", "pipeline.readers.benchmark",
-             "pipeline.readers.bench_input", "pipeline.readers.bench_report", "pipeline.readers.strategy")
+READ_SIDE = (*READ_TOOLS, "pipeline.readers.bench_input", "pipeline.readers.bench_report", "pipeline.readers.strategy")
 # What a dataset folder is (names, shards, schemas, splits, the description's loader) and paths: imported by the
 # converter and the read side alike, so neither Beam nor TensorFlow.
-GROUND = ("transforms.dataset_format", "transforms.paths", "transforms.duplicate_kinds", "transforms.tfrecord")
+GROUND = ("transforms.base.dataset_format", "transforms.base.paths", "transforms.base.duplicate_kinds",
+          "transforms.base.tfrecord")
 # Apache Beam made unimportable, as in an environment that has TensorFlow and not Beam.
 NO_BEAM = """
 import sys
@@ -237,11 +258,11 @@ def test_what_a_dataset_folder_is_has_one_home():
     # A second home would define one of dataset_format's names again (a file name, the shard patterns, the splits,
     # the schemas): only dataset_format assigns them at module level.
     files = module_files()
-    own = _module_constants(files["transforms.dataset_format"])
+    own = _module_constants(files["transforms.base.dataset_format"])
     assert {"INFO_FILE", "SPLITS", "SCHEMAS", "SHARD_NAME", "KAGGLE_NAME", "SPLIT_NAMES"} <= own
-    again = sorted(f"{module}.{name}" for module, path in files.items() if module != "transforms.dataset_format"
+    again = sorted(f"{module}.{name}" for module, path in files.items() if module != "transforms.base.dataset_format"
                    for name in _module_constants(path) & own)
-    assert not again, f"defined again outside transforms/dataset_format.py: {again}"
+    assert not again, f"defined again outside transforms/base/dataset_format.py: {again}"
 
 
 @pytest.mark.timeout(600)

@@ -17,11 +17,12 @@ from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.readers.bench_report import FIGURE_FIELDS, StageResult
 from tests.conftest import REPO, cli
-from transforms.tfrecord import iter_records
+from transforms.base.tfrecord import iter_records
 
 tf = pytest.importorskip("tensorflow")
 
-from pipeline.readers import bench_input, benchmark, reader, strategy  # noqa: E402 - these import TensorFlow
+from pipeline import benchmark, reader  # noqa: E402 - these import TensorFlow
+from pipeline.readers import bench_input, strategy  # noqa: E402
 
 
 def _closed_port() -> int:
@@ -41,7 +42,7 @@ def _tiny_jpeg(index: int) -> bytes:
 @pytest.fixture(scope="module")
 def tiny_records(tmp_path_factory):
     """30 tf_slim Examples of 32x24 JPEGs in 3 files; each label is the record's own index."""
-    from transforms.examples import build_example
+    from transforms.base.examples import build_example
 
     root = tmp_path_factory.mktemp("tiny_records")
     for shard in range(3):

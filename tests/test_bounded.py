@@ -1,8 +1,8 @@
-"""transforms/bounded.py: JSON and int cells within bounds, every excess one ValueError with its reason."""
+"""transforms/base/bounded.py: JSON and int cells within bounds, every excess one ValueError with its reason."""
 
 import pytest
 
-from transforms import bounded
+from transforms.base import bounded
 
 
 def test_loads_reads_ordinary_json():

@@ -1,4 +1,4 @@
-"""Shards converted in chunks on any worker and assembled from their pieces (transforms/write.py, concat.py).
+"""Shards converted in chunks on any worker and assembled from their pieces (transforms/output/write.py, concat.py).
 
 A shard made of many chunks must be the same bytes as the same shard written
 in one piece (and as the records framed one after another, which is what a
@@ -17,14 +17,14 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
-from transforms.concat import MAX_COMPOSE, concatenate
-from transforms.convert import Converted
-from transforms.examples import Example
-from transforms.imaging import ImageSettings
-from transforms.records import ImageRef
-from transforms.sharding import rank_order
-from transforms.tfrecord import frame_record, iter_records, record_offsets
-from transforms.write import (
+from transforms.base.examples import Example
+from transforms.base.records import ImageRef
+from transforms.base.tfrecord import frame_record, iter_records, record_offsets
+from transforms.images.convert import Converted
+from transforms.images.imaging import ImageSettings
+from transforms.labels.sharding import rank_order
+from transforms.output.concat import MAX_COMPOSE, concatenate
+from transforms.output.write import (
     ChunkKey,
     WriteShards,
     assemble,

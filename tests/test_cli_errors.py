@@ -144,7 +144,7 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     from pipeline.cli import main_of
     from pipeline.launcher import run
     from tests.conftest import FAST
-    from transforms import shardfiles
+    from transforms.output import shardfiles
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -288,7 +288,7 @@ REFUSED_BUCKET_LINE = ("error: gs://gs://bucket/out: 'gs:' is not a Cloud Storag
 
 
 def test_verify_names_a_bucket_cloud_storage_refuses_in_one_line(capsys):
-    from pipeline.readers.verify import run
+    from pipeline.verify import run
 
     code, stderr = main_in_process(capsys, "gs://gs://bucket/out", run=run)
     assert code == 2, stderr
@@ -304,11 +304,11 @@ def test_benchmark_names_a_bucket_cloud_storage_refuses_in_one_line_as_a_user_se
 
 
 @pytest.mark.parametrize("tool, says", [
-    ("pipeline.readers.verify", "verify stopped before it checked the whole dataset, which it never changes: run "
+    ("pipeline.verify", "verify stopped before it checked the whole dataset, which it never changes: run "
                                 "the same command again"),
-    ("pipeline.readers.preview", "preview stopped; the dataset is unchanged, and a contact sheet or chart it was "
+    ("pipeline.preview", "preview stopped; the dataset is unchanged, and a contact sheet or chart it was "
                                  "writing may be incomplete: run the same command again"),
-    ("pipeline.readers.benchmark", "the benchmark stopped before its report; the dataset is unchanged: run the "
+    ("pipeline.benchmark", "the benchmark stopped before its report; the dataset is unchanged: run the "
                                    "same command again"),
 ])
 @pytest.mark.parametrize("signal_name, code", [("interrupted", 130), ("terminated (SIGTERM)", 143)])

@@ -24,8 +24,8 @@ def print_module_help(tool: str) -> None:
 
         assert main.main(["--help"]) == 0
         return
-    module = {"verify": "pipeline.readers.verify", "preview": "pipeline.readers.preview",
-              "benchmark": "pipeline.readers.benchmark"}[tool]
+    module = {"verify": "pipeline.verify", "preview": "pipeline.preview",
+              "benchmark": "pipeline.benchmark"}[tool]
     run = __import__(module, fromlist=["run"]).run
     with pytest.raises(SystemExit) as stopped:
         main_of(run, ["--help"])
@@ -127,7 +127,7 @@ def test_the_dispatcher_imports_only_what_the_subcommand_imports():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     loaded = set(eval(done.stdout.splitlines()[-1]))
-    assert "pipeline.readers.verify" in loaded
-    converter = {"pipeline.main", "pipeline.launcher", "pipeline.graph", "pipeline.plan", "pipeline.output",
-                 "pipeline.cloud", "pipeline.local", "pipeline.readers.preview", "pipeline.readers.benchmark"}
+    assert "pipeline.verify" in loaded
+    converter = {"pipeline.main", "pipeline.launcher", "pipeline.graph", "pipeline.plan", "pipeline.output_folder",
+                 "pipeline.cloud", "pipeline.local", "pipeline.preview", "pipeline.benchmark"}
     assert not loaded & converter, loaded & converter

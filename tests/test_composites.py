@@ -8,10 +8,10 @@ import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from transforms.labels import UNLABELED, AssignLabels
-from transforms.layout import HIDDEN, NOT_AN_IMAGE_EXTENSION, UNKNOWN_CLASS
-from transforms.listing import FOUND, SKIPPED, ListImages
-from transforms.records import FileRef
+from transforms.base.records import FileRef
+from transforms.inputs.listing import FOUND, SKIPPED, ListImages
+from transforms.labels.assign import UNLABELED, AssignLabels
+from transforms.labels.layout import HIDDEN, NOT_AN_IMAGE_EXTENSION, UNKNOWN_CLASS
 
 
 def test_list_images_gives_each_candidate_image_skips_the_rest_with_a_reason_and_counts_every_entry(tmp_path):
@@ -48,7 +48,7 @@ def test_assign_labels_numbers_classes_in_the_given_order_and_sets_unknown_class
 
 
 def test_read_rows_numbers_every_row_as_a_sequential_read_would_across_byte_ranges(tmp_path):
-    from transforms.rows import ROWS, SPANNING, ReadRows
+    from transforms.inputs.rows import ROWS, SPANNING, ReadRows
 
     manifest = tmp_path / "list.csv"
     manifest.write_text('path,label\na.jpg,cat\n"b\nc.jpg",dog\nd.jpg,cat\ne.jpg,dog\n')
@@ -64,7 +64,7 @@ def test_read_rows_numbers_every_row_as_a_sequential_read_would_across_byte_rang
 
 
 def test_read_manifest_labels_usable_rows_finds_the_class_names_and_sets_bad_rows_aside(tmp_path):
-    from transforms.manifest import (
+    from transforms.inputs.manifest import (
         CLASS_NAMES,
         DUPLICATE_PATH,
         FOUND,
@@ -91,7 +91,7 @@ def test_read_manifest_labels_usable_rows_finds_the_class_names_and_sets_bad_row
 
 
 def _image_ref(tmp_path, relpath: str, data: bytes, class_name: str, label: int, split: str = "train"):
-    from transforms.records import ImageRef
+    from transforms.base.records import ImageRef
 
     (tmp_path / relpath).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / relpath).write_bytes(data)
@@ -101,7 +101,7 @@ def _image_ref(tmp_path, relpath: str, data: bytes, class_name: str, label: int,
 def test_drop_duplicates_keeps_the_first_path_of_each_copy_and_drops_the_rest_or_all_when_labels_conflict(tmp_path):
     import hashlib
 
-    from transforms.duplicates import DROPPED, DUPLICATE, DUPLICATE_CONFLICT, HASHES, DropDuplicates
+    from transforms.inputs.duplicates import DROPPED, DUPLICATE, DUPLICATE_CONFLICT, HASHES, DropDuplicates
 
     refs = [_image_ref(tmp_path, "cat/a.jpg", b"same", "cat", 0), _image_ref(tmp_path, "cat/b.jpg", b"same", "cat", 0),
             _image_ref(tmp_path, "cat/c.jpg", b"both", "cat", 0), _image_ref(tmp_path, "dog/d.jpg", b"both", "dog", 1),
@@ -122,8 +122,8 @@ def test_drop_duplicates_keeps_the_first_path_of_each_copy_and_drops_the_rest_or
 
 
 def test_find_duplicates_counts_each_kind_of_group_and_lists_the_largest_groups_first_then_by_first_path():
-    from transforms.duplicate_kinds import ACROSS_SPLITS, CONFLICTING_LABELS, WITHIN_SPLIT
-    from transforms.duplicates import FindDuplicates
+    from transforms.base.duplicate_kinds import ACROSS_SPLITS, CONFLICTING_LABELS, WITHIN_SPLIT
+    from transforms.inputs.duplicates import FindDuplicates
 
     hashes = [("h1", ("train", 0, "cat/b.jpg")), ("h1", ("train", 0, "cat/a.jpg")),
               ("h2", ("train", 0, "cat/c.jpg")), ("h2", ("validation", 0, "cat/d.jpg")),
@@ -138,7 +138,7 @@ def test_find_duplicates_counts_each_kind_of_group_and_lists_the_largest_groups_
 
 
 def test_summarise_groups_counts_groups_ungrouped_images_and_the_groups_found_in_several_splits():
-    from transforms.groups import SummariseGroups
+    from transforms.labels.groups import SummariseGroups
 
     placed = [("p1", "train", "a/1.jpg"), ("p1", "train", "a/2.jpg"), ("p2", "train", "b/1.jpg"),
               ("p2", "validation", "b/2.jpg"), ("", "test", "c/z.jpg"), ("", "train", "c/y.jpg")]

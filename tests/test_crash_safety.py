@@ -23,15 +23,15 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.options import validate
-from pipeline.output import existing_dataset, prepare_output
+from pipeline.output_folder import existing_dataset, prepare_output
 from pipeline.plan import SHARD_NAME, own_outputs
-from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
-from transforms.dataset_format import INFO_FILE, LOCK_FILE, TEMP_DIR
+from transforms.base.dataset_format import INFO_FILE, LOCK_FILE, TEMP_DIR
 
 HEX = "0123456789abcdef0123456789abcdef"
 RUN = "20261130-120000-0123abcd"  # the id of the run that prepares the folder in these tests
@@ -330,12 +330,12 @@ def test_a_run_killed_mid_way_leaves_no_dataset_and_the_same_command_again_compl
     # The killed run's lock stays, naming a process that no longer exists: the next run takes it over.
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == process.pid
 
+    from pipeline import reader
     from pipeline.errors import DatasetError
-    from pipeline.readers import reader
 
     with pytest.raises(DatasetError, match="not a complete dataset"):
         reader.load_info(str(out))
-    from pipeline.readers import benchmark
+    from pipeline import benchmark
 
     assert main_of(benchmark.run, [f"--dataset_dir={out}"]) == 2
     refused = cli("pipeline.verify", str(out))  # as a user would check the folder
@@ -361,13 +361,13 @@ def test_overwrite_that_fails_before_it_finishes_leaves_the_old_dataset_whole(sm
     assert convert(small_tree, out, "--num_shards=train=2,validation=2", "--image_size=16") == 0
     before, info_before = shard_bytes(out), (out / INFO_FILE).read_text()
 
-    import transforms.describe
+    import transforms.output.describe
 
     def killed(*args, **kwargs):
         raise CrashAtMarker("killed just before publishing")
 
     with monkeypatch.context() as patch:
-        patch.setattr(transforms.describe, "publish_dataset", killed)
+        patch.setattr(transforms.output.describe, "publish_dataset", killed)
         with pytest.raises(Exception, match="killed just before publishing"):
             convert(small_tree, out, "--num_shards=train=3,validation=3", "--image_size=24", "--overwrite")
     # The new run's shards never took final names; the old dataset is exactly as it was, and verifies.
@@ -411,7 +411,7 @@ def test_a_second_run_into_a_folder_in_use_stops_at_once_naming_the_first(small_
 
 
 def test_if_exists_skip_takes_an_option_an_older_dataset_does_not_record_as_its_default(tmp_path):
-    from pipeline.output import option_differences
+    from pipeline.output_folder import option_differences
 
     settings = settings_for(tmp_path / "out", "--seed=7")
     recorded = settings.as_dict()

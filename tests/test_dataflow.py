@@ -85,8 +85,8 @@ def test_dry_run_stages_the_package_built_from_setup_py(gcs_emulator, dry_run):
     assert root in (f"image-tfrecords-{pipeline.__version__}", f"image_tfrecords-{pipeline.__version__}"), root
     names = {name.removeprefix(root + "/") for name in sdist.getnames()}
     assert {"setup.py", "pipeline/__init__.py", "pipeline/launcher.py", "pipeline/cloud.py", "pipeline/graph.py",
-            "transforms/__init__.py", "transforms/convert.py", "transforms/imaging.py",
-            "transforms/write.py"} <= names
+            "transforms/__init__.py", "transforms/images/convert.py", "transforms/images/imaging.py",
+            "transforms/output/write.py"} <= names
     assert not any(name.startswith(("tests/", ".venv")) for name in names)  # .venv/, .venv-3.13/
     requires = sdist.extractfile(f"{root}/image_tfrecords.egg-info/requires.txt").read().decode()
     runtime = requires.split("\n[", 1)[0]  # before the first extra
@@ -475,7 +475,7 @@ def _taken_by_another(path: str) -> bool:
 def test_launches_from_one_checkout_build_its_package_one_at_a_time(tmp_path):
     """Beam builds the --setup_file package in setup.py's folder (its release tree and egg-info there): two
     launches at once from one checkout built into each other's tree (`No such file or directory:
-    'image_tfrecords-0.1.0/transforms/counters.py'`). The job is staged under a lock named by that folder."""
+    'image_tfrecords-0.1.0/transforms/base/counters.py'`). The job is staged under a lock named by that folder."""
     from pipeline import cloud
 
     setup = os.path.join(REPO, "setup.py")

@@ -66,7 +66,7 @@ def test_a_retry_never_takes_over_a_lock_whose_job_is_not_known_to_have_ended(gc
     assert list(dataflow_api.jobs) == [first.job_id]
 
     # Once a worker runs the job's first step, the lock holds its id (here the step runs in this process).
-    from transforms.lock import record_job_id
+    from transforms.output.lock import record_job_id
 
     with metadata_server(first.job_id) as host:
         monkeypatch.setenv("GCE_METADATA_HOST", host)
@@ -145,7 +145,7 @@ def test_a_dead_launcher_proves_its_lock_stale_only_when_it_submits_its_own_job(
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipeline.cloud import dataflow_lock_stale
-    from transforms.lock import holder_record
+    from transforms.output.lock import holder_record
 
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     holder = {**holder_record("20240131-030000-0123abcd", "dataflow", project=PROJECT, region=REGION,

@@ -252,8 +252,8 @@ def test_an_append_through_dataflow_converts_only_the_new_images(gcs_emulator, d
     """--if_exists=append on gs://, through the Dataflow stand-in: 8 images, then 4 more; the second job converts
     4, the old shards keep their records under the new total in their names, nothing else is left."""
     from tests.datasets import write_tiny_tree
-    from transforms.examples import Example
-    from transforms.tfrecord import iter_records
+    from transforms.base.examples import Example
+    from transforms.base.tfrecord import iter_records
 
     write_tiny_tree(tmp_path / "first", {"cat": 4, "dog": 4})
     write_tiny_tree(tmp_path / "more", {"cat": 2, "dog": 2}, start=4)

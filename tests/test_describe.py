@@ -11,16 +11,16 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from transforms.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
-from transforms.describe import (
+from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.base.records import Rejection
+from transforms.output.describe import (
     DatasetIncomplete,
     DescribeDataset,
     check_accounting,
     summarise,
 )
-from transforms.outputs import shards_dir
-from transforms.records import Rejection
-from transforms.write import ShardInfo
+from transforms.output.outputs import shards_dir
+from transforms.output.write import ShardInfo
 
 CLASSES = ["cat", "dog"]
 # ("found",), ("written", split, label, upscaled) or (stage, reason), each with its count

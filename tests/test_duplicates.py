@@ -10,11 +10,11 @@ from PIL import Image
 
 from pipeline.report import format_summary
 from tests.conftest import convert
-from transforms import duplicate_kinds
-from transforms import duplicates as dup
-from transforms.examples import Example, build_example
-from transforms.layout import hash_split
-from transforms.tfrecord import iter_records
+from transforms.base import duplicate_kinds
+from transforms.base.examples import Example, build_example
+from transforms.base.tfrecord import iter_records
+from transforms.inputs import duplicates as dup
+from transforms.labels.layout import hash_split
 
 
 def _name_in_split(folder: str, stem: str, split: str) -> str:
@@ -231,7 +231,7 @@ def test_multi_label_copies_report_and_drop_agree_on_one_label_set(tmp_path):
         errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
         if mode == "keep":
             assert set(rows_written) == {"one.png", "two.png", "other.png"} and errors == []
-            from pipeline.readers.verify import verify_dataset
+            from pipeline.verify import verify_dataset
 
             warnings = verify_dataset(str(out)).warnings  # as the converter counts it: one conflict
             assert warnings[0].startswith("Duplicates: 1 groups of identical source files (2 files): 0 within a "
@@ -249,7 +249,7 @@ def test_multi_label_copies_report_and_drop_agree_on_one_label_set(tmp_path):
 
 
 def test_resolve_compares_label_sets_not_their_joined_names():
-    from transforms.records import ImageRef, Rejection
+    from transforms.base.records import ImageRef, Rejection
 
     joined = ImageRef("/x/1.png", "1.png", 9, "train", "a;b", -1, 1, labels=(0,), label_names=("a;b",))
     pair = ImageRef("/x/2.png", "2.png", 9, "train", "a;b", -1, 2, labels=(1, 2), label_names=("a", "b"))

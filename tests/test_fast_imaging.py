@@ -1,4 +1,4 @@
-"""The fast conversion core (transforms/fast_imaging.py) against the Pillow path: pixels, sizes, orientation,
+"""The fast conversion core (transforms/images/fast.py) against the Pillow path: pixels, sizes, orientation,
 aliasing, which files take it, and the same bytes across runs, processes and SIMD off or on."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import pytest
 from PIL import Image
 
 from tests import image_cases as cases
-from transforms import fast_imaging, imaging
-from transforms.imaging import RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings, convert_image
-from transforms.pool import ConversionPool
+from transforms.images import fast as fast_imaging
+from transforms.images import imaging
+from transforms.images.imaging import RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings, convert_image
+from transforms.images.pool import ConversionPool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,7 +14,7 @@ from PIL import Image
 from pipeline.errors import UserError
 from pipeline.launcher import run
 from tests.conftest import FAST, doc_examples, main_in_process
-from transforms import features as F
+from transforms.base import features as F
 
 SPEC = "score:float,size:int[2],box:float[4],float_data:float_list,source:string,tags:string_list"
 # The hand-typed spec a user writes to read them back with plain TensorFlow.
@@ -308,7 +308,7 @@ def test_bad_values_reject_their_rows_with_row_number_column_value_and_type(tmp_
 @pytest.mark.parametrize("range_bytes", [0, 16], ids=["one-range", "16-byte-ranges"])
 def test_metadata_joined_to_folder_images_with_missing_extra_and_bad_rows(tmp_path, monkeypatch, range_bytes):
     """The file is read in byte ranges (cut finely here: rows span ranges), every row keeping its number."""
-    import transforms.rows as m
+    import transforms.inputs.rows as m
 
     if range_bytes:
         monkeypatch.setattr(m, "RANGE_BYTES", range_bytes)
@@ -444,7 +444,7 @@ def test_gcs_folder_metadata_and_schema_file(gcs_emulator, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_path):
-    from pipeline.readers import verify
+    from pipeline import verify
     from tests.test_verify import _save_info, craft_dataset, rec
 
     assert verify.verify_dataset(str(csv_dataset), decode=False).problems == []
@@ -464,8 +464,8 @@ def test_join_counts_every_image_it_does_not_pass_on_as_done_for_the_progress(tm
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.testing.util import assert_that, equal_to
 
-    from transforms.metadata import SKIPPED, STATS, JoinMetadata
-    from transforms.records import ImageRef
+    from transforms.base.records import ImageRef
+    from transforms.inputs.metadata import SKIPPED, STATS, JoinMetadata
 
     meta = tmp_path / "m.csv"
     meta.write_text("path,n\nc/0.png,1\nc/1.png,x\nc/9.png,3\n")
@@ -499,7 +499,7 @@ def test_columns_without_a_type_are_strings_and_names_that_cannot_be_keys_are_le
 def test_metadata_reader_goes_on_after_a_row_csv_cannot_read():
     import io
 
-    from transforms.metadata import MetadataRow, read_metadata
+    from transforms.inputs.metadata import MetadataRow, read_metadata
 
     text = "path,n\ncat/a.png,1\ncat/b.png," + "x" * 200_000 + "\n./cat/c.png,3\n\n/in/cat/d.png,4,5\n/in/cat/e.png,5\n"
     got = list(read_metadata(io.StringIO(text, newline=""), "csv", "/in"))
@@ -566,7 +566,7 @@ def test_jsonl_untyped_columns_kept_as_text_and_a_lone_surrogate_rejects_its_row
 
 
 def test_metadata_paths_as_the_listing_names_them():
-    from transforms.metadata import key_of
+    from transforms.inputs.metadata import key_of
 
     assert key_of("roses/1.jpg", "/data/photos") == "roses/1.jpg"
     assert key_of("./roses/1.jpg", "/data/photos") == "roses/1.jpg"

@@ -1,4 +1,4 @@
-"""A large gs:// class folder is listed in parts by many workers (transforms/folder_parts.py): every name once,
+"""A large gs:// class folder is listed in parts by many workers (transforms/inputs/folder_parts.py): every name once,
 the parts about even, through the real GCS client against tests/fake_gcs_listing.py and through the graph."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import string
 import pytest
 
 from tests.fake_gcs_listing import BUCKET, serve
-from transforms import folder_parts as fp
-from transforms import listing
+from transforms.inputs import folder_parts as fp
+from transforms.inputs import listing
 
 PREFIX = "in/c/"
 
@@ -89,7 +89,7 @@ def test_a_large_folder_is_listed_in_parts_through_the_gcs_client_and_the_graph(
     from apache_beam.testing.util import assert_that, equal_to
 
     from pipeline.cloud import skip_credential_lookup
-    from transforms.listing import ListImages
+    from transforms.inputs.listing import ListImages
 
     monkeypatch.setattr(fp, "PART_NAMES", 1500)
     monkeypatch.setattr(listing, "SMALL_FOLDER_PAGES", 1)  # parts after the first page (10 by default)
@@ -116,7 +116,7 @@ def test_a_medium_folder_is_listed_whole_in_its_pages(monkeypatch, tmp_path, per
     """ImageNet's class folders (1,300 names): 2 list requests each, no parts; up to SMALL_FOLDER_PAGES pages
     the same. (Issue 29: planning parts took 144 requests for 1,300 names.)"""
     from pipeline.cloud import skip_credential_lookup
-    from transforms.listing import Folder, list_folder_or_parts
+    from transforms.inputs.listing import Folder, list_folder_or_parts
 
     with serve(1, per_class) as server:
         for name, value in server.client_env(str(tmp_path)).items():

@@ -19,9 +19,9 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
 from tests.conftest import convert, doc_example, main_in_process
-from transforms.examples import Example
-from transforms.outputs import own_outputs
-from transforms.tfrecord import iter_records
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
+from transforms.output.outputs import own_outputs
 
 SIZE = 16
 BROKEN = 3  # images that are rejected, so that the shards' counts are not the balanced ones
@@ -120,7 +120,7 @@ def test_kaggle_names_carry_each_shards_true_record_count(kaggle, standard):
 def test_kaggle_index_files_match_their_shards(kaggle):
     """Each index, named like its shard, holds its shard's `offset length` lines (tests/test_index_files.py reads
     such indexes with the tfrecord package)."""
-    from transforms.tfrecord import record_offsets
+    from transforms.base.tfrecord import record_offsets
 
     out, info = kaggle
     for shard in info["splits"]["train"]["shards"]:
@@ -305,7 +305,7 @@ def test_array_record_shards_on_gcs(gcs_emulator, tree, arrays):
 
     from pipeline.verify import verify_dataset
     from tests.gcs_fixtures import NO_AUTH
-    from transforms.tfrecord import scan_array_records
+    from transforms.base.tfrecord import scan_array_records
 
     bucket = gcs_emulator.create_bucket("formats-arrays")
     output = f"{bucket}/arrayrecords"
@@ -465,8 +465,8 @@ def test_kaggle_schema_is_read_by_the_notebooks_parsing_code_unchanged(kaggle_ke
 
 
 def test_kaggle_schema_reads_back_with_the_reader_and_verify(kaggle_keys):
-    from pipeline.readers import reader
-    from pipeline.readers.verify import verify_dataset
+    from pipeline import reader
+    from pipeline.verify import verify_dataset
 
     out, info = kaggle_keys
     report = verify_dataset(str(out))

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from transforms import imaging
-from transforms.imaging import ImageRejected, ImageSettings, convert_image
+from transforms.images import imaging
+from transforms.images.imaging import ImageRejected, ImageSettings, convert_image
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Pillow warns about corrupt EXIF
 

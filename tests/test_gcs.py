@@ -11,10 +11,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.errors import UserError
 from pipeline.options import validate
-from pipeline.output import prepare_output
+from pipeline.output_folder import prepare_output
 from tests.conftest import cli, convert
 from tests.gcs_fixtures import NO_AUTH
-from transforms.tfrecord import iter_records
+from transforms.base.tfrecord import iter_records
 
 BUCKET = "gcs-e2e"
 

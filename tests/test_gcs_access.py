@@ -21,8 +21,8 @@ from tests.conftest import FAST, REPO
 from tests.fault_proxy import BUCKET as BUCKET_CALL
 from tests.fault_proxy import FaultProxy
 from tests.gcs_fixtures import NO_AUTH
-from transforms import gcs, transient
-from transforms.transient import RETRY_BASE_ENV, ReadRate, TransientReadError, with_retries
+from transforms.base import gcs, transient
+from transforms.base.transient import RETRY_BASE_ENV, ReadRate, TransientReadError, with_retries
 
 BUCKET = "access-e2e"
 IMAGES = 40
@@ -236,7 +236,7 @@ def test_throttling_answers_are_retried_past_the_other_errors_bound(monkeypatch)
 
 def test_only_gcs_reads_take_the_read_rates_tokens(tmp_path, monkeypatch):
     """GCS's ramp is a rule of GCS: a local file is read at once, however many were read before it."""
-    from transforms.convert import read_bytes
+    from transforms.images.convert import read_bytes
 
     clock = _Clock()
     rate = ReadRate(initial_per_s=2, least_per_s=1, clock=lambda: clock.now, sleep=clock.sleep)

@@ -27,7 +27,7 @@ from pipeline.estimate import ENCODE_SAMPLE, SIZE_SAMPLE
 from tests.conftest import FAST
 from tests.fault_proxy import COMPOSE, COPY, DELETE, DOWNLOAD, LIST, METADATA, REWRITE, UPLOAD, FaultProxy, Traffic
 from tests.gcs_fixtures import NO_AUTH
-from transforms.dataset_format import DESCRIPTION_FILES, LOCK_FILE, SHARD_NAME
+from transforms.base.dataset_format import DESCRIPTION_FILES, LOCK_FILE, SHARD_NAME
 
 BUCKET = "bytes-e2e"
 CHUNK = 256 * 1024  # google-cloud-storage's smallest resumable chunk

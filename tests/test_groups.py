@@ -12,9 +12,9 @@ from PIL import Image
 from pipeline.errors import UserError
 from pipeline.report import format_summary
 from tests.conftest import convert, main_in_process
-from transforms.examples import Example
-from transforms.layout import GROUP_BY_TIMEOUT, GroupByTimeout, compile_group_by, group_of, hash_split, place
-from transforms.tfrecord import iter_records
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
+from transforms.labels.layout import GROUP_BY_TIMEOUT, GroupByTimeout, compile_group_by, group_of, hash_split, place
 
 PATIENT = r"^[^/]+/(patient\d+)_"
 

@@ -16,8 +16,8 @@ import pytest
 from tests import hostile_files as hostile
 from tests.conftest import convert
 from tests.image_cases import jpeg, quadrants
-from transforms import convert as convert_module
-from transforms import listing
+from transforms.images import convert as convert_module
+from transforms.inputs import listing
 
 # One conversion's process imports Beam (about 170 MB resident): this leaves room for the
 # conversion's own memory at the defaults (--max_image_mb=512 plus the file), and none for a

@@ -21,7 +21,7 @@ from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
 from tests.conftest import cli, convert, main_in_process
 from tests.datasets import read_records
-from transforms.layout import hash_split, shuffle_key
+from transforms.labels.layout import hash_split, shuffle_key
 
 IS_ROOT = os.geteuid() == 0
 

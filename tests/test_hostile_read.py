@@ -26,7 +26,7 @@ SHOW_BAD = "check the dataset with python -m pipeline.verify"
 
 
 def _verify(capsys, *argv) -> tuple[int, list[str], str]:
-    from pipeline.readers import verify
+    from pipeline import verify
 
     code = main_of(verify.run, [str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -34,7 +34,7 @@ def _verify(capsys, *argv) -> tuple[int, list[str], str]:
 
 
 def _preview(capsys, directory, tmp_path, *argv) -> tuple[int, str, str]:
-    from pipeline.readers import preview
+    from pipeline import preview
 
     code = main_of(preview.run, [str(directory), f"--contact_sheet={tmp_path / 'sheet.png'}", "--per_class=8",
                                  "--tile_size=32", *argv])
@@ -43,7 +43,7 @@ def _preview(capsys, directory, tmp_path, *argv) -> tuple[int, str, str]:
 
 
 def _benchmark(capsys, directory, *argv) -> tuple[int, str, str]:
-    from pipeline.readers import benchmark
+    from pipeline import benchmark
 
     code = main_of(benchmark.run, [f"--dataset_dir={directory}", "--batch_size=2", *argv])
     out, err = capsys.readouterr()
@@ -145,7 +145,7 @@ def test_benchmark_stops_at_a_record_that_is_not_an_example_naming_it(tmp_path, 
 @pytest.mark.timeout(120)
 def test_benchmark_by_pattern_names_a_first_record_that_is_not_an_example(tmp_path, capsys):
     root = hostile.write_dataset(tmp_path / "ds", {"train": [[hostile.NOT_AN_EXAMPLE, hostile.example(0)]]})
-    from pipeline.readers import benchmark
+    from pipeline import benchmark
 
     pattern = f"{root}/train-*.tfrecord"
     code = main_of(benchmark.run, [f"--file_pattern={pattern}", "--batch_size=2"])
@@ -214,8 +214,8 @@ def test_the_benchmark_command_on_a_dataset_info_that_is_a_list(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_the_metadata_checks_name_the_field_and_its_type(tmp_path):
+    from pipeline import reader
     from pipeline.errors import DatasetError
-    from pipeline.readers import reader
 
     root = hostile.malformed_info(tmp_path / "ds", MALFORMED["shards_null"][0])
     with pytest.raises(DatasetError) as raised:
@@ -230,7 +230,7 @@ def test_the_metadata_checks_name_the_field_and_its_type(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_sound_corpus_dataset_is_sound(tmp_path):
     """The corpus's base dataset passes verify, so each case's problems are its damage alone."""
-    from pipeline.readers import verify
+    from pipeline import verify
 
     report = verify.verify_dataset(str(hostile.sound(tmp_path / "ds")))
     assert report.problems == [] and report.split_records == {"train": 6, "validation": 2}
@@ -271,7 +271,7 @@ def test_a_conversion_that_rejects_every_image_exits_non_zero_and_verify_agrees(
     assert proc.stderr.splitlines()[-1] == ("error: no image could be converted; see errors.jsonl for each file's "
                                             "reason")
     assert len((out / "errors.jsonl").read_text().splitlines()) == 2
-    from pipeline.readers import verify
+    from pipeline import verify
 
     report = verify.verify_dataset(str(out))
     assert not report.ok

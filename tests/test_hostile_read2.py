@@ -19,7 +19,7 @@ import pytest
 from pipeline.cli import main_of
 from tests import hostile_files
 from tests import hostile_records as hostile
-from transforms.examples import build_example
+from transforms.base.examples import build_example
 
 pytest.importorskip("tensorflow")
 
@@ -29,7 +29,7 @@ SHARD = "train-00000-of-00001.tfrecord"
 def _run(capsys, tool: str, *argv) -> tuple[int, str, str]:
     import importlib
 
-    module = importlib.import_module(f"pipeline.readers.{tool}")
+    module = importlib.import_module(f"pipeline.{tool}")
     code = main_of(module.run, [str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
@@ -89,8 +89,8 @@ def test_preview_skips_a_fifo_shard_with_one_line(tmp_path, capsys, fifos):
 
 @pytest.mark.timeout(180)
 def test_benchmark_and_the_reader_refuse_a_fifo_shard_with_one_line(tmp_path, capsys, fifos):
+    from pipeline import reader
     from pipeline.errors import DatasetError
-    from pipeline.readers import reader
 
     root = hostile.sound(tmp_path / "ds")
     _fifo_in_place_of(fifos, root / SHARD)
@@ -193,7 +193,7 @@ def test_preview_skips_a_bomb_with_one_line_and_draws_the_rest(bomb_dataset, tmp
 
 
 def test_the_budget_is_the_conversions_and_a_header_it_cannot_read_is_left_to_the_decoder():
-    from pipeline.readers import reader
+    from pipeline import reader
 
     budget = reader.decode_budget({"options": {"max_pixels": 1000, "max_image_mb": 1}})
     assert budget == (1000, 1_000_000)
@@ -222,8 +222,8 @@ HOSTILE_JSON = [case for case in hostile.MALFORMED_INFO
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case, change, fragment", HOSTILE_JSON, ids=[c[0] for c in HOSTILE_JSON])
 def test_the_reader_refuses_a_hostile_description_with_one_message(tmp_path, case, change, fragment):
+    from pipeline import reader
     from pipeline.errors import DatasetError
-    from pipeline.readers import reader
 
     root = hostile.malformed_info(tmp_path / "ds", change)
     with pytest.raises(DatasetError) as raised:
@@ -236,7 +236,7 @@ def test_the_reader_refuses_a_hostile_description_with_one_message(tmp_path, cas
 def test_overwrite_replaces_a_hostile_description(tmp_path, case, change, fragment):
     from PIL import Image
 
-    from pipeline.readers.verify import verify_dataset
+    from pipeline.verify import verify_dataset
     from tests.conftest import cli
 
     src, out = tmp_path / "in", tmp_path / "out"

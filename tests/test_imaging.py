@@ -15,8 +15,8 @@ from PIL import Image, JpegImagePlugin
 from tests import image_cases as cases
 from tests.conftest import REPO
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
-from transforms import imaging
-from transforms.imaging import ImageRejected, ImageSettings, convert_image
+from transforms.images import imaging
+from transforms.images.imaging import ImageRejected, ImageSettings, convert_image
 
 # Lossless output at the source size, so pixels can be compared exactly.
 AS_IS = ImageSettings(resize_mode="none", image_format="png")
@@ -516,7 +516,7 @@ def test_50_megapixel_jpeg_to_512_needs_little_memory(tmp_path):
     small.resize((8660, 5774), Image.Resampling.BILINEAR).save(path, quality=85)
     script = (
         "import resource, sys\n"
-        "from transforms.imaging import ImageSettings, convert_image\n"
+        "from transforms.images.imaging import ImageSettings, convert_image\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "out = convert_image(data, ImageSettings())\n"

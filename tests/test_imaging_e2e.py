@@ -12,8 +12,8 @@ from PIL import Image
 from tests import image_cases as cases
 from tests.conftest import convert
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
-from transforms.examples import Example
-from transforms.tfrecord import iter_records
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
 
 SIZE = 32
 NOISE = Image.effect_noise((80, 60), 50).convert("RGB")

@@ -14,12 +14,12 @@ import types
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import verify
 from pipeline.cli import main_of
-from pipeline.readers import verify
 from pipeline.sample_data import generate_dataset
 from tests.conftest import cli, convert, doc_example
-from transforms.dataset_format import TEMP_DIR, index_name
-from transforms.write import index_text
+from transforms.base.dataset_format import TEMP_DIR, index_name
+from transforms.output.write import index_text
 
 # The `tfrecord` package (a dev extra) registers its own copy of TensorFlow's Example protos, so it cannot share a
 # process with TensorFlow: it runs in a process of its own, as in a PyTorch training job.
@@ -273,7 +273,7 @@ def test_verify_checks_a_users_own_index_of_a_shard(tree, tmp_path, capsys):
 
 
 def test_a_malformed_index_entry_in_dataset_info_is_a_dataset_error(indexed):
-    from transforms.dataset_format import DescriptionError, check_description
+    from transforms.base.dataset_format import DescriptionError, check_description
 
     info = json.loads((indexed / "image_tfrecords.json").read_text())
     info["splits"]["train"]["shards"][0]["index"] = "../elsewhere.idx"

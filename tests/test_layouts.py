@@ -10,8 +10,8 @@ import pytest
 from pipeline.errors import UserError
 from tests.conftest import cli, convert
 from tests.datasets import read_records, write_tiny_tree
-from transforms.dataset_format import split_of
-from transforms.layout import nested_class_folders, split_folder_note
+from transforms.base.dataset_format import split_of
+from transforms.labels.layout import nested_class_folders, split_folder_note
 
 
 @pytest.mark.parametrize("name, split", [

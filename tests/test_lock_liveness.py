@@ -22,14 +22,14 @@ import psutil
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline import verify
 from pipeline.errors import UserError
 from pipeline.options import validate
-from pipeline.output import take_lock, why_stale
-from pipeline.readers import verify
+from pipeline.output_folder import take_lock, why_stale
 from tests import hostile_files as hostile
 from tests.conftest import REPO, convert
-from transforms.dataset_format import LOCK_FILE, TEMP_DIR
-from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock
+from transforms.base.dataset_format import LOCK_FILE, TEMP_DIR
+from transforms.output.lock import LockHeld, acquire_lock, holder_record, read_lock
 
 # Holds the flock of the lock file argv[1] until its stdin closes: a run in another PID namespace, as the kernel
 # sees it (the lock file names a process that does not exist here).

@@ -257,15 +257,15 @@ def test_a_local_manifest_on_dataflow_is_a_one_line_error(tmp_path):
                                          ("Validation", "validation"), ("training", "train"), ("test_set", "test"),
                                          ("train", "train")])
 def test_a_manifest_split_takes_every_name_a_split_folder_takes(name, split):
-    # One table of split names (transforms.dataset_format.SPLIT_NAMES): a folder valid/ was accepted, a manifest
+    # One table of split names (transforms.base.dataset_format.SPLIT_NAMES): a folder valid/ was accepted, a manifest
     # split 'valid' refused.
-    from transforms.manifest import row_values
+    from transforms.inputs.manifest import row_values
 
     assert row_values({"path": "a/x.jpg", "label": "cat", "split": name}, 1, "/data").split == split
 
 
 def test_a_manifest_split_that_names_no_split_is_refused_with_the_names_it_takes():
-    from transforms.manifest import UNKNOWN_SPLIT, RowProblem, row_values
+    from transforms.inputs.manifest import UNKNOWN_SPLIT, RowProblem, row_values
 
     with pytest.raises(RowProblem) as raised:
         row_values({"path": "a/x.jpg", "label": "cat", "split": "holdout"}, 3, "/data")

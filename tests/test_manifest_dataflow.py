@@ -68,7 +68,7 @@ def test_a_gs_manifest_cut_into_many_ranges_reads_every_row_once(gcs_emulator, m
     """Ranged reads through FileSystems (open + seek) on GCS: 40-byte ranges, the sequential row numbers."""
     from tests.datasets import convert_manifest as _run
     from tests.datasets import error_rows as _errors
-    from transforms import rows
+    from transforms.inputs import rows
 
     monkeypatch.setattr(rows, "RANGE_BYTES", 40)
     out = tmp_path / "out"

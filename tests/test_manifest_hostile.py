@@ -23,8 +23,8 @@ from pipeline.errors import UserError
 from pipeline.launcher import run
 from tests import hostile_files as hostile
 from tests.conftest import FAST
-from transforms import manifest as m
-from transforms import rows as reading
+from transforms.inputs import manifest as m
+from transforms.inputs import rows as reading
 
 RUN_MB = 1300  # one local conversion with its worker processes (tests/test_hostile.py)
 

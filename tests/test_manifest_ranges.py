@@ -1,5 +1,5 @@
 """--manifest read in parallel: byte ranges, each parsed by any worker, give the rows and row numbers of a
-sequential read (transforms.manifest.read_rows), whatever the cut."""
+sequential read (transforms.inputs.manifest.read_rows), whatever the cut."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import random
 import pytest
 from PIL import Image
 
-from transforms import manifest as m
-from transforms import rows as reading
-from transforms.records import Rejection
+from transforms.base.records import Rejection
+from transforms.inputs import manifest as m
+from transforms.inputs import rows as reading
 
 
 def sequential(path, fmt):

@@ -1,4 +1,4 @@
-"""transforms.memory: one memory budget per worker process, shared by every conversion in it.
+"""transforms.base.memory: one memory budget per worker process, shared by every conversion in it.
 
 Unit tests of the budget (reservations wait and are returned, first come first served, an
 image larger than the budget runs alone, no deadlock under many threads, exact counts, a
@@ -20,11 +20,12 @@ import pytest
 from PIL import Image
 
 from tests import hostile_files as hostile
-from transforms import imaging, memory
-from transforms import pool as pool_module
-from transforms.imaging import STALLED_WORKER, ImageRejected, ImageSettings
-from transforms.memory import BudgetStalled, MemoryBudget
-from transforms.pool import ConversionPool
+from transforms.base import memory
+from transforms.base.memory import BudgetStalled, MemoryBudget
+from transforms.images import imaging
+from transforms.images import pool as pool_module
+from transforms.images.imaging import STALLED_WORKER, ImageRejected, ImageSettings
+from transforms.images.pool import ConversionPool
 
 MB = 1_000_000
 pytestmark = pytest.mark.timeout(120)  # bounds every wait_until
@@ -167,7 +168,7 @@ def test_a_wait_is_not_a_stall_while_memory_keeps_coming_back(monkeypatch):
 
 
 def injected_clock(monkeypatch) -> list[float]:
-    """The budget's clock (transforms.memory's time.monotonic) as [seconds], moved on by the test alone."""
+    """The budget's clock (transforms.base.memory's time.monotonic) as [seconds], moved on by the test alone."""
     clock = [100.0]
     monkeypatch.setattr(memory, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     return clock

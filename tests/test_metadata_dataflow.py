@@ -66,8 +66,8 @@ def test_a_metadata_job_submitted_to_dataflow_writes_the_features(gcs_emulator, 
 
     from tests.gcs_fixtures import NO_AUTH
     from tests.test_dataflow_submit import PROJECT, REGION, assert_complete_dataset, job_id_of, launch
-    from transforms.examples import Example
-    from transforms.tfrecord import iter_records
+    from transforms.base.examples import Example
+    from transforms.base.tfrecord import iter_records
 
     bucket = gcs_emulator.create_bucket(f"{BUCKET}-job")
     tree = tmp_path / "photos"

@@ -18,7 +18,7 @@ from PIL import Image
 from pipeline.launcher import run
 from pipeline.report import format_summary
 from tests.conftest import FAST, cli, doc_example
-from transforms.layout import hash_split
+from transforms.labels.layout import hash_split
 
 SIZE = 16
 NAMES = ["bird", "cat", "dog"]
@@ -159,7 +159,7 @@ def test_tfds_reads_the_label_as_a_sequence_of_class_labels(converted):
 
 
 def test_preview_puts_an_image_in_the_row_of_each_of_its_classes(converted):
-    from pipeline.readers.preview import make_contact_sheet
+    from pipeline.preview import make_contact_sheet
 
     out, expected = converted
     problems = []
@@ -191,7 +191,7 @@ def test_benchmark_reads_the_lists_as_multi_hot(converted):
 def test_verify_accepts_the_dataset_and_finds_a_wrong_class_count(converted, tmp_path):
     import shutil
 
-    from pipeline.readers.verify import verify_dataset
+    from pipeline.verify import verify_dataset
 
     out, _ = converted
     report = verify_dataset(str(out))
@@ -211,7 +211,7 @@ def test_verify_accepts_the_dataset_and_finds_a_wrong_class_count(converted, tmp
 def test_tf_slim_keys_hold_the_lists_and_every_reader_takes_them(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     from pipeline import reader
-    from pipeline.readers.verify import verify_dataset
+    from pipeline.verify import verify_dataset
 
     for i in range(4):
         _image(tmp_path / "in" / f"{i}.png", (i * 60, 0, 0))
@@ -353,7 +353,7 @@ def test_a_dataflow_run_whose_labels_cells_are_all_empty_exits_1_as_a_local_run_
         def run(self):
             return Finished()
 
-    monkeypatch.setattr("transforms.lock.update_lock", lambda *args, **kwargs: None)
+    monkeypatch.setattr("transforms.output.lock.update_lock", lambda *args, **kwargs: None)
     options = PipelineOptions(["--runner=DataflowRunner", "--project=p", "--region=europe-west4"])
     settings = type("Settings", (), {"output_dir": str(out)})()
     assert cloud.run_on_dataflow(Submitted(), options, settings, "run-1", lambda: None) == 1
@@ -460,7 +460,7 @@ def test_docs_manifest_reader_example_runs(converted, monkeypatch):
 
 
 def test_label_list_reads_texts_and_json_lists_and_refuses_anything_else():
-    from transforms.manifest import BAD_ROW, RowProblem, label_list
+    from transforms.inputs.manifest import BAD_ROW, RowProblem, label_list
 
     assert label_list(" a ; ;b;a ", 1) == ("a", "b", "a")  # repeats are dropped later, by class id
     assert label_list("", 1) == () and label_list([], 1) == () and label_list(None, 1) is None
@@ -472,8 +472,8 @@ def test_label_list_reads_texts_and_json_lists_and_refuses_anything_else():
 
 
 def test_settle_group_moves_hashed_rows_to_the_one_explicit_split_only():
-    from transforms.manifest import GroupMember, settle_group
-    from transforms.records import ImageRef
+    from transforms.base.records import ImageRef
+    from transforms.inputs.manifest import GroupMember, settle_group
 
     def member(name, split, explicit):
         return GroupMember(ImageRef(f"/in/{name}", name, 1, split, "cat", 0, 7), explicit)

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from transforms.dataset_format import LOCK_FILE
-from transforms.lock import LockHeld, acquire_lock, holder_record, read_lock, release_lock, update_lock
+from transforms.base.dataset_format import LOCK_FILE
+from transforms.output.lock import LockHeld, acquire_lock, holder_record, read_lock, release_lock, update_lock
 
 
 @pytest.fixture(params=["local", "gcs"])

@@ -21,11 +21,11 @@ import tempfile
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.launcher import run
-from pipeline.output import prepare_output
-from pipeline.readers import verify
+from pipeline.output_folder import prepare_output
 from pipeline.sample_data import generate_dataset
 from tests.conftest import FAST, REPO, convert
 from tests.test_cli_errors import full_disk_line
@@ -39,7 +39,7 @@ from tests.test_crash_safety import (
     write_files,
 )
 from tests.test_hostile_listing import bounded_cli, error_line
-from transforms.dataset_format import DESCRIPTION_FILES, ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR
+from transforms.base.dataset_format import DESCRIPTION_FILES, ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR
 
 DEAD_RUN = "20261129-230000-89abcdef"  # an interrupted run's folder in .image-tfrecords-tmp/
 # A folder outside --output_dir: nothing in it may ever change.
@@ -216,10 +216,10 @@ def test_a_mount_point_among_the_leftovers_is_refused_and_kept(tmp_path, monkeyp
 def test_a_temporary_folder_swapped_for_a_link_during_the_run_is_refused_when_publishing(small_tree, tmp_path,
                                                                                         monkeypatch, capsys):
     """The last step checks again: a link planted while the job ran is not published through."""
-    import transforms.describe
+    import transforms.output.describe
 
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
-    publish = transforms.describe.publish_dataset
+    publish = transforms.output.describe.publish_dataset
     swapped = {}
 
     def swap_then_publish(*args, **kwargs):
@@ -228,7 +228,7 @@ def test_a_temporary_folder_swapped_for_a_link_during_the_run_is_refused_when_pu
         swapped["before"] = snapshot(elsewhere)
         return publish(*args, **kwargs)
 
-    monkeypatch.setattr(transforms.describe, "publish_dataset", swap_then_publish)
+    monkeypatch.setattr(transforms.output.describe, "publish_dataset", swap_then_publish)
     code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--image_size=16", "--quiet", *FAST])
 
     assert code == 2
@@ -391,7 +391,7 @@ def test_a_kill_inside_the_window_is_finished_by_the_next_run(small_tree, tmp_pa
 def test_on_gcs_publishing_replaces_only_the_listed_files_and_a_stopped_one_is_finished(gcs_emulator, monkeypatch):
     """On gs:// (the emulator): the old dataset's listed files go, a lookalike stays; stopped just before the
     marker, the plan left behind is found and carried out."""
-    from transforms import outputs
+    from transforms.output import outputs
 
     bucket = "publish-window"
     gcs_emulator.create_bucket(bucket)

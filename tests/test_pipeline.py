@@ -11,9 +11,9 @@ from PIL import Image
 
 from tests.conftest import convert
 from tests.datasets import read_records, write_tiny_tree
-from transforms.examples import Example
-from transforms.layout import hash_split
-from transforms.tfrecord import iter_records
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
+from transforms.labels.layout import hash_split
 
 
 def test_every_image_becomes_one_record_with_its_folder_label(sample_tree, sample_output):

@@ -1,4 +1,4 @@
-"""transforms.pool: helper threads, input order, the time limit per image and stuck conversions."""
+"""transforms.images.pool: helper threads, input order, the time limit per image and stuck conversions."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import time
 import pytest
 
 from tests import image_cases as cases
-from transforms import imaging
-from transforms.convert import convert_in_order, read_and_convert
-from transforms.examples import Example
-from transforms.imaging import ImageRejected, ImageSettings
-from transforms.pool import ConversionPool, time_limit
-from transforms.records import ImageRef
+from transforms.base.examples import Example
+from transforms.base.records import ImageRef
+from transforms.images import imaging
+from transforms.images.convert import convert_in_order, read_and_convert
+from transforms.images.imaging import ImageRejected, ImageSettings
+from transforms.images.pool import ConversionPool, time_limit
 
 QUADRANTS = cases.quadrants(64, 48)
 

@@ -33,7 +33,7 @@ def written(sample_output, tmp_path_factory):
 @pytest.fixture(scope="module")
 def records(sample_output):
     """Every train record, decoded independently of the preview code: source_path -> (label, class, pixels)."""
-    from pipeline.readers import reader
+    from pipeline import reader
 
     by_path = {}
     for ex in reader.make_dataset(str(sample_output), "train", batch_size=None):
@@ -54,7 +54,7 @@ def test_cli_writes_png_files_quietly(written):
 
 
 def test_every_tile_shows_its_record_and_its_label(written, records, sample_output):
-    from pipeline.readers.preview import caption_image, caption_text, fit_tile, make_contact_sheet
+    from pipeline.preview import caption_image, caption_text, fit_tile, make_contact_sheet
 
     _, out = written
     names = (sample_output / "labels.txt").read_text().splitlines()
@@ -84,7 +84,7 @@ def test_every_tile_shows_its_record_and_its_label(written, records, sample_outp
 
 
 def test_rows_end_early_when_a_class_has_fewer_images(sample_output):
-    from pipeline.readers.preview import make_contact_sheet
+    from pipeline.preview import make_contact_sheet
 
     info = json.loads((sample_output / "image_tfrecords.json").read_text())
     counts = info["splits"]["validation"]["class_counts"]
@@ -95,7 +95,7 @@ def test_rows_end_early_when_a_class_has_fewer_images(sample_output):
 
 
 def test_class_chart_bars_are_the_class_counts(sample_output):
-    from pipeline.readers.preview import class_chart
+    from pipeline.preview import class_chart
 
     info = json.loads((sample_output / "image_tfrecords.json").read_text())
     ax = class_chart(info).axes[0]
@@ -106,7 +106,7 @@ def test_class_chart_bars_are_the_class_counts(sample_output):
 
 
 def test_refuses_a_folder_that_is_not_a_dataset(tmp_path, capsys):
-    from pipeline.readers.preview import run
+    from pipeline.preview import run
 
     (tmp_path / "train-00000-of-00001.tfrecord").write_bytes(b"")
     code = main_of(run, [str(tmp_path), f"--contact_sheet={tmp_path / 'sheet.png'}"])
@@ -124,7 +124,7 @@ def test_refuses_a_folder_that_is_not_a_dataset(tmp_path, capsys):
     (["--contact_sheet=s.png", "--split=test"], "has no 'test' split; it has: train, validation"),
 ])
 def test_bad_arguments_are_one_line_errors(sample_output, tmp_path, capsys, monkeypatch, args, message):
-    from pipeline.readers.preview import run
+    from pipeline.preview import run
 
     monkeypatch.chdir(tmp_path)
     assert main_of(run, [str(sample_output), *args]) == 2
@@ -133,7 +133,7 @@ def test_bad_arguments_are_one_line_errors(sample_output, tmp_path, capsys, monk
 
 
 def test_a_short_scan_shows_what_it_found_and_says_so(sample_output, caplog):
-    from pipeline.readers.preview import make_contact_sheet
+    from pipeline.preview import make_contact_sheet
 
     _, tiles = make_contact_sheet(str(sample_output), "train", PER_CLASS, 32, max_records=5)
     assert tiles and all(t.record_index < 5 for t in tiles)  # only the first five records were read

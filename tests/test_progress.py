@@ -28,7 +28,7 @@ from pipeline.local.progress import (
     progress_line,
 )
 from tests.conftest import REPO
-from transforms import counters
+from transforms.base import counters
 
 IMAGES = 240  # small images: the conversion takes a few seconds on 2 cores, so the display refreshes
 
@@ -50,10 +50,10 @@ def test_processed_images_sums_converted_and_rejected_counters_of_our_namespace(
 
 
 def test_the_counters_the_transforms_name_are_the_ones_the_progress_display_counts():
-    # One set of names (transforms/counters.py) for the steps that count and the display that adds up.
-    from transforms.duplicates import DUPLICATE
-    from transforms.layout import GROUP_BY_TIMEOUT
-    from transforms.metadata import METADATA_MISSING
+    # One set of names (transforms/base/counters.py) for the steps that count and the display that adds up.
+    from transforms.inputs.duplicates import DUPLICATE
+    from transforms.inputs.metadata import METADATA_MISSING
+    from transforms.labels.layout import GROUP_BY_TIMEOUT
 
     reasons = [DUPLICATE, GROUP_BY_TIMEOUT, METADATA_MISSING, "truncated"]
     infos = [_counter(counters.CONVERTED, 5), *(_counter(counters.rejected(r), 1) for r in reasons),

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from tests.fault_proxy import COPY, DELETE, LIST, METADATA, FaultProxy
-from transforms import outputs
-from transforms.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
+from transforms.output import outputs
 
 RUN = "20261202-010000-0a1b2c3d"
 OLD_SHARDS = 3
@@ -84,7 +84,7 @@ def test_a_publish_that_fails_halfway_is_finished_by_the_next_run_never_undone(g
     shards have their names. The next run into the folder finishes the publishing from the plan; it never takes
     the half-published shards for an interrupted run's leftovers, which would leave neither dataset."""
     from pipeline.errors import UserError
-    from pipeline.output import prepare_output
+    from pipeline.output_folder import prepare_output
     from tests.test_crash_safety import settings_for
 
     bucket = gcs_emulator.create_bucket(f"publish-halfway{runs_again[-3:]}")

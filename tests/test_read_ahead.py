@@ -1,5 +1,5 @@
 """Reads that never idle a worker: more helpers read than convert, as many as the read latency asks for, within
-the memory budget (transforms/convert.py ReadPacing, read_room; memory.hold_for_read; pool.core_slot)."""
+the memory budget (transforms/images/convert.py ReadPacing, read_room; memory.hold_for_read; pool.core_slot)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import types
 import pytest
 
 from tests import image_cases as cases
-from transforms import convert, imaging, memory
-from transforms.convert import ReadPacing, collect_in_order, read_room, start_conversions
-from transforms.imaging import ImageSettings
-from transforms.pool import ConversionPool, Job, core_slot
-from transforms.records import ImageRef
+from transforms.base import memory
+from transforms.base.records import ImageRef
+from transforms.images import convert, imaging
+from transforms.images.convert import ReadPacing, collect_in_order, read_room, start_conversions
+from transforms.images.imaging import ImageSettings
+from transforms.images.pool import ConversionPool, Job, core_slot
 
 
 def test_pacing_follows_the_read_latency_not_the_core_count():

@@ -18,12 +18,12 @@ import sys
 
 import pytest
 
+from pipeline import verify
 from pipeline.cli import main_of
-from pipeline.readers import verify
 from tests.conftest import REPO, convert
 from tests.datasets import read_records, write_tiny_tree
-from transforms import resume, write
-from transforms.dataset_format import TEMP_DIR
+from transforms.base.dataset_format import TEMP_DIR
+from transforms.output import resume, write
 
 CLASSES = {"cat": 12, "dog": 12, "fox": 12, "owl": 12}  # 48 images
 OPTIONS = ["--num_shards=train=6,validation=2", "--image_size=16", "--index_files"]
@@ -332,8 +332,8 @@ def test_a_failed_dataflow_job_is_resumed_by_the_next_launch(gcs_emulator, dataf
     assert int(line["n"]) >= 2 and int(line["n"]) + int(line["m"]) == 12
     info = assert_complete_dataset(gcs_emulator, output)  # nothing of either run is left
     assert info["resumed"]["images"] == int(line["n"])
-    from transforms.examples import Example
-    from transforms.tfrecord import iter_records
+    from transforms.base.examples import Example
+    from transforms.base.tfrecord import iter_records
 
     paths = {}  # every record read back: its path once, with its source's SHA-256
     for split in info["splits"].values():

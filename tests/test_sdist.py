@@ -79,7 +79,7 @@ def test_the_sdist_holds_every_module_and_file_of_the_packages(sdist):
         names = {name.removeprefix(root + "/") for name in tar.getnames()}
     missing = sorted(checkout_files() - names)
     assert not missing, f"left out of the source distribution (setup.py packages / MANIFEST.in): {missing}"
-    assert {"setup.py", "pipeline/command.py", "pipeline/readers/verify.py", "transforms/write.py"} <= names
+    assert {"setup.py", "pipeline/command.py", "pipeline/verify.py", "transforms/output/write.py"} <= names
     assert not {n for n in names if n.startswith(("tests/", "benchmarks/", "docs/", "dataflow/"))}
 
 
@@ -133,7 +133,7 @@ def test_the_installed_package_requirements_are_met_and_the_images_import_line_r
     script = """if True:
         from importlib.metadata import PackageNotFoundError, requires, version
         from packaging.requirements import Requirement
-        import pipeline.launcher, transforms.convert
+        import pipeline.launcher, transforms.images.convert
         unmet = []
         for requirement in map(Requirement, requires("image-tfrecords")):
             if requirement.marker and not requirement.marker.evaluate({"extra": ""}):

@@ -11,12 +11,12 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from tests.test_chunks import _outcomes
-from transforms.convert import Converted
-from transforms.describe import DescribeDataset
-from transforms.outputs import INFO_FILE, ShardSizeMismatch, publish_dataset, shards_dir
-from transforms.records import ImageRef, Rejection
-from transforms.tfrecord import iter_records
-from transforms.write import REJECTED, WRITTEN, ChunkKey, ShardInfo, _AssembleShard, write_piece
+from transforms.base.records import ImageRef, Rejection
+from transforms.base.tfrecord import iter_records
+from transforms.images.convert import Converted
+from transforms.output.describe import DescribeDataset
+from transforms.output.outputs import INFO_FILE, ShardSizeMismatch, publish_dataset, shards_dir
+from transforms.output.write import REJECTED, WRITTEN, ChunkKey, ShardInfo, _AssembleShard, write_piece
 
 RUN = "run1"
 KEY = ChunkKey("train", 0, 1, 0, 1)
@@ -89,12 +89,12 @@ def test_a_shard_file_of_another_size_than_its_shard_info_publishes_nothing(tmp_
 @pytest.mark.timeout(300)
 def test_a_run_whose_shard_writer_misreports_a_size_stops_with_one_line_and_keeps_the_old_dataset(tmp_path,
                                                                                                   monkeypatch):
+    from pipeline import verify
     from pipeline.errors import UserError
     from pipeline.launcher import run
-    from pipeline.readers import verify
     from pipeline.sample_data import generate_dataset
     from tests.conftest import FAST, convert
-    from transforms import write
+    from transforms.output import write
 
     generate_dataset(str(tmp_path / "in"), images_per_class=4, seed=3, min_side=32, max_side=48)
     out = tmp_path / "out"

@@ -65,7 +65,7 @@ def test_the_local_graph_has_few_steps_each_a_stage_round_trip_or_a_dofn_to_insp
     urns = [t.spec.urn for t in leaves]
     # 34 ParDos, 11 GroupByKeys and 2 Impulses, and the sources list that --if_exists=append reads (issue 32),
     # written by Beam's WriteToText: 9 ParDos, a GroupByKey and an Impulse of its own; and one ParDo that tallies
-    # the chunks resumed from an interrupted run (transforms/resume.py)
+    # the chunks resumed from an interrupted run (transforms/output/resume.py)
     sources = [t.spec.urn for t in leaves if t.unique_name.startswith("WriteSources/")]
     assert (sources.count(common_urns.primitives.PAR_DO.urn), sources.count(common_urns.primitives.GROUP_BY_KEY.urn),
             sources.count(common_urns.primitives.IMPULSE.urn)) == (9, 1, 1)

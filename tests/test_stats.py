@@ -13,8 +13,9 @@ from PIL import Image
 
 from pipeline.report import format_summary, human_bytes
 from tests.conftest import cli, convert
-from transforms.examples import Example
-from transforms.stats import (
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
+from transforms.images.stats import (
     SIZE_EDGES,
     ImageStats,
     SplitStats,
@@ -25,7 +26,6 @@ from transforms.stats import (
     quantile_side,
     suggest_image_size,
 )
-from transforms.tfrecord import iter_records
 
 RED, BLUE, GREEN = (255, 0, 0), (0, 128, 255), (10, 200, 30)
 

@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.sample_data import generate_dataset
 from tests.conftest import convert, doc_example
 from tests.datasets import write_tiny_tree
-from transforms import tfds_metadata
+from transforms.output import tfds_metadata
 
 SIZE = 16
 CONVERTED_WITH = (f"--image_size={SIZE}", "--validation_split=0.25", "--num_shards=2")
@@ -283,7 +283,7 @@ def test_a_folder_of_format_version_1_is_read_verified_and_replaced(converted, t
     assert json.loads((old / "dataset_info.json").read_text())["format_version"] == 1
     # --if_exists=skip accepts it when made with the same options, and says what it lacks.
     from pipeline.options import validate
-    from pipeline.output import existing_dataset
+    from pipeline.output_folder import existing_dataset
 
     settings = validate(PipelineOptions([f"--input_dir={info['options']['input_dir']}", f"--output_dir={old}",
                                          "--if_exists=skip", *CONVERTED_WITH]))
@@ -327,7 +327,7 @@ def test_the_description_step_needs_no_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, transforms.describe, transforms.tfds_metadata, transforms.outputs; "
+    code = ("import sys, transforms.output.describe, transforms.output.tfds_metadata, transforms.output.outputs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -370,8 +370,8 @@ def test_array_record_shards_load_as_a_tfds_data_source(converted, tmp_path):
     from array_record.python.array_record_module import ArrayRecordWriter
     from PIL import Image as PILImage
 
-    from transforms.examples import Example
-    from transforms.tfrecord import iter_records
+    from transforms.base.examples import Example
+    from transforms.base.tfrecord import iter_records
 
     _, out = converted
     info = _info(out)

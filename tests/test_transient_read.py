@@ -21,9 +21,9 @@ from pipeline import estimate
 from tests.conftest import cli, convert
 from tests.fault_proxy import RESET, FaultProxy
 from tests.gcs_fixtures import NO_AUTH
-from transforms import transient
-from transforms.tfrecord import iter_records
-from transforms.transient import RETRY_BASE_ENV, TransientReadError, is_transient, with_retries
+from transforms.base import transient
+from transforms.base.tfrecord import iter_records
+from transforms.base.transient import RETRY_BASE_ENV, TransientReadError, is_transient, with_retries
 
 BUCKET = "transient-e2e"
 FAST_BACKOFF = "0.01"  # seconds: the first wait's bound in these tests
@@ -248,8 +248,8 @@ def test_retries_end_before_the_images_deadline(monkeypatch):
 @pytest.mark.timeout(30)
 def test_a_local_read_on_a_flaky_network_mount_is_retried(tmp_path, monkeypatch, small_tree):
     """A network file system's ETIMEDOUT or ECONNRESET is retried too; a vanished file stays a rejection."""
-    from transforms import convert as convert_module
-    from transforms.imaging import ImageRejected, ImageSettings
+    from transforms.images import convert as convert_module
+    from transforms.images.imaging import ImageRejected, ImageSettings
 
     monkeypatch.setenv(RETRY_BASE_ENV, FAST_BACKOFF)
     root, names = small_tree

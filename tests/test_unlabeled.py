@@ -18,12 +18,12 @@ from pipeline.errors import UserError
 from tests.conftest import cli, convert, doc_example
 from tests.test_formats import count_data_items
 from tests.test_pipeline import write_tiny_tree
-from transforms.dataset_format import SCHEMAS, record_fields
-from transforms.examples import Example, build_example
-from transforms.labels import DUPLICATE_ID, REJECTED, UNLABELED, AssignLabels, UniqueIds
-from transforms.layout import IN_A_SUBFOLDER, Placement, place
-from transforms.records import FileRef
-from transforms.tfrecord import frame_record, iter_records
+from transforms.base.dataset_format import SCHEMAS, record_fields
+from transforms.base.examples import Example, build_example
+from transforms.base.records import FileRef
+from transforms.base.tfrecord import frame_record, iter_records
+from transforms.labels.assign import DUPLICATE_ID, REJECTED, UNLABELED, AssignLabels, UniqueIds
+from transforms.labels.layout import IN_A_SUBFOLDER, Placement, place
 
 SIZE = 16
 IDS = [f"img_{i:02d}" for i in range(7)]
@@ -127,7 +127,7 @@ def test_an_unlabeled_folder_converts_into_one_test_split_with_an_id_per_record(
 
 
 def test_the_reader_gives_dicts_with_the_id_and_supervised_image_id_pairs(unlabeled):
-    from pipeline.readers import reader
+    from pipeline import reader
 
     _, out = unlabeled
     rows = list(reader.make_dataset(str(out), "test", batch_size=None).as_numpy_iterator())
@@ -162,7 +162,7 @@ def test_verify_fails_on_a_damaged_unlabeled_shard(unlabeled, tmp_path):
 
 def test_verify_catches_an_id_that_is_not_its_files_name(tmp_path):
     """A record whose id and source_path disagree (damage a checksum cannot see: a rewritten record)."""
-    from pipeline.readers.verify import _RecordChecker
+    from pipeline.verify import _RecordChecker
 
     info = {"schema": "default", "unlabeled": True, "image": {"format": "jpeg"}, "class_names": []}
     checker = _RecordChecker(info, [], decode=False)
@@ -180,7 +180,7 @@ def test_verify_catches_an_id_that_is_not_its_files_name(tmp_path):
 
 
 def test_preview_shows_ids_instead_of_labels(unlabeled, tmp_path):
-    from pipeline.readers.preview import make_contact_sheet
+    from pipeline.preview import make_contact_sheet
 
     _, out = unlabeled
     sheet, tiles = make_contact_sheet(str(out), per_class=4, tile_size=32)

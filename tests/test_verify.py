@@ -17,17 +17,17 @@ import struct
 import pytest
 from PIL import Image, PngImagePlugin
 
+from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import DatasetError
-from pipeline.readers import verify
 from tests.conftest import convert
-from transforms.dataset_format import FORMAT_VERSION
-from transforms.describe import DatasetIncomplete, _WriteInfo
-from transforms.examples import build_example, feature_description
-from transforms.layout import hash_split
-from transforms.records import Rejection
-from transforms.tfrecord import masked_crc
-from transforms.write import ShardInfo
+from transforms.base.dataset_format import FORMAT_VERSION
+from transforms.base.examples import build_example, feature_description
+from transforms.base.records import Rejection
+from transforms.base.tfrecord import masked_crc
+from transforms.labels.layout import hash_split
+from transforms.output.describe import DatasetIncomplete, _WriteInfo
+from transforms.output.write import ShardInfo
 
 GOOD_PER_CLASS = 8
 CLASSES = ("cat", "dog", "fox")
@@ -138,7 +138,7 @@ def test_a_folder_without_dataset_info_is_refused(mixed, tmp_path, capsys):
     assert main_of(verify.run, [str(tmp_path / "partial")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "has no image_tfrecords.json" in err[0]
-    from pipeline.readers import reader
+    from pipeline import reader
 
     with pytest.raises(DatasetError, match="not a complete dataset"):
         reader.load_info(str(tmp_path / "partial"))

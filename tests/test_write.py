@@ -13,12 +13,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
-from transforms.examples import Example
-from transforms.imaging import ImageSettings
-from transforms.records import ImageRef
-from transforms.sharding import BUCKETS, AssignShards, ShardKey, ShardSizing, bucket_of, lay_out, rank_order
-from transforms.tfrecord import frame_record, iter_records, masked_crc, record_offsets
-from transforms.write import ShardInfo, WriteShards, index_name, index_text
+from transforms.base.examples import Example
+from transforms.base.records import ImageRef
+from transforms.base.tfrecord import frame_record, iter_records, masked_crc, record_offsets
+from transforms.images.imaging import ImageSettings
+from transforms.labels.sharding import BUCKETS, AssignShards, ShardKey, ShardSizing, bucket_of, lay_out, rank_order
+from transforms.output.write import ShardInfo, WriteShards, index_name, index_text
 
 
 def frame(data: bytes) -> bytes:

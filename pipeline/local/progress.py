@@ -4,7 +4,7 @@ The local runner is Beam's FnApiRunner, which lives in the launcher process and
 drives worker subprocesses over the Fn API control plane. It already asks each
 running bundle for its progress every `progress_request_frequency` seconds, and
 the workers answer with the bundle's metrics so far, user counters included
-(`images_converted`, `rejected_<reason>` of transforms/convert.py). The runner
+(`images_converted`, `rejected_<reason>` of transforms/images/convert.py). The runner
 only throws those answers away: `BundleManager` builds its `ProgressRequester`
 without the callback the class supports. `observe_bundles()` supplies that
 callback, and reads each finished bundle's final counters, for the duration of
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator
 from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-from transforms import counters
-from transforms.counters import NAMESPACE
+from transforms.base import counters
+from transforms.base.counters import NAMESPACE
 
 _LOG = logging.getLogger("pipeline.progress")
 

@@ -24,9 +24,9 @@ from pipeline.local.progress import REQUEST_SECONDS, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
-from transforms.outputs import ShardSizeMismatch, UnsafePath, completion_marker, interrupted_publish
-from transforms.rows import TruncatedFile
-from transforms.transient import TransientReadError
+from transforms.base.transient import TransientReadError
+from transforms.inputs.rows import TruncatedFile
+from transforms.output.outputs import ShardSizeMismatch, UnsafePath, completion_marker, interrupted_publish
 
 LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
 
@@ -139,7 +139,7 @@ def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None
     return "a worker process died"
 
 
-# transforms.outputs.ShardSizeMismatch's message, as the text of a worker's traceback shows it.
+# transforms.output.outputs.ShardSizeMismatch's message, as the text of a worker's traceback shows it.
 _SHARD_SIZE = re.compile(r"ShardSizeMismatch: (the shard file .+? run the same command again)")
 # The message up to the end of its line (a literal "\n" when the traceback arrives as a repr).
 _TRANSIENT_READ = re.compile(
@@ -162,7 +162,7 @@ def _reported(error: BaseException, kind: type, pattern: re.Pattern) -> str | No
 
 
 def transient_read_failed(error: BaseException) -> str | None:
-    """What `transforms.transient.TransientReadError` said, if `error` is or reports one, else None."""
+    """What `transforms.base.transient.TransientReadError` said, if `error` is or reports one, else None."""
     return _reported(error, TransientReadError, _TRANSIENT_READ)
 
 
@@ -170,12 +170,12 @@ _TRUNCATED = re.compile(r"TruncatedFile: (.+? (?:is damaged|ends before).*?)(?:\
 
 
 def truncated_file(error: BaseException) -> str | None:
-    """What `transforms.rows.TruncatedFile` said (a compressed manifest or metadata file cut short or damaged),
+    """What `transforms.inputs.rows.TruncatedFile` said (a compressed manifest or metadata file cut short or damaged),
     if `error` is or reports one, else None."""
     return _reported(error, TruncatedFile, _TRUNCATED)
 
 
-# transforms.outputs.UnsafePath's message, as the text of a worker's traceback shows it.
+# transforms.output.outputs.UnsafePath's message, as the text of a worker's traceback shows it.
 _UNSAFE_PATH = re.compile(r"UnsafePath: (.+? and run again)")
 
 

@@ -38,9 +38,9 @@ from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 from google.protobuf import json_format, text_format
 
-import transforms.convert  # noqa: F401  (the conversion's modules: loaded before a worker is forked)
-import transforms.describe  # noqa: F401
-import transforms.write  # noqa: F401
+import transforms.images.convert  # noqa: F401  (the conversion's modules: loaded before a worker is forked)
+import transforms.output.describe  # noqa: F401
+import transforms.output.write  # noqa: F401
 
 # Beam's EXTERNAL environment, except that workers reach the runner at localhost (see
 # _LocalExternalWorkerHandler).

@@ -6,7 +6,7 @@
     benchmark     python -m pipeline.benchmark DATASET: how fast it feeds an accelerator
                   (with bench_input, bench_report and strategy)
 
-image_tfrecords.json is read by one loader, transforms.dataset_format.load_description
+image_tfrecords.json is read by one loader, transforms.base.dataset_format.load_description
 (`reader.load_info` here), with plain files, google-cloud-storage or tf.io.gfile.
 Nothing here imports Apache Beam, nor the converter's launcher, graph, planning,
 output preparation or local runner (tests/test_architecture.py).

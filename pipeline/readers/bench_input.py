@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from pipeline import reader
 from pipeline.errors import DatasetError, UserError
-from pipeline.readers import reader
 from pipeline.readers.bench_report import StageResult
-from transforms.dataset_format import INFO_FILE, TFRECORD
-from transforms.paths import TF_IMAGE_EXTENSIONS
+from transforms.base.dataset_format import INFO_FILE, TFRECORD
+from transforms.base.paths import TF_IMAGE_EXTENSIONS
 
 AUTOTUNE = tf.data.AUTOTUNE
 DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "uint8": tf.uint8}
@@ -341,7 +341,7 @@ def tf_message(error: tf.errors.OpError) -> str:
 
 def find_corrupt_record(files: list[str]) -> tuple[str, str] | None:
     """The first (file, problem) whose TFRecord framing or checksums are broken, checked without TensorFlow."""
-    from transforms.tfrecord import CorruptRecord, iter_records
+    from transforms.base.tfrecord import CorruptRecord, iter_records
 
     for path in files:
         try:

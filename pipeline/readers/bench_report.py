@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.paths import is_local, write_bytes
+from transforms.base.paths import is_local, write_bytes
 
 MB = 1_000_000
 

@@ -10,7 +10,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from transforms.manifest import ReadManifest
+from transforms.inputs.manifest import ReadManifest
 
 path, rows = sys.argv[1], int(sys.argv[2])
 opts = PipelineOptions(["--direct_running_mode=in_memory", "--direct_num_workers=1"])

@@ -1,0 +1,362 @@
+"""ListImages: every entry under the input folder, local or gs://, as a candidate file or a reported problem.
+
+Local folders are walked here (os.scandir, lstat/stat), not through Beam's
+glob: a glob drops what it cannot follow (dangling and looping symlinks,
+unreadable folders) without a word, and reads '[', ']', '*' and '?' in the
+folder's own name as patterns. The walk reports every entry it cannot use as
+an `Entry` with a problem, which becomes a line of errors.jsonl.
+
+Symlink policy: a symlink whose target is inside the input folder is followed
+(a link to a folder lists that folder's files under the link's name); one whose
+target is outside it is reported as `symlink_outside_input` unless
+`follow_symlinks` is set. A link back to a folder on its own path is a
+`symlink_loop`, one to nothing a `dangling_symlink`.
+
+gs:// has no symlinks or special files: there the listing is the bucket's
+own, page by page (no glob, so a folder's own glob characters mean nothing).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.gcp import gcsio
+from apache_beam.transforms.window import GlobalWindows
+
+from transforms.base import counters, gcs
+from transforms.base.paths import file_kind, is_local, relative_path
+from transforms.base.records import FileRef, Rejection
+from transforms.inputs.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
+from transforms.labels.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, skip_reason
+
+SKIPPED = "skipped"
+FOUND = "found"
+FOLDERS = "folders"
+PARTS = "parts"
+SMALL_FOLDER_PAGES = 10  # a gs:// class folder listed whole by its worker when it ends within these pages
+
+# Reasons of entries the listing cannot use (stage 'rejected': the user meant them as input, probably).
+SYMLINK_LOOP = "symlink_loop"
+DANGLING_SYMLINK = "dangling_symlink"
+SYMLINK_OUTSIDE_INPUT = "symlink_outside_input"
+UNREADABLE_FOLDER = "unreadable_folder"
+UNREADABLE_ENTRY = "unreadable_entry"
+NOT_A_REGULAR_FILE = "not_a_regular_file"
+
+
+class Entry(NamedTuple):
+    """One entry under the input folder: a regular file (problem None) or one that cannot be used."""
+
+    path: str  # full path or URL; a local name that is not UTF-8 keeps its bytes as surrogates (os.fsdecode)
+    size: int  # bytes; 0 for a problem
+    problem: str | None = None  # reason, e.g. 'dangling_symlink'
+    detail: str = ""
+    is_folder: bool | None = None  # for a problem: True, False, or None when unknown (a dangling link)
+
+    @property
+    def size_in_bytes(self) -> int:  # the name Beam's FileMetadata uses, which list_files once returned
+        return self.size
+
+
+def gcs_client(path: str):
+    """The process's one GCS client (`transforms.base.gcs`), for `path`'s reads, listings and writes.
+
+    One client for every image, not one per call as Beam's file system makes: a new client would open a new
+    connection (and TLS session) and fetch the bucket's metadata each time.
+    """
+    return gcs.client()
+
+
+def _kind(mode: int) -> str | None:
+    """None for what the listing walks or lists (files and folders), else what the entry is."""
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else file_kind(mode)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset,
+                subfolders: list) -> Iterator[Entry]:
+    """The entries of one folder, sorted by name; folders to enter go to `subfolders` as (path, ancestors)."""
+    try:
+        with os.scandir(folder) as listing:
+            names = sorted(entry.name for entry in listing)  # one folder's names at a time
+    except OSError as e:
+        yield Entry(folder, 0, UNREADABLE_FOLDER, f"the folder cannot be listed: {e.strerror or e}", True)
+        return
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError as e:
+            yield Entry(path, 0, UNREADABLE_ENTRY, f"cannot be examined: {e.strerror or e}")
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                target = os.path.realpath(path, strict=True)
+                info = os.stat(path)
+            except FileNotFoundError:
+                yield Entry(path, 0, DANGLING_SYMLINK, f"symlink to {os.readlink(path)!r}, which does not exist")
+                continue
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    yield Entry(path, 0, SYMLINK_LOOP, "a chain of symlinks that never ends (a link to itself)")
+                else:
+                    yield Entry(path, 0, UNREADABLE_ENTRY, f"symlink that cannot be followed: {e.strerror or e}")
+                continue
+            if not follow_symlinks and not _inside(target, root):
+                yield Entry(path, 0, SYMLINK_OUTSIDE_INPUT,
+                            f"symlink to {target}, outside the input folder; pass --follow_symlinks to read it",
+                            stat.S_ISDIR(info.st_mode))
+                continue
+        if stat.S_ISDIR(info.st_mode):
+            identity = (info.st_dev, info.st_ino)
+            if identity in ancestors:
+                yield Entry(path, 0, SYMLINK_LOOP, "leads back to a folder that contains it", True)
+            else:
+                subfolders.append((path, ancestors | {identity}))
+            continue
+        kind = _kind(info.st_mode)
+        if kind is not None:
+            yield Entry(path, 0, NOT_A_REGULAR_FILE, f"{kind}, not a regular file", False)
+            continue
+        yield Entry(path, info.st_size)
+
+
+class Folder(NamedTuple):
+    """A folder whose whole tree one worker lists: its path and, for a local one, the (st_dev, st_ino) of the
+    folders on its path, which find a symlink loop."""
+
+    path: str
+    ancestors: frozenset = frozenset()
+
+
+def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None) -> Iterator[Entry | Folder]:
+    """Entries below the (folder, ancestors, depth) items of `stack`, depth first; the folders at `stop_depth`
+    are yielded as a `Folder` instead of being entered.
+
+    A loop, however it is made (symlinks, bind mounts), is found by the (st_dev, st_ino) of the folders on
+    the current path. The walk keeps its own stack, so any depth of nesting works.
+    """
+    while stack:
+        folder, ancestors, depth = stack.pop()
+        subfolders: list = []
+        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders)
+        if stop_depth is not None and depth + 1 >= stop_depth:
+            yield from (Folder(path, inside) for path, inside in subfolders)
+        else:
+            stack.extend((path, inside, depth + 1) for path, inside in reversed(subfolders))
+
+
+def _local_start(input_dir: str) -> tuple[str, list]:
+    os.scandir(input_dir).close()  # the input folder itself: an error here is the caller's to report
+    info = os.stat(input_dir)
+    return os.path.realpath(input_dir), [(input_dir, frozenset({(info.st_dev, info.st_ino)}), 0)]
+
+
+def _gcs_prefix(folder: str) -> tuple[str, str]:
+    bucket, prefix = gcsio.parse_gcs_path(folder, object_optional=True)
+    return bucket, (prefix.rstrip("/") + "/") if prefix else ""
+
+
+def gcs_list(folder: str, folders_too: bool = False, page_size: int | None = None) -> Iterator[Entry | Folder]:
+    """The objects below the gs:// `folder`, streamed page by page (never all in memory).
+
+    With `folders_too`, only one level: its objects, then its subfolders as `Folder`
+    (the listing's prefixes). Folder placeholder objects (names ending in '/') are not files.
+    `page_size` asks for smaller pages than the service's 1,000, for a caller that stops early.
+    """
+    bucket, prefix = _gcs_prefix(folder)
+    pages = gcs_client(folder).list_blobs(bucket, prefix=prefix, delimiter="/" if folders_too else None,
+                                          page_size=page_size)
+    for blob in pages:
+        if not blob.name.endswith("/"):
+            yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+    if folders_too:
+        yield from (Folder(f"gs://{bucket}/{name}".rstrip("/")) for name in sorted(pages.prefixes))
+
+
+def list_top(input_dir: str, follow_symlinks: bool, depth: int, below: Folder | None = None
+             ) -> Iterator[Entry | Folder]:
+    """The entries of `input_dir` (or of `below`, a folder in it) down to `depth` levels, and the folders at
+    that depth as `Folder`.
+
+    Depth 1 stops at the class folders (<input>/<class>/), depth 2 at the class
+    folders of a split layout (<input>/<split>/<class>/); each `Folder` is then
+    listed whole by `list_folder`, on any worker.
+    """
+    if is_local(input_dir):
+        root, stack = _local_start(input_dir)
+        if below is not None:
+            stack = [(below.path, below.ancestors, 0)]
+        yield from _walk(stack, root, follow_symlinks, depth)
+        return
+    level = [input_dir if below is None else below.path]
+    for current in range(depth):
+        deeper = []
+        for folder in level:
+            for item in gcs_list(folder, folders_too=True):
+                if isinstance(item, Folder) and current + 1 < depth:
+                    deeper.append(item.path)
+                else:
+                    yield item
+        level = deeper
+
+
+def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, page_size: int | None = None
+                ) -> Iterator[Entry]:
+    """Every entry below `folder` (one that `list_top` gave), streamed; `page_size` as for `gcs_list`."""
+    if is_local(folder.path):
+        yield from _walk([(folder.path, folder.ancestors, 0)], os.path.realpath(input_dir), follow_symlinks, None)
+    else:
+        yield from gcs_list(folder.path, page_size=page_size)
+
+
+def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool = False):
+    """Every entry below a class folder. A gs:// folder is listed here page by page; one that is still not
+    at its end after SMALL_FOLDER_PAGES pages is large: the rest goes, on PARTS, as the FolderParts that hold
+    it (transforms.inputs.folder_parts), for any worker to list. Planning parts costs a few dozen requests, so a
+    folder of ImageNet's size (1,300 names) takes its 2 pages and nothing else."""
+    if is_local(folder.path):
+        yield from list_folder(folder, input_dir, follow_symlinks)
+        return
+    bucket, prefix = _gcs_prefix(folder.path)
+    client = gcs_client(folder.path)
+    blobs = client.list_blobs(bucket, prefix=prefix)
+    names: list[str] = []  # the names of the last page listed here
+    for number, page in enumerate(blobs.pages, 1):
+        names = []
+        for blob in page:
+            names.append(blob.name)
+            if not blob.name.endswith("/"):
+                yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
+        if not names or blobs.next_page_token is None or number >= SMALL_FOLDER_PAGES:
+            break
+    if not names or blobs.next_page_token is None:
+        return
+
+    def names_from(within: str, start: str, count: int) -> list[str]:
+        return [b.name for b in client.list_blobs(bucket, prefix=within, start_offset=start, max_results=count)]
+
+    largest = largest_name_start(names_from, prefix, names[-1][len(prefix):], WIDTH)
+    for part in plan_parts(bucket, prefix, names, largest, names_from):
+        counters.inc("folder_parts")
+        yield beam.pvalue.TaggedOutput(PARTS, part)
+
+
+def list_folder_part(part: FolderPart) -> Iterator[Entry]:
+    """The entries of one part of a large gs:// class folder."""
+    for blob in list_part(gcs_client(f"gs://{part.bucket}/"), part):
+        if not blob.name.endswith("/"):
+            yield Entry(f"gs://{part.bucket}/{blob.name}", blob.size or 0)
+
+
+def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
+    """A listed entry as a candidate image (FileRef) or a Rejection: skipped by name, or a problem."""
+    relpath = relative_path(entry.path, input_dir)
+    if entry.problem is None:
+        skip = skip_reason(relpath)
+        if skip is None:
+            return FileRef(entry.path, relpath, entry.size)
+        return Rejection(relpath, "skipped", *skip)
+    skip = hidden_reason(relpath)
+    if skip is None and entry.is_folder is False:
+        skip = skip_reason(relpath)
+        if skip is not None and skip[0] != NOT_AN_IMAGE_EXTENSION:
+            skip = None
+    if skip is not None:
+        return Rejection(relpath, "skipped", *skip)
+    return Rejection(relpath, "rejected", entry.problem, entry.detail)
+
+
+class _FilterByName(beam.DoFn):
+    """Entry -> FileRef for candidate images; others go to SKIPPED as a Rejection with a reason.
+
+    FOUND gets the number of entries seen, once per bundle.
+    """
+
+    def __init__(self, input_dir: str):
+        self._input_dir = input_dir
+        self._found = 0
+
+    def start_bundle(self):
+        self._found = 0
+
+    def finish_bundle(self):
+        if self._found:
+            yield beam.pvalue.TaggedOutput(FOUND, GlobalWindows.windowed_value(self._found))
+
+    def process(self, entry: Entry):
+        self._found += 1
+        result = classify(entry, self._input_dir)
+        if isinstance(result, Rejection):
+            counters.inc("files_skipped" if result.stage == "skipped" else "files_rejected_at_listing")
+            yield beam.pvalue.TaggedOutput(SKIPPED, result)
+            return
+        counters.inc("files_listed")
+        yield result
+
+
+class ListImages(beam.PTransform):
+    """PBegin -> FileRef for every candidate image, plus a SKIPPED output of Rejection.
+
+    SKIPPED holds the files skipped by name and the entries that cannot be used
+    (stage 'rejected'). FOUND counts every entry listed (an int per bundle): the
+    dataset description checks that each one was written, rejected or skipped.
+
+    Listing runs inside the graph, so on Dataflow it needs nothing from the
+    launcher's machine but the folder name. The input folder's top (one level,
+    or two with split folders) is listed in one place; each class folder is
+    then listed on whichever worker gets it, and a gs:// class folder longer
+    than one page is cut into parts that other workers list (FolderPart), so a
+    large input, even one huge class folder, is listed by every worker at once
+    and never held in one place.
+    """
+
+    def __init__(self, input_dir: str, follow_symlinks: bool = False, split_folders: bool = False):
+        super().__init__()
+        self._input_dir = input_dir
+        self._follow_symlinks = follow_symlinks
+        self._depth = 2 if split_folders else 1
+
+    def expand(self, pbegin):
+        top = (
+            pbegin
+            | "InputFolder" >> beam.Impulse()
+            # Entry above the class folders; Folder for each class folder, on FOLDERS
+            | "ListTop" >> beam.FlatMap(_tag_folders, self._input_dir, self._follow_symlinks, self._depth
+                                        ).with_outputs(FOLDERS, main="entries")
+        )
+        deeper = (
+            top[FOLDERS]
+            | "SpreadFolders" >> beam.Reshuffle()
+            # Entry, streamed from each class folder's walk (or its gs:// listing: the first page, and on PARTS
+            # the FolderParts of the rest of a large folder)
+            | "ListFolders" >> beam.FlatMap(list_folder_or_parts, self._input_dir, self._follow_symlinks
+                                            ).with_outputs(PARTS, main="entries")
+        )
+        entries = [top.entries, deeper.entries]
+        if not is_local(self._input_dir):  # a local class folder is walked whole: it is never cut into parts
+            entries.append(
+                deeper[PARTS]
+                | "SpreadParts" >> beam.Reshuffle()
+                # Entry of each part of a large gs:// class folder, on whichever worker gets it
+                | "ListParts" >> beam.FlatMap(list_folder_part)
+            )
+        return (
+            entries
+            | "AllEntries" >> beam.Flatten()
+            # Entry -> FileRef (images) | Rejection (skipped, or a problem entry)
+            | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, FOUND, main="images")
+        )
+
+
+def _tag_folders(_impulse, input_dir: str, follow_symlinks: bool, depth: int):
+    for item in list_top(input_dir, follow_symlinks, depth):
+        yield beam.pvalue.TaggedOutput(FOLDERS, item) if isinstance(item, Folder) else item

@@ -1,0 +1,2 @@
+"""Where each image goes: its class, split, group and shard, from its relative path alone.
+"""
