@@ -95,7 +95,10 @@ endif
 lint: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
 
+# img2dataset's Resizer is the per-core benchmark's peer: its module alone (--no-deps; see benchmarks/per_core.py).
 bench: venv
+	$(PY) -m pip show --quiet img2dataset 2>/dev/null || $(PY) -m pip install --quiet --disable-pip-version-check \
+	  --no-deps "img2dataset>=1.45,<2"
 	$(PY) -m benchmarks.convert_bench --repeat 3
 	$(PY) -m benchmarks.per_core --rounds 3
 	$(PY) -m benchmarks.parallel_bench --repeat 3

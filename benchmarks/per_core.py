@@ -10,6 +10,10 @@ images per CPU-second of that process (`time.process_time`), so other load on a
 shared machine moves it little, and the ratios are taken round by round.
   * fast: `convert_image` as the pipeline calls it (the fast core for JPEG and PNG);
   * pillow: the same with `image_backend="pillow"` (the converter before the fast core);
+  * floor: the bare libraries' work, none of this project's code: libjpeg-turbo decode (simplejpeg,
+    DCT-scaled when it shrinks), a whole-pixel centre crop (crop mode), one cv2.resize (INTER_AREA shrinking,
+    INTER_LINEAR enlarging), libjpeg-turbo encode; no checks, no statistics, no exact box. What any
+    converter on these libraries can reach per core: the ceiling of "fast / pillow";
   * img2dataset: its `Resizer` (OpenCV decode, resize and encode), center_crop to the same
     size, the same JPEG quality, `--resample` for enlarging and INTER_AREA for shrinking.
     It is loaded from its installed module file alone (`pip install --no-deps img2dataset`):
@@ -33,7 +37,7 @@ import types
 
 import numpy as np
 
-CONTENDERS = ("fast", "pillow", "img2dataset")
+CONTENDERS = ("fast", "pillow", "floor", "img2dataset")
 
 
 def generate(root: str, count: int, large: bool) -> None:
@@ -107,7 +111,32 @@ def _img2dataset_resizer(size: int, resample: str, quality: int):
     return convert
 
 
+def _floor(size: int, quality: int, crop: bool):
+    """The bare libraries' resize (after a whole-pixel centre crop with `crop`), as the module docstring says."""
+    import cv2
+    import simplejpeg
+
+    cv2.setNumThreads(1)
+
+    def convert(data: bytes) -> bytes:
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=size, min_height=size)
+        height, width = pixels.shape[:2]
+        if crop:
+            side = min(width, height)
+            top, left = (height - side) // 2, (width - side) // 2
+            pixels = pixels[top:top + side, left:left + side]
+        shrinks = pixels.shape[0] > size and pixels.shape[1] > size
+        interpolation = cv2.INTER_AREA if shrinks else cv2.INTER_LINEAR
+        resized = cv2.resize(pixels, (size, size), interpolation=interpolation)
+        return simplejpeg.encode_jpeg(resized, quality=quality, colorspace="RGB", colorsubsampling="420")
+
+    return convert
+
+
 def _converter(contender: str, size: int, resample: str, quality: int, resize_mode: str):
+    if contender == "floor":
+        return _floor(size, quality, resize_mode == "crop") if resize_mode in ("crop", "stretch") and \
+            resample == "bilinear" else None
     if contender == "img2dataset":
         return _img2dataset_resizer(size, resample, quality) if resize_mode == "crop" else None
     from transforms.images.imaging import ImageSettings, convert_image
@@ -121,7 +150,9 @@ def run_one(contender: str, files: list[str], size: int, resample: str, quality:
     """One round of one contender in this process: images per CPU-second and per wall second."""
     convert = _converter(contender, size, resample, quality, resize_mode)
     if convert is None:
-        return {"contender": contender, "skipped": "img2dataset is not installed, or no such resize mode"}
+        why = ("only for --resize_mode=crop or stretch, --resample=bilinear" if contender == "floor"
+               else "img2dataset is not installed (make bench installs it), or no such resize mode")
+        return {"contender": contender, "skipped": why}
     datas = [open(path, "rb").read() for path in files]
     convert(datas[0])  # warm-up: lazy imports and tables
     cpu, wall = time.process_time(), time.perf_counter()
@@ -182,10 +213,14 @@ def main(argv=None) -> int:
             print(f"  {contender:12s} {min(figures):7.1f} - {max(figures):7.1f} (median {median:.1f})")
         else:
             print(f"  {contender:12s} skipped: {rounds[0][contender].get('skipped')}")
-    for other in ("pillow", "img2dataset"):
+    for other in ("pillow", "floor", "img2dataset"):
         ratios = [r["fast"]["per_cpu_s"] / r[other]["per_cpu_s"] for r in rounds if "per_cpu_s" in r[other]]
         if ratios:
             print(f"  fast / {other}: {min(ratios):.2f} - {max(ratios):.2f}x, round by round")
+    ceiling = [r["floor"]["per_cpu_s"] / r["pillow"]["per_cpu_s"] for r in rounds if "per_cpu_s" in r["floor"]]
+    if ceiling:
+        print(f"  floor / pillow: {min(ceiling):.2f} - {max(ceiling):.2f}x (the most any converter on these "
+              "libraries can gain over the Pillow path per core)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -53,14 +53,16 @@ def both(data: bytes, **settings):
 SMALL = cases.jpeg(photo(300, 200, seed=1), quality=95)  # enlarged to 512 x 384
 LARGE = cases.jpeg(photo(1400, 1000, seed=2), quality=95)  # shrunk, through a DCT-scaled decode
 MIDDLE_PNG = cases.encode(photo(700, 500, seed=3), "PNG")  # shrunk without a scaled decode
+MIXED = cases.jpeg(photo(640, 480, seed=4), quality=95)  # to 512 x 512: shrunk across, enlarged down
 
 
-@pytest.mark.parametrize("source", ["enlarging", "shrinking", "shrinking_png"])
+@pytest.mark.parametrize("source", ["enlarging", "shrinking", "shrinking_png", "mixed"])
 @pytest.mark.parametrize("resample", sorted(RESAMPLE_FILTERS))
 @pytest.mark.parametrize("resize_mode", [m for m in RESIZE_MODES if m != "none"])
 def test_fast_pixels_match_pillow_within_40_db(source, resample, resize_mode):
-    data = {"enlarging": SMALL, "shrinking": LARGE, "shrinking_png": MIDDLE_PNG}[source]
-    fast, pillow = both(data, width=512, height=384 if source == "enlarging" else 256, resize_mode=resize_mode,
+    data = {"enlarging": SMALL, "shrinking": LARGE, "shrinking_png": MIDDLE_PNG, "mixed": MIXED}[source]
+    height = {"enlarging": 384, "mixed": 512}.get(source, 256)
+    fast, pillow = both(data, width=512, height=height, resize_mode=resize_mode,
                         resample=resample, image_format="png", background=(10, 200, 30))
     assert (fast.width, fast.height, fast.upscaled) == (pillow.width, pillow.height, pillow.upscaled)
     assert cases.psnr(pixels_of(fast), pixels_of(pillow)) >= 40.0
@@ -232,10 +234,25 @@ print(digest())
 """
 
 
+WIDE = cases.jpeg(photo(320, 100, seed=5), quality=95)  # to the records' 224 x 160: shrunk across, enlarged down
+
+
+@pytest.mark.parametrize("resample", sorted(RESAMPLE_FILTERS))
+def test_one_axis_shrinking_and_the_other_enlarging_is_two_separable_resizes(resample, monkeypatch):
+    # 640 x 480 to 512 x 512, a common case: the area step across, then the filter down, both by cv2.resize
+    # (separable); warpAffine, a per-pixel 2-D map at about twice the time, is not needed for it.
+    pixels = np.asarray(photo(640, 480, seed=4))
+    monkeypatch.setattr(fast_imaging.cv2, "warpAffine", lambda *a, **k: pytest.fail("warpAffine was called"))
+    out = fast_imaging.resample(pixels, (0.0, 0.0, 640.0, 480.0), (512, 512), resample)
+    assert out.shape == (512, 512, 3)
+    reference = np.asarray(Image.fromarray(pixels).resize((512, 512), RESAMPLE_FILTERS[resample]))
+    assert cases.psnr(Image.fromarray(out), Image.fromarray(reference)) >= 40.0
+
+
 def records() -> dict:
     """Each record's image bytes by (source, resize mode, filter, format): every mode and filter, shrinking
     (the photos) and enlarging (the 40 x 30 JPEGs)."""
-    sources = {"small photo": SMALL, "large photo": LARGE, "PNG photo": MIDDLE_PNG,
+    sources = {"small photo": SMALL, "large photo": LARGE, "PNG photo": MIDDLE_PNG, "wide photo": WIDE,
                "40 x 30 RGB JPEG": FAST["baseline RGB JPEG"], "40 x 30 greyscale JPEG": FAST["greyscale JPEG"]}
     out = {}
     for (name, data), mode, resample, image_format in itertools.product(
@@ -266,7 +283,7 @@ def test_records_are_byte_identical_in_a_worker_thread():
         in_pool = pool.result(pool.submit(lambda _deadline: records()))
     finally:
         pool.close()
-    assert len(in_thread) == len(in_pool) == len(here) == 5 * len(RESIZE_MODES) * len(RESAMPLE_FILTERS) * 2
+    assert len(in_thread) == len(in_pool) == len(here) == 6 * len(RESIZE_MODES) * len(RESAMPLE_FILTERS) * 2
     assert [key for key in here if in_thread[key] != here[key]] == []
     assert [key for key in here if in_pool[key] != here[key]] == []
 

@@ -11,8 +11,10 @@ Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion co
     tables and subsampling, but not always the same bytes); it asks libjpeg for a
     DCT-scaled decode (`min_width`, `min_height`).
   * OpenCV resizes: INTER_AREA (the mean over each output pixel's footprint: no
-    aliasing) wherever an axis shrinks, then `warpAffine` with the filter of
-    --resample for the exact, fractional source box and any enlarging.
+    aliasing) wherever an axis shrinks, then the filter of --resample for any
+    enlarging: by cv2.resize (separable) whenever the mapping starts on a whole pixel,
+    by `warpAffine` (a per-pixel map, about twice the time) only for a fractional
+    source box (a centre crop of an odd difference, a crop of a DCT-scaled decode).
   * The same bytes on every worker's CPU: OpenCV 4.10's uint8 resize and warpAffine
     are fixed-point (integer tables, exact SIMD), so they give the same bytes with
     its SIMD dispatch off or on (OPENCV_CPU_DISABLE). OpenCV 5.0's new warpAffine
@@ -178,6 +180,32 @@ def _direct_resize(pixels: np.ndarray, box: tuple[float, float, float, float], s
     return np.ascontiguousarray(out[:height, :width])
 
 
+def _whole_pixel_resize(region: np.ndarray, x_map: tuple[float, float], y_map: tuple[float, float],
+                        size: tuple[int, int], interpolation: int) -> np.ndarray | None:
+    """The mapping output pixel X -> region pixel a * X + b (per axis, centres at integers) done by one cv2.resize
+    (separable: about half warpAffine's time), when cv2.resize can map it exactly; None otherwise.
+
+    cv2.resize with the inverse scale fx = 1 / a maps X to a * X + a / 2 - 0.5 + k over a region starting at its
+    pixel k: so it applies when, on both axes, k = b - a / 2 + 0.5 is a whole, non-negative number. This is the
+    case after the area step when one axis shrinks and the other enlarges (a 640 x 480 photo to 512 x 512), the
+    axis that shrank then mapped one to one (a = 1). An axis with a = 1 at a whole offset is copied as it is by
+    every interpolation (its weights are 1 and 0)."""
+    starts = []
+    for a, b in (x_map, y_map):
+        k = b - a / 2 + 0.5
+        if abs(k - round(k)) > _EXACT or round(k) < 0:
+            return None
+        starts.append(round(k))
+    (left, top), (width, height) = starts, size
+    part = region[top:, left:]
+    if part.size == 0:
+        return None
+    out = cv2.resize(part, None, fx=1 / x_map[0], fy=1 / y_map[0], interpolation=interpolation)
+    if out.shape[0] < height or out.shape[1] < width:
+        return None
+    return np.ascontiguousarray(out[:height, :width])
+
+
 def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int],
              resample_filter: str) -> np.ndarray:
     """The source `box` (x0, y0, x1, y1, fractional) of `pixels` resized to `size` (width, height).
@@ -185,7 +213,8 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
     Pillow's convention: output pixel centre X + 0.5 samples the source at x0 + (X + 0.5) * (x1 - x0) / width.
     An axis that shrinks is first reduced over the box's whole pixels by INTER_AREA to about the output's
     scale (no aliasing); what is left (the fractional offset, a scale near 1, or an enlarging) is one
-    `warpAffine` with the filter's interpolation, skipped when it would be the identity.
+    cv2.resize when it starts on a whole pixel (`_whole_pixel_resize`), else one `warpAffine`, with the filter's
+    interpolation, and skipped when it would be the identity.
     """
     _exact_kernels()
     x0, y0, x1, y1 = box
@@ -208,6 +237,11 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
         left, top = round(bx), round(by)
         return np.ascontiguousarray(region[top:top + height, left:left + width])
     shrinks = ax > 1 + _EXACT or ay > 1 + _EXACT
+    separable = _whole_pixel_resize(region, (ax, bx), (ay, by), size,
+                                    cv2.INTER_LINEAR_EXACT if shrinks and resample_filter == "area"
+                                    else _RESIZE_INTERPOLATIONS[resample_filter])
+    if separable is not None:
+        return separable
     interpolation = INTERPOLATIONS[resample_filter]
     if interpolation == cv2.INTER_NEAREST and shrinks:
         interpolation = cv2.INTER_LINEAR  # only the fractional offset is left of the reduction: no pixel picking
