@@ -40,7 +40,8 @@ import time
 import numpy as np
 import psutil
 
-from transforms.images.imaging import ImageSettings, convert_image
+from transforms.images.imaging import convert_image
+from transforms.images.settings import ImageSettings
 
 CLASSES = ("apple", "banana", "cherry", "grape")
 

@@ -139,7 +139,8 @@ def _converter(contender: str, size: int, resample: str, quality: int, resize_mo
             resample == "bilinear" else None
     if contender == "img2dataset":
         return _img2dataset_resizer(size, resample, quality) if resize_mode == "crop" else None
-    from transforms.images.imaging import ImageSettings, convert_image
+    from transforms.images.imaging import convert_image
+    from transforms.images.settings import ImageSettings
 
     settings = ImageSettings(width=size, height=size, resize_mode=resize_mode, resample=resample, jpeg_quality=quality,
                              image_backend="auto" if contender == "fast" else "pillow")

@@ -34,8 +34,10 @@ from PIL import Image
 from transforms.base.examples import build_example
 from transforms.base.paths import display_path, is_local
 from transforms.images.convert import read_bytes, read_head
-from transforms.images.imaging import DECODED_FORMATS, ImageSettings, convert_image
+from transforms.images.decode import DECODED_FORMATS
+from transforms.images.imaging import convert_image
 from transforms.images.pool import ConversionPool
+from transforms.images.settings import ImageSettings
 
 SIZE_SAMPLE = 200  # headers read to learn the input's image sizes
 ENCODE_SAMPLE = 12  # images converted to measure the output bytes of one image

@@ -12,14 +12,10 @@ import argparse
 from pipeline.cli import program_name
 from transforms.base.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
 from transforms.base.transient import JOB_READS_PER_S
-from transforms.images.imaging import (
-    CHROMA_SUBSAMPLING,
-    IMAGE_BACKENDS,
-    IMAGE_FORMATS,
-    RESAMPLE_FILTERS,
-    RESIZE_MODES,
-    ImageSettings,
-)
+from transforms.images.decode import IMAGE_BACKENDS
+from transforms.images.encode import CHROMA_SUBSAMPLING, IMAGE_FORMATS
+from transforms.images.pixels import RESAMPLE_FILTERS, RESIZE_MODES
+from transforms.images.settings import ImageSettings
 
 IF_EXISTS = ("refuse", "overwrite", "skip", "append")
 DUPLICATES = ("keep", "drop")

@@ -36,7 +36,7 @@ from transforms.base.dataset_format import SPLITS
 from transforms.base.features import format_spec, parse_spec
 from transforms.base.paths import bucket_problem, is_local
 from transforms.base.transient import JOB_READS_PER_S, process_start_rate
-from transforms.images.imaging import ImageSettings
+from transforms.images.settings import ImageSettings
 from transforms.labels.layout import UNLABELED_SPLIT, compile_group_by
 
 NAMED_COLOURS = {

@@ -16,8 +16,9 @@ import json
 from tests.convert_one import peak_rss_mb
 from transforms.base import memory
 from transforms.images import convert
-from transforms.images.imaging import ImageRejected, ImageSettings
+from transforms.images.diagnosis import ImageRejected
 from transforms.images.pool import ConversionPool
+from transforms.images.settings import ImageSettings
 
 
 def rss_mb() -> float:

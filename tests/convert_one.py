@@ -15,7 +15,8 @@ import os
 import resource
 
 from transforms.images import convert
-from transforms.images.imaging import ImageRejected, ImageSettings
+from transforms.images.diagnosis import ImageRejected
+from transforms.images.settings import ImageSettings
 
 
 def main() -> None:

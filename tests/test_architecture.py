@@ -8,6 +8,8 @@ a top-level one, it only hides it. The rule:
   helpers) never import the converter's launcher, graph, planning, output preparation or local runner;
 - `transforms/` is sub-packages by stage, each importing only itself and the ones before it in LAYERS
   (base, labels, inputs, images, output): no module sits loose in `transforms/`;
+- in `transforms/images/`, the conversion's modules by step (IMAGE_STEPS: the fast core, the settings,
+  diagnosis, pixels, decode, encode, and imaging, which ties them together) import only the ones before them;
 - the local-runner machinery (`pipeline/local/`) is imported by the launcher only;
 - no module is named like a standard-library or popular package, so that no module of this project can
   shadow one (e.g. no `pipeline/inspect.py` or `transforms/io.py`).
@@ -29,6 +31,10 @@ READERS = "pipeline.readers"
 READ_TOOLS = ("pipeline.reader", "pipeline.verify", "pipeline.preview", "pipeline.benchmark")
 # transforms/' sub-packages, ground floor first: each may import its own modules and those of the ones before it.
 LAYERS = ("transforms.base", "transforms.labels", "transforms.inputs", "transforms.images", "transforms.output")
+# transforms/images/' conversion by step, lowest first: each may import only the ones before it in this list.
+IMAGE_STEPS = ("transforms.images.fast", "transforms.images.settings", "transforms.images.diagnosis",
+               "transforms.images.pixels", "transforms.images.decode", "transforms.images.encode",
+               "transforms.images.imaging")
 LOCAL = "pipeline.local"
 # What the read-side tools may not import: the converter's run (launcher, graph, plan, output, cloud submission).
 CONVERTER = ("pipeline.launcher", "pipeline.main", "pipeline.graph", "pipeline.plan", "pipeline.output_folder",
@@ -98,7 +104,7 @@ def in_package(module: str, package: str) -> bool:
 def test_the_reader_of_imports_sees_function_level_imports(graph):
     # pipeline/main.py imports the launcher inside main(): a reader that missed it would miss lazy loops too.
     assert "pipeline.launcher" in graph["pipeline.main"]
-    assert "transforms.images.imaging" in graph["transforms.images.pool"]
+    assert "transforms.images.diagnosis" in graph["transforms.images.pool"]
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -179,6 +185,22 @@ def test_a_stage_imports_only_itself_and_the_stages_before_it(graph):
 def test_the_layer_rule_sees_an_upward_import():
     assert _layer("transforms.base.paths") == 0 and _layer("transforms.output.write") == 4
     assert _layer("transforms.baseline") is None  # a prefix is not the package
+
+
+def _upward_steps(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if m in IMAGE_STEPS
+                  for t in targets if t in IMAGE_STEPS and IMAGE_STEPS.index(t) > IMAGE_STEPS.index(m))
+
+
+def test_each_image_step_imports_only_the_steps_before_it(graph):
+    assert set(IMAGE_STEPS) <= set(graph), "an image step module is missing"
+    upward = _upward_steps(graph)
+    assert not upward, f"an image step imports a later one (move the shared part down): {upward}"
+
+
+def test_the_image_step_rule_sees_an_upward_import(graph):
+    assert _upward_steps({**graph, "transforms.images.diagnosis": {"transforms.images.decode"}}) == [
+        "transforms.images.diagnosis -> transforms.images.decode"]
 
 
 def test_only_the_launcher_imports_the_local_runner(graph):

@@ -21,7 +21,7 @@ from transforms.base.examples import Example
 from transforms.base.records import ImageRef
 from transforms.base.tfrecord import frame_record, iter_records, record_offsets
 from transforms.images.convert import Converted
-from transforms.images.imaging import ImageSettings
+from transforms.images.settings import ImageSettings
 from transforms.labels.sharding import rank_order
 from transforms.output.concat import MAX_COMPOSE, concatenate
 from transforms.output.write import (

@@ -17,9 +17,11 @@ from PIL import Image
 
 from tests import image_cases as cases
 from transforms.images import fast as fast_imaging
-from transforms.images import imaging
-from transforms.images.imaging import RESAMPLE_FILTERS, RESIZE_MODES, ImageSettings, convert_image
+from transforms.images.diagnosis import ImageRejected
+from transforms.images.imaging import convert_image
+from transforms.images.pixels import RESAMPLE_FILTERS, RESIZE_MODES
 from transforms.images.pool import ConversionPool
+from transforms.images.settings import ImageSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -202,7 +204,7 @@ def _fast_core_broken(monkeypatch):
 @pytest.mark.parametrize("name", sorted(FAST))
 def test_the_common_case_takes_the_fast_core(name, monkeypatch):
     _fast_core_broken(monkeypatch)
-    with pytest.raises(imaging.ImageRejected) as error:
+    with pytest.raises(ImageRejected) as error:
         convert_image(FAST[name], ImageSettings(width=64, height=64))
     assert error.value.reason == "internal_error" and "the fast core was used" in error.value.detail
     assert convert_image(FAST[name], ImageSettings(width=64, height=64, image_backend="pillow")).width == 64
@@ -217,7 +219,7 @@ def test_everything_else_stays_on_pillow(name, monkeypatch):
 def test_a_jpeg_libjpeg_turbo_refuses_gets_pillows_verdict():
     data = FAST["baseline RGB JPEG"]
     cut = data[: len(data) * 2 // 3]
-    fast, pillow = (pytest.raises(imaging.ImageRejected), pytest.raises(imaging.ImageRejected))
+    fast, pillow = (pytest.raises(ImageRejected), pytest.raises(ImageRejected))
     with fast as fast_error:
         convert_image(cut, ImageSettings())
     with pillow as pillow_error:

@@ -29,8 +29,11 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from transforms.images import imaging
-from transforms.images.imaging import ImageRejected, ImageSettings, convert_image
+from transforms.images.diagnosis import INTERNAL_ERROR, ImageRejected
+from transforms.images.encode import IMAGE_FORMATS
+from transforms.images.imaging import convert_image
+from transforms.images.pixels import RESIZE_MODES
+from transforms.images.settings import ImageSettings
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Pillow warns about corrupt EXIF
 
@@ -41,8 +44,6 @@ HANG_SECONDS = 30.0
 # Inputs are at most about 100 KB and max_pixels below keeps a decoded frame under 16 MB.
 MAX_RSS_GROWTH = 256 << 20
 MAX_PIXELS = 2_000_000
-# imaging's own word for "a bug in the converter": a rejection the fuzzer must never provoke.
-INTERNAL_ERROR = getattr(imaging, "INTERNAL_ERROR", "internal_error")
 
 
 def _picture(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
@@ -125,8 +126,8 @@ image_settings = st.builds(
     ImageSettings,
     width=st.just(16),
     height=st.just(12),
-    resize_mode=st.sampled_from(imaging.RESIZE_MODES),
-    image_format=st.sampled_from(imaging.IMAGE_FORMATS),
+    resize_mode=st.sampled_from(RESIZE_MODES),
+    image_format=st.sampled_from(IMAGE_FORMATS),
     max_pixels=st.just(MAX_PIXELS),
     timeout_s=st.just(0.0),
 )
@@ -219,6 +220,7 @@ def check_outcome(outcome, image_settings: ImageSettings, data: bytes) -> None:
             raise AssertionError(f"convert_image raised {type(value).__name__}, not ImageRejected, on {data!r}") \
                 from value
         assert re.fullmatch(r"[a-z_]+", value.reason) and value.detail, value
+        # The image layer's own word for "a bug in the converter": a rejection the fuzzer must never provoke.
         assert value.reason != INTERNAL_ERROR, f"{value.detail} on {data!r}"
         return
     encoded = value

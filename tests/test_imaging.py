@@ -15,8 +15,11 @@ from PIL import Image, JpegImagePlugin
 from tests import image_cases as cases
 from tests.conftest import REPO
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
-from transforms.images import imaging
-from transforms.images.imaging import ImageRejected, ImageSettings, convert_image
+from transforms.images import decode, diagnosis, encode
+from transforms.images import pixels as pixel_steps
+from transforms.images.diagnosis import ImageRejected
+from transforms.images.imaging import convert_image
+from transforms.images.settings import ImageSettings
 
 # Lossless output at the source size, so pixels can be compared exactly.
 AS_IS = ImageSettings(resize_mode="none", image_format="png")
@@ -81,7 +84,7 @@ def test_each_format_decodes_to_the_right_pixels(name):
 @pytest.mark.parametrize("data", [cases.ARITHMETIC_JPEG, cases.ARITHMETIC_PROGRESSIVE_JPEG],
                          ids=["sequential", "progressive"])
 def test_arithmetic_coded_jpeg_decodes(data):
-    assert imaging._jpeg_frame_type(data) in (0xC9, 0xCA)
+    assert decode.jpeg_frame_type(data) in (0xC9, 0xCA)
     assert_quadrants(pixels(data))
 
 
@@ -308,7 +311,7 @@ def converted(data, **settings):
     return encoded, image
 
 
-@pytest.mark.parametrize("resample", list(imaging.RESAMPLE_FILTERS))
+@pytest.mark.parametrize("resample", list(pixel_steps.RESAMPLE_FILTERS))
 def test_stretch_fills_the_size_and_distorts(resample):
     encoded, image = converted(bands(), width=64, height=64, resize_mode="stretch", resample=resample)
     assert (encoded.width, encoded.height) == (64, 64)
@@ -386,7 +389,7 @@ def test_every_mode_converts_any_size_to_the_promised_size():
         source = Image.new("RGB", (width, height), GREEN)
         for data in (cases.jpeg(source), cases.encode(source, "PNG")):
             target_w, target_h = (224, 224) if i < 2 else rng.choice([(224, 224), (17, 31), (64, 48), (500, 3)])
-            for mode in imaging.RESIZE_MODES:
+            for mode in pixel_steps.RESIZE_MODES:
                 settings = ImageSettings(width=target_w, height=target_h, resize_mode=mode)
                 encoded = convert_image(data, settings)
                 size = (encoded.width, encoded.height)
@@ -416,7 +419,7 @@ def test_jpeg_quality_and_chroma_subsampling_are_applied():
         encoded = convert_image(photo, ImageSettings(width=96, height=96, jpeg_quality=quality, reencode=True))
         sizes[quality] = len(encoded.data)
     assert sizes[50] < sizes[95]
-    for name, code in imaging.CHROMA_SUBSAMPLING.items():
+    for name, code in encode.CHROMA_SUBSAMPLING.items():
         encoded = convert_image(photo, ImageSettings(width=96, height=96, chroma_subsampling=name, reencode=True))
         assert encoded.format == "jpeg"
         assert JpegImagePlugin.get_sampling(Image.open(io.BytesIO(encoded.data))) == code
@@ -469,8 +472,8 @@ def big_photo() -> bytes:
 def full_resolution_reference(data: bytes, settings: ImageSettings, monkeypatch) -> np.ndarray:
     """The same conversion with no scaled decode and no reduce steps."""
     with monkeypatch.context() as patch:
-        patch.setattr(imaging, "_draft", lambda image, orientation, s: (0.0, 0.0, *map(float, image.size)))
-        patch.setattr(imaging, "REDUCING_GAP", None)
+        patch.setattr(decode, "draft", lambda image, orientation, s: (0.0, 0.0, *map(float, image.size)))
+        patch.setattr(pixel_steps, "REDUCING_GAP", None)
         return pixels(data, settings)
 
 
@@ -478,14 +481,14 @@ def full_resolution_reference(data: bytes, settings: ImageSettings, monkeypatch)
 def test_draft_decoding_costs_no_visible_quality(big_photo, monkeypatch, mode, size):
     settings = ImageSettings(width=size, height=size, resize_mode=mode, image_format="png")
     drafted = []
-    real_draft = imaging._draft
+    real_draft = decode.draft
 
     def spy(image, orientation, s):
         box = real_draft(image, orientation, s)
         drafted.append(image.size)
         return box
 
-    monkeypatch.setattr(imaging, "_draft", spy)
+    monkeypatch.setattr(decode, "draft", spy)
     fast = pixels(big_photo, settings)
     monkeypatch.undo()
     assert drafted and drafted[0][0] < 3000  # libjpeg decoded at reduced scale
@@ -516,7 +519,8 @@ def test_50_megapixel_jpeg_to_512_needs_little_memory(tmp_path):
     small.resize((8660, 5774), Image.Resampling.BILINEAR).save(path, quality=85)
     script = (
         "import resource, sys\n"
-        "from transforms.images.imaging import ImageSettings, convert_image\n"
+        "from transforms.images.imaging import convert_image\n"
+        "from transforms.images.settings import ImageSettings\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "out = convert_image(data, ImageSettings())\n"
@@ -566,7 +570,7 @@ def test_a_12_bit_jpeg_is_unsupported_with_the_decoders_reason():
 
 def test_decompression_bomb_is_rejected_before_decoding(monkeypatch):
     loads = []
-    monkeypatch.setattr(imaging, "_load", lambda image, data: loads.append(image) or image)
+    monkeypatch.setattr(decode, "load", lambda image, data: loads.append(image) or image)
     error = rejection(cases.png_bomb(40_000, 40_000))
     assert error.reason == "decompression_bomb"
     assert "40000x40000" in error.detail and "--max_pixels" in error.detail
@@ -610,8 +614,8 @@ def test_the_memory_budget_counts_the_pixel_mode_and_depth(case, monkeypatch):
     make, megabytes = MEMORY_BY_MODE[case]
     data = make()
     loads = []
-    real_load = imaging._load
-    monkeypatch.setattr(imaging, "_load", lambda image, data: loads.append(1) or real_load(image, data))
+    real_load = decode.load
+    monkeypatch.setattr(decode, "load", lambda image, data: loads.append(1) or real_load(image, data))
     error = rejection(data, ImageSettings(resize_mode="none", max_image_mb=megabytes - 1))
     assert error.reason == "image_too_large_in_memory"
     assert "1000x1000" in error.detail and f"about {megabytes} MB" in error.detail
@@ -647,12 +651,12 @@ def test_a_tiff_in_tiff_layout_too_large_is_rejected_before_pillow_reads_its_lay
     opened = []
     real_open = Image.open
     monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
-    error = rejection(many_strips_tiff(imaging.MAX_TIFF_STRIPS + 1))
+    error = rejection(many_strips_tiff(diagnosis.MAX_TIFF_STRIPS + 1))
     assert error.reason == "tiff_layout_too_large"
     assert "65,537 strips or tiles, over the limit of 65,536" in error.detail
     assert not opened
-    converted = pixels(many_strips_tiff(imaging.MAX_TIFF_STRIPS, width=4))  # the limit itself is fine
-    assert converted.shape == (imaging.MAX_TIFF_STRIPS, 4, 3)
+    converted = pixels(many_strips_tiff(diagnosis.MAX_TIFF_STRIPS, width=4))  # the limit itself is fine
+    assert converted.shape == (diagnosis.MAX_TIFF_STRIPS, 4, 3)
     assert converted[0, :, 0].tolist() == [0, 4, 8, 12]
 
 
@@ -662,9 +666,9 @@ def test_a_tiff_with_a_tag_of_millions_of_numbers_is_rejected_before_pillow_read
     opened = []
     real_open = Image.open
     monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
-    error = rejection(tiff_with_a_huge_tag(imaging.MAX_TIFF_NUMBERS + 1))
+    error = rejection(tiff_with_a_huge_tag(diagnosis.MAX_TIFF_NUMBERS + 1))
     assert error.reason == "tiff_layout_too_large"
-    assert f"tag 65000 holds {imaging.MAX_TIFF_NUMBERS + 1:,} numbers" in error.detail
+    assert f"tag 65000 holds {diagnosis.MAX_TIFF_NUMBERS + 1:,} numbers" in error.detail
     assert not opened
     assert pixels(tiff_with_a_huge_tag(1000)).shape == (16, 16, 3)  # a large private tag within the limit
 
@@ -704,7 +708,7 @@ def test_a_failure_after_decoding_is_reported_as_an_internal_error(monkeypatch):
     def broken(image, box, upright_size, settings):
         raise ValueError("box offset can't be negative")
 
-    monkeypatch.setattr(imaging, "_resize", broken)
+    monkeypatch.setattr(pixel_steps, "resize", broken)
     error = rejection(cases.encode(QUADRANTS, "PNG"), ImageSettings())
     assert error.reason == "internal_error"
     assert "box offset" in error.detail and "please report" in error.detail

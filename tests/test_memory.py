@@ -22,10 +22,11 @@ from PIL import Image
 from tests import hostile_files as hostile
 from transforms.base import memory
 from transforms.base.memory import BudgetStalled, MemoryBudget
-from transforms.images import imaging
+from transforms.images import decode, imaging
 from transforms.images import pool as pool_module
-from transforms.images.imaging import STALLED_WORKER, ImageRejected, ImageSettings
+from transforms.images.diagnosis import STALLED_WORKER, ImageRejected
 from transforms.images.pool import ConversionPool
+from transforms.images.settings import ImageSettings
 
 MB = 1_000_000
 pytestmark = pytest.mark.timeout(120)  # bounds every wait_until
@@ -236,7 +237,7 @@ def flat_png(path, size: int, mode: str = "RGBA") -> int:
     """A flat `mode` PNG of size x size pixels (a few kB); returns its estimated need in bytes."""
     Image.new(mode, (size, size), (10, 200, 30, 255)[:len(mode)]).save(path, optimize=False)
     with Image.open(path) as image:
-        return imaging.working_bytes(image) + path.stat().st_size
+        return decode.working_bytes(image) + path.stat().st_size
 
 
 @pytest.mark.timeout(60)
@@ -246,17 +247,17 @@ def test_convert_image_holds_its_estimate_while_it_decodes_and_returns_it(tmp_pa
     settings = ImageSettings(worker_memory_mb=13)  # a budget of its own, not shared with other tests
     budget = memory.budget(settings.worker_memory_bytes)
     seen: list[int] = []
-    real_load = imaging._load
+    real_load = decode.load
 
     def spy(image, data):
         seen.append(budget.held)
         return real_load(image, data)
 
-    imaging._load = spy
+    decode.load = spy
     try:
         imaging.convert_image(path.read_bytes(), settings)
     finally:
-        imaging._load = real_load
+        decode.load = real_load
     # An RGBA PNG: its pixels and an RGB copy, 4 bytes a pixel each, and the file.
     assert seen == [need] and need == 1000 * 1000 * 8 + path.stat().st_size
     assert (budget.held, budget.holders, budget.peak) == (0, 0, need)

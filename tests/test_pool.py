@@ -13,8 +13,9 @@ from transforms.base.examples import Example
 from transforms.base.records import ImageRef
 from transforms.images import imaging
 from transforms.images.convert import convert_in_order, read_and_convert
-from transforms.images.imaging import ImageRejected, ImageSettings
+from transforms.images.diagnosis import ImageRejected
 from transforms.images.pool import ConversionPool, time_limit
+from transforms.images.settings import ImageSettings
 
 QUADRANTS = cases.quadrants(64, 48)
 

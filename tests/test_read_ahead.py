@@ -14,8 +14,8 @@ from transforms.base import memory
 from transforms.base.records import ImageRef
 from transforms.images import convert, imaging
 from transforms.images.convert import ReadPacing, collect_in_order, read_room, start_conversions
-from transforms.images.imaging import ImageSettings
 from transforms.images.pool import ConversionPool, Job, core_slot
+from transforms.images.settings import ImageSettings
 
 
 def test_pacing_follows_the_read_latency_not_the_core_count():

@@ -249,7 +249,8 @@ def test_retries_end_before_the_images_deadline(monkeypatch):
 def test_a_local_read_on_a_flaky_network_mount_is_retried(tmp_path, monkeypatch, small_tree):
     """A network file system's ETIMEDOUT or ECONNRESET is retried too; a vanished file stays a rejection."""
     from transforms.images import convert as convert_module
-    from transforms.images.imaging import ImageRejected, ImageSettings
+    from transforms.images.diagnosis import ImageRejected
+    from transforms.images.settings import ImageSettings
 
     monkeypatch.setenv(RETRY_BASE_ENV, FAST_BACKOFF)
     root, names = small_tree

@@ -16,7 +16,7 @@ from tests import image_cases as cases
 from transforms.base.examples import Example
 from transforms.base.records import ImageRef
 from transforms.base.tfrecord import frame_record, iter_records, masked_crc, record_offsets
-from transforms.images.imaging import ImageSettings
+from transforms.images.settings import ImageSettings
 from transforms.labels.sharding import BUCKETS, AssignShards, ShardKey, ShardSizing, bucket_of, lay_out, rank_order
 from transforms.output.write import ShardInfo, WriteShards, index_name, index_text
 

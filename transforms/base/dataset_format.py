@@ -42,7 +42,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # the read-side tools read a version-1 folder's dataset_info.json as its description
 
 # The converter's defaults of --max_pixels and --max_image_mb, which a reader applies to a description that does
-# not record them (transforms.images.imaging.ImageSettings takes its defaults from here).
+# not record them (transforms.images.settings.ImageSettings takes its defaults from here).
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own bomb limit: ~537 MB of RGB pixels
 DEFAULT_MAX_IMAGE_MB = 512
 

@@ -5,7 +5,7 @@ several at once: `--conversion_threads` (its places for CPU work,
 `transforms.images.pool.core_slot`), up to two more left behind stuck past the time
 limit per Beam worker thread (DoFn instance), and files read ahead of them by
 more helpers (`hold_for_read`, within the budget's room for them). So before an image is
-decoded, its conversion reserves the memory it will need (`imaging.working_bytes`
+decoded, its conversion reserves the memory it will need (`decode.working_bytes`
 from the header, plus the file's bytes) from the process's one budget, and
 returns it when the conversion ends:
 

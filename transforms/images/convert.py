@@ -33,16 +33,10 @@ from transforms.base.paths import display_path, file_kind, is_local
 from transforms.base.records import ImageRef, Rejection
 from transforms.base.transient import THROTTLED_RETRY_S, TransientReadError, describe, with_retries
 from transforms.images import imaging
-from transforms.images.imaging import (
-    DECODE_ERROR,
-    FILE_TOO_LARGE,
-    NOT_A_REGULAR_FILE,
-    READ_ERROR,
-    EncodedImage,
-    ImageRejected,
-    ImageSettings,
-)
+from transforms.images.diagnosis import DECODE_ERROR, FILE_TOO_LARGE, NOT_A_REGULAR_FILE, READ_ERROR, ImageRejected
+from transforms.images.imaging import EncodedImage
 from transforms.images.pool import ConversionPool, Job, core_slot, time_limit
+from transforms.images.settings import ImageSettings
 from transforms.images.stats import ImageStats
 from transforms.inputs.listing import gcs_client
 

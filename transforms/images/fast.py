@@ -1,8 +1,9 @@
 """The fast conversion core: libjpeg-turbo (simplejpeg) decode and encode, OpenCV's SIMD resize, on numpy arrays.
 
-Plain functions on 8-bit RGB arrays, no decisions: `transforms.images.imaging` decides
+Plain functions on 8-bit RGB arrays, no decisions: `transforms.images.decode` decides
 which images come here (8-bit JPEG, 8-bit PNG without alpha), checks them first,
-computes every size and box, and falls back to Pillow for anything else.
+and falls back to Pillow for anything else; `transforms.images.pixels` computes
+every size and box.
 
 Why these libraries and settings (measured in BENCHMARKS.md, "Fast conversion core"):
   * simplejpeg is libjpeg-turbo with its SIMD, as Pillow's JPEG codec is: with the
@@ -72,7 +73,7 @@ INTERPOLATIONS = {
 _RESIZE_INTERPOLATIONS = {**INTERPOLATIONS, "bilinear": cv2.INTER_LINEAR_EXACT, "area": cv2.INTER_NEAREST_EXACT}
 _SUBSAMPLING = {"4:4:4": "444", "4:2:2": "422", "4:2:0": "420"}
 
-# EXIF orientation -> the cv2 operations that make the image upright (as imaging._ORIENTATION_TRANSPOSE).
+# EXIF orientation -> the cv2 operations that make the image upright (as pixels._ORIENTATION_TRANSPOSE).
 _ORIENT = {
     2: lambda a: cv2.flip(a, 1),
     3: lambda a: cv2.rotate(a, cv2.ROTATE_180),

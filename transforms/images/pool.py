@@ -49,7 +49,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from transforms.base import memory
-from transforms.images.imaging import STALLED_WORKER, TIMEOUT, ImageRejected, ImageSettings
+from transforms.images.diagnosis import STALLED_WORKER, TIMEOUT, ImageRejected
+from transforms.images.settings import ImageSettings
 
 T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741

@@ -61,8 +61,8 @@ from transforms.base.dataset_format import (
 from transforms.base.paths import display_path
 from transforms.base.records import label_of
 from transforms.images.convert import ReadPacing, collect_in_order, read_room, start_conversions
-from transforms.images.imaging import ImageSettings
 from transforms.images.pool import ConversionPool, time_limit
+from transforms.images.settings import ImageSettings
 from transforms.images.stats import SplitStats, StatsTally
 from transforms.images.stats import merge as merge_stats
 from transforms.labels.sharding import ShardKey, rank_order
