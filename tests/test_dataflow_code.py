@@ -91,7 +91,7 @@ def test_workers_that_run_other_code_fail_the_job_with_one_line(gcs_emulator, da
     workers = tmp_path / "worker-image"
     for package in ("pipeline", "transforms"):
         shutil.copytree(os.path.join(REPO, package), workers / package, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(workers / "transforms" / "imaging.py", "a") as f:
+    with open(workers / "transforms" / "images" / "imaging.py", "a") as f:
         f.write("\n# built from another commit\n")
     dataflow_api.worker_code = str(workers)
     output = f"gs://{BUCKET}/other-code"
