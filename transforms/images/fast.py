@@ -158,6 +158,40 @@ def _axis_steps(start: float, end: float, limit: int, out: int) -> tuple[int, in
     return first, last, (max(1, round(span * scale)) if scale < 1 else span)
 
 
+# A shrink by under 2x at a fractional scale is low-passed by a Gaussian of this many source pixels per source
+# pixel of output spacing, not by INTER_AREA: OpenCV's area resize has fast code for whole factors only, and at
+# 1.25x (a 640 x 480 photo to 512 x 512) took 3.1 ms against 0.34 ms at 2x. A Gaussian of sigma 0.4 x the scale
+# has about the variance of Pillow's antialiased bilinear (a triangle of that half-width: s / sqrt(6) = 0.41 s);
+# OpenCV's 8-bit GaussianBlur is fixed-point, the same bytes on every CPU. Measured in BENCHMARKS.md.
+_BLUR_SIGMA_PER_SCALE = 0.4
+_BLUR_BELOW = 2.0  # from 2x on, INTER_AREA's whole-factor reduction comes first, as before
+
+
+def _is_whole(scale: float) -> bool:
+    return abs(scale - round(scale)) < _EXACT
+
+
+def _blurs(ax: float, ay: float) -> bool:
+    """Whether a shrink by these scales (source pixels per output pixel) is low-passed by `_antialias`: every axis
+    under 2x, and one that shrinks at a fractional scale."""
+    shrinking = [a for a in (ax, ay) if a > 1 + _EXACT]
+    return bool(shrinking) and max(shrinking) < _BLUR_BELOW and not all(_is_whole(a) for a in shrinking)
+
+
+def _antialias(region: np.ndarray, ax: float, ay: float) -> np.ndarray:
+    """`region` low-passed along each axis that shrinks (scale a > 1) by a Gaussian of sigma 0.4 a, before it is
+    sampled at the output's spacing; edges replicated, within the region."""
+    def kernel(a: float) -> tuple[int, float]:
+        if a <= 1 + _EXACT:
+            return 1, 0.0
+        sigma = _BLUR_SIGMA_PER_SCALE * a
+        return 2 * math.ceil(3 * sigma) + 1, sigma
+    (kx, sx), (ky, sy) = kernel(ax), kernel(ay)
+    # A sigma of 0 with a kernel size of 1 leaves that axis as it is.
+    return cv2.GaussianBlur(region, (kx, ky), sigmaX=sx or 1e-6, sigmaY=sy or 1e-6,
+                            borderType=cv2.BORDER_REPLICATE | cv2.BORDER_ISOLATED)
+
+
 def _direct_resize(pixels: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int],
                    resample_filter: str) -> np.ndarray | None:
     """The box resized by one cv2.resize (twice warpAffine's speed), when its mapping can be Pillow's exactly:
@@ -174,6 +208,8 @@ def _direct_resize(pixels: np.ndarray, box: tuple[float, float, float, float], s
         return None
     region = pixels[round(y0):min(pixels.shape[0], math.ceil(y1 - _EXACT)),
                     round(x0):min(pixels.shape[1], math.ceil(x1 - _EXACT))]
+    if not enlarges and _blurs(ax, ay):
+        return None  # INTER_AREA at a fractional scale is OpenCV's slow generic code: `resample` blurs instead
     interpolation = _RESIZE_INTERPOLATIONS[resample_filter] if enlarges else cv2.INTER_AREA
     out = cv2.resize(region, None, fx=1 / ax, fy=1 / ay, interpolation=interpolation)
     if out.shape[0] < height or out.shape[1] < width:
@@ -226,7 +262,10 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
     fx, lx, mid_w = _axis_steps(x0, x1, pixels.shape[1], width)
     fy, ly, mid_h = _axis_steps(y0, y1, pixels.shape[0], height)
     region = pixels[fy:ly, fx:lx]
-    if (mid_w, mid_h) != (lx - fx, ly - fy):
+    if _blurs((x1 - x0) / width, (y1 - y0) / height):
+        region = _antialias(region, (x1 - x0) / width, (y1 - y0) / height)
+        mid_w, mid_h = lx - fx, ly - fy  # sampled at the output's spacing below, not reduced first
+    elif (mid_w, mid_h) != (lx - fx, ly - fy):
         region = cv2.resize(region, (mid_w, mid_h), interpolation=cv2.INTER_AREA)
     rx, ry = mid_w / (lx - fx), mid_h / (ly - fy)  # reduced pixels per source pixel
     # Output pixel X -> reduced-image pixel coordinate (centres at integers), per axis: X * a + b.
