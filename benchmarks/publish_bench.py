@@ -6,7 +6,7 @@
 For each shard count N, a fresh in-memory GCS emulator (tests/gcs_fixtures.py) gets an old
 complete dataset of 3 shards and a run's N shard files (a few bytes each: the step's cost is
 its requests, not its bytes, since every copy is server-side). Then a fresh process runs
-`transforms.output.outputs.publish_dataset` and `remove_run_dir` of the code in `--code` (this
+`transforms.output.publishing.publish_dataset` and `remove_run_dir` of the code in `--code` (this
 checkout by default; another checkout measures the code before a change), and reports:
 
 - `publish_s`: from the call to the new image_tfrecords.json's arrival (the descriptions
@@ -41,21 +41,21 @@ _CHILD = r"""
 import json, sys, time
 from pipeline.cloud import skip_credential_lookup
 skip_credential_lookup()
-from transforms.output import outputs
+from transforms.output import publishing
 out, run, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 info = {"run_id": run, "splits": {"train": {"shards": [{"file": n} for n in names]}}}
 descriptions = {"errors.jsonl": ["\n"], "labels.txt": ["cat\n"], "image_tfrecords.json": [json.dumps(info)]}
 window = []
-finish = outputs.finish_publish
+finish = publishing.finish_publish
 def timed_finish(*args, **kwargs):
     start = time.perf_counter()
     finish(*args, **kwargs)
     window.append(time.perf_counter() - start)
-outputs.finish_publish = timed_finish
+publishing.finish_publish = timed_finish
 start = time.perf_counter()
-outputs.publish_dataset(out, run, names, descriptions)
+publishing.publish_dataset(out, run, names, descriptions)
 published = time.perf_counter()
-outputs.remove_run_dir(out, run)
+publishing.remove_run_dir(out, run)
 done = time.perf_counter()
 print(json.dumps({"publish_s": published - start, "window_s": sum(window), "cleanup_s": done - published}))
 """

@@ -521,7 +521,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
     from pipeline.options import ConvertOptions
     from pipeline.report import summarise_run
     from transforms.output.lock import update_lock
-    from transforms.output.outputs import remove_run_dir
+    from transforms.output.publishing import remove_run_dir
 
     cloud = options.view_as(GoogleCloudOptions)
 

@@ -20,7 +20,7 @@ from transforms.labels.assign import GROUPS, UNLABELED, AssignLabels, UniqueIds
 from transforms.labels.assign import REJECTED as DUPLICATE_IDS
 from transforms.labels.sharding import AssignShards
 from transforms.output.describe import DescribeDataset
-from transforms.output.outputs import run_dir, shards_dir
+from transforms.output.ownership import run_dir, shards_dir
 from transforms.output.resume import Resume, fingerprint
 from transforms.output.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
 
@@ -28,7 +28,7 @@ from transforms.output.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, W
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> None:
     """Add the conversion to `p`.
 
-    `run_id` names the run's own temporary folder in the output folder (see transforms.output.outputs).
+    `run_id` names the run's own temporary folder in the output folder (see transforms.output.ownership).
     """
     if settings.manifest:
         # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job

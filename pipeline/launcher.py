@@ -27,7 +27,7 @@ from pipeline.output_folder import OldOutputs, append_base, existing_dataset, gi
 from pipeline.plan import Plan, plan_dataset, plan_record
 from pipeline.report import summarise_run
 from transforms.output.lock import holder_record
-from transforms.output.outputs import new_run_id
+from transforms.output.ownership import new_run_id
 
 __all__ = ["run"]
 

@@ -1,6 +1,7 @@
 """Launcher-side preparation of --output_dir: what an existing dataset means, the lock, an earlier run's leftovers.
 
-The names and the publishing of a run's files live in `transforms.output.outputs`,
+Which files of the output folder are this tool's, and the publishing of a run's
+files, live in `transforms.output.ownership` and `transforms.output.publishing`,
 which the job's last step uses too. Here the launcher decides, before anything
 is converted:
 
@@ -37,6 +38,7 @@ from transforms.base import bounded
 from transforms.base.dataset_format import FORMAT_VERSION, TEMP_DIR
 from transforms.base.paths import is_local
 from transforms.inputs.append import FREE_OPTIONS
+from transforms.output.files import delete_files
 from transforms.output.lock import (
     LockHeld,
     LockUnsupported,
@@ -47,7 +49,7 @@ from transforms.output.lock import (
     lock_path,
     release_lock,
 )
-from transforms.output.outputs import (
+from transforms.output.ownership import (
     BEAM_TEMP_DIR,
     UnsafePath,
     check_own_path,
@@ -55,14 +57,11 @@ from transforms.output.outputs import (
     check_own_tree,
     completion_marker,
     dataset_files,
-    delete_files,
-    finish_publish,
-    interrupted_publish,
     own_outputs,
-    remove_run_dir,
     run_dir,
     temporary_outputs,
 )
+from transforms.output.publishing import finish_publish, interrupted_publish, remove_run_dir
 from transforms.output.resume import PLAN_FILE, Earlier, fingerprint, plan_differences, read_plan, write_plan
 
 _LOG = logging.getLogger("pipeline")
@@ -314,10 +313,10 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
     folder holds no complete dataset, files under final names. A complete
     dataset stays untouched: the new run replaces it only once it has finished.
     A run that was stopped while it published has its publishing finished first
-    (`transforms.output.outputs.finish_publish`). Other files are never touched. A dry
+    (`transforms.output.publishing.finish_publish`). Other files are never touched. A dry
     run changes nothing.
 
-    Every local path acted on is checked first (`transforms.output.outputs.check_own_path`):
+    Every local path acted on is checked first (`transforms.output.ownership.check_own_path`):
     a link, a special file or another device anywhere among them stops the run
     before anything changes.
 

@@ -26,7 +26,7 @@ from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms.base import bounded, features
-from transforms.base.dataset_format import SHARD_NAME, split_of
+from transforms.base.dataset_format import split_of
 from transforms.base.paths import IMAGE_EXTENSIONS, is_local, quoted_name, relative_path
 from transforms.base.records import FileRef
 from transforms.inputs import manifest, metadata
@@ -40,7 +40,6 @@ from transforms.labels.layout import (
     split_folder_note,
 )
 from transforms.labels.sharding import ShardSizing
-from transforms.output.outputs import own_outputs
 
 _LOG = logging.getLogger(__name__)
 
@@ -617,8 +616,7 @@ def _class_of(relpath: str, split_folders: bool) -> str | None:
     return parts[0] if len(parts) >= 2 else None
 
 
-# The output folder's names live in transforms.output.outputs; these stay importable from here.
-__all__ = ["SHARD_NAME", "Plan", "own_outputs", "plan_dataset"]
+__all__ = ["Plan", "plan_dataset"]
 
 
 def plan_record(settings: Settings, plan: Plan) -> dict:

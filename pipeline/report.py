@@ -11,7 +11,7 @@ import sys
 
 from pipeline.reader import load_info
 from transforms.base.duplicate_kinds import summary_line
-from transforms.output.outputs import read_text
+from transforms.output.files import read_text
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20

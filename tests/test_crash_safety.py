@@ -28,10 +28,10 @@ from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.options import validate
 from pipeline.output_folder import existing_dataset, prepare_output
-from pipeline.plan import SHARD_NAME, own_outputs
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
-from transforms.base.dataset_format import INFO_FILE, LOCK_FILE, TEMP_DIR
+from transforms.base.dataset_format import INFO_FILE, LOCK_FILE, SHARD_NAME, TEMP_DIR
+from transforms.output.ownership import own_outputs
 
 HEX = "0123456789abcdef0123456789abcdef"
 RUN = "20261130-120000-0123abcd"  # the id of the run that prepares the folder in these tests

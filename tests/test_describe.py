@@ -19,7 +19,7 @@ from transforms.output.describe import (
     check_accounting,
     summarise,
 )
-from transforms.output.outputs import shards_dir
+from transforms.output.ownership import shards_dir
 from transforms.output.write import ShardInfo
 
 CLASSES = ["cat", "dog"]

@@ -21,7 +21,7 @@ from pipeline.sample_data import generate_dataset
 from tests.conftest import convert, doc_example, main_in_process
 from transforms.base.examples import Example
 from transforms.base.tfrecord import iter_records
-from transforms.output.outputs import own_outputs
+from transforms.output.ownership import own_outputs
 
 SIZE = 16
 BROKEN = 3  # images that are rejected, so that the shards' counts are not the balanced ones

@@ -391,7 +391,7 @@ def test_a_kill_inside_the_window_is_finished_by_the_next_run(small_tree, tmp_pa
 def test_on_gcs_publishing_replaces_only_the_listed_files_and_a_stopped_one_is_finished(gcs_emulator, monkeypatch):
     """On gs:// (the emulator): the old dataset's listed files go, a lookalike stays; stopped just before the
     marker, the plan left behind is found and carried out."""
-    from transforms.output import outputs
+    from transforms.output import ownership, publishing
 
     bucket = "publish-window"
     gcs_emulator.create_bucket(bucket)
@@ -403,10 +403,10 @@ def test_on_gcs_publishing_replaces_only_the_listed_files_and_a_stopped_one_is_f
     gcs_emulator.write(f"{out}/{INFO_FILE}", json.dumps(old))
     gcs_emulator.write(f"{out}/train00-100.tfrec", b"the user's")
     new_shards = ["train-00000-of-00001.tfrecord"]
-    gcs_emulator.write(f"{outputs.shards_dir(out, RUN)}/{new_shards[0]}", b"new")
+    gcs_emulator.write(f"{ownership.shards_dir(out, RUN)}/{new_shards[0]}", b"new")
     new = {"files": {}, "splits": {"train": {"shards": [{"file": new_shards[0]}]}}}
     descriptions = {ERRORS_FILE: ["\n"], "labels.txt": ["cat\n"], INFO_FILE: [json.dumps(new)]}
-    real_move = outputs._move
+    real_move = publishing.move_files
 
     def stopped_at_the_marker(moves):
         if moves and moves[-1][1].endswith("/" + INFO_FILE):
@@ -414,13 +414,13 @@ def test_on_gcs_publishing_replaces_only_the_listed_files_and_a_stopped_one_is_f
         real_move(moves)
 
     with monkeypatch.context() as patch:
-        patch.setattr(outputs, "_move", stopped_at_the_marker)
+        patch.setattr(publishing, "move_files", stopped_at_the_marker)
         with pytest.raises(KeyboardInterrupt):
-            outputs.publish_dataset(out, RUN, new_shards, descriptions)
-    assert outputs.completion_marker(out) is None  # inside the window
-    plan = outputs.interrupted_publish(out)
+            publishing.publish_dataset(out, RUN, new_shards, descriptions)
+    assert ownership.completion_marker(out) is None  # inside the window
+    plan = publishing.interrupted_publish(out)
     assert plan is not None and plan["run_id"] == RUN
-    outputs.finish_publish(out, plan)
+    publishing.finish_publish(out, plan)
 
     assert json.loads(gcs_emulator.read(f"{out}/{INFO_FILE}")) == new
     names = set(gcs_emulator.list_names(out))

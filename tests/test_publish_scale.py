@@ -13,7 +13,7 @@ import pytest
 
 from tests.fault_proxy import COPY, DELETE, LIST, METADATA, FaultProxy
 from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
-from transforms.output import outputs
+from transforms.output import files, ownership, publishing
 
 RUN = "20261202-010000-0a1b2c3d"
 OLD_SHARDS = 3
@@ -28,7 +28,7 @@ def fill(emulator, out: str, count: int, run_id: str = RUN) -> list[str]:
     each, named by their shard) in its temporary folder; returns the new shards' names."""
     old = {"splits": {"train": {"shards": [{"file": name} for name in shard_names(OLD_SHARDS)]}}}
     names = shard_names(count)
-    folder = outputs.shards_dir(out, run_id)
+    folder = ownership.shards_dir(out, run_id)
     emulator.write_many({**{f"{out}/{name}": b"old" for name in shard_names(OLD_SHARDS)},
                          f"{out}/{INFO_FILE}": json.dumps(old).encode(),
                          **{f"{folder}/{name}": name.encode() for name in names}})
@@ -46,8 +46,8 @@ def publish(emulator, bucket: str, count: int, monkeypatch) -> tuple:
     names = fill(emulator, out, count)
     with FaultProxy(emulator.host) as proxy, monkeypatch.context() as patched:
         patched.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        outputs.publish_dataset(out, RUN, names, descriptions_of(names))
-        outputs.remove_run_dir(out, RUN)
+        publishing.publish_dataset(out, RUN, names, descriptions_of(names))
+        publishing.remove_run_dir(out, RUN)
         return out, names, proxy.reset_traffic(), proxy.max_in_flight
 
 
@@ -69,9 +69,9 @@ def test_publishing_thousands_of_shards_takes_a_few_listings_and_parallel_copies
     assert large.calls_of(METADATA) == small.calls_of(METADATA) <= 10
     assert large.calls_of(LIST) <= small.calls_of(LIST) + 2 * (2000 // 1000) <= 20
     # ... while the per-shard work, one copy and one deletion of each file, is done in parallel.
-    files = 2000 + 3  # the shards and the three descriptions
-    assert large.calls_of(COPY, "out/") == files
-    assert large.calls_of(DELETE, "out/.image-tfrecords-tmp/") == files + 1  # and the publish plan
+    moved = 2000 + 3  # the shards and the three descriptions
+    assert large.calls_of(COPY, "out/") == moved
+    assert large.calls_of(DELETE, "out/.image-tfrecords-tmp/") == moved + 1  # and the publish plan
     assert large.calls_of(DELETE, "out/train-") == OLD_SHARDS  # the old dataset's shards, by its description
     assert most_at_once > 1
 
@@ -90,7 +90,7 @@ def test_a_publish_that_fails_halfway_is_finished_by_the_next_run_never_undone(g
     bucket = gcs_emulator.create_bucket(f"publish-halfway{runs_again[-3:]}")
     out = f"{bucket}/out"
     names = fill(gcs_emulator, out, 450)  # 5 batches of copies
-    real = outputs._gcsio
+    real = files._gcsio
     batches = []
 
     class FailingCopies:
@@ -106,12 +106,12 @@ def test_a_publish_that_fails_halfway_is_finished_by_the_next_run_never_undone(g
             return self._gcsio.copy_batch(pairs)
 
     with monkeypatch.context() as patched:
-        patched.setattr(outputs, "_gcsio", FailingCopies)
-        patched.setattr(outputs, "PUBLISH_THREADS", 1)  # the batches in order: the first two go through
+        patched.setattr(files, "_gcsio", FailingCopies)
+        patched.setattr(files, "PUBLISH_THREADS", 1)  # the batches in order: the first two go through
         with pytest.raises(OSError, match=r"copying gs://.* failed \(503\), and \d+ more"):
-            outputs.publish_dataset(out, RUN, names, descriptions_of(names))
+            publishing.publish_dataset(out, RUN, names, descriptions_of(names))
     listed = set(gcs_emulator.list_names(out))
-    assert outputs.completion_marker(out) is None and names[0] in listed and names[-1] not in listed  # halfway
+    assert ownership.completion_marker(out) is None and names[0] in listed and names[-1] not in listed  # halfway
 
     try:
         prepare_output(settings_for(out, runs_again), "20261202-020000-0f0f0f0f")

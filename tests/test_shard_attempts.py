@@ -11,11 +11,13 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from tests.test_chunks import _outcomes
+from transforms.base.dataset_format import INFO_FILE
 from transforms.base.records import ImageRef, Rejection
 from transforms.base.tfrecord import iter_records
 from transforms.images.convert import Converted
 from transforms.output.describe import DescribeDataset
-from transforms.output.outputs import INFO_FILE, ShardSizeMismatch, publish_dataset, shards_dir
+from transforms.output.ownership import shards_dir
+from transforms.output.publishing import ShardSizeMismatch, publish_dataset
 from transforms.output.write import REJECTED, WRITTEN, ChunkKey, ShardInfo, _AssembleShard, write_piece
 
 RUN = "run1"

@@ -327,7 +327,7 @@ def test_the_description_step_needs_no_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, transforms.output.describe, transforms.output.tfds_metadata, transforms.output.outputs; "
+    code = ("import sys, transforms.output.describe, transforms.output.tfds_metadata, transforms.output.publishing; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -26,7 +26,8 @@ from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
 from transforms.base.transient import TransientReadError
 from transforms.inputs.rows import TruncatedFile
-from transforms.output.outputs import ShardSizeMismatch, UnsafePath, completion_marker, interrupted_publish
+from transforms.output.ownership import UnsafePath, completion_marker
+from transforms.output.publishing import ShardSizeMismatch, interrupted_publish
 
 LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
 
@@ -139,7 +140,7 @@ def worker_died(error: BaseException, dead: list[tuple[int, int]]) -> str | None
     return "a worker process died"
 
 
-# transforms.output.outputs.ShardSizeMismatch's message, as the text of a worker's traceback shows it.
+# transforms.output.publishing.ShardSizeMismatch's message, as the text of a worker's traceback shows it.
 _SHARD_SIZE = re.compile(r"ShardSizeMismatch: (the shard file .+? run the same command again)")
 # The message up to the end of its line (a literal "\n" when the traceback arrives as a repr).
 _TRANSIENT_READ = re.compile(
@@ -175,7 +176,7 @@ def truncated_file(error: BaseException) -> str | None:
     return _reported(error, TruncatedFile, _TRUNCATED)
 
 
-# transforms.output.outputs.UnsafePath's message, as the text of a worker's traceback shows it.
+# transforms.output.ownership.UnsafePath's message, as the text of a worker's traceback shows it.
 _UNSAFE_PATH = re.compile(r"UnsafePath: (.+? and run again)")
 
 

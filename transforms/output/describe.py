@@ -37,12 +37,9 @@ from transforms.inputs import append
 from transforms.inputs import duplicates as dup
 from transforms.labels.groups import SummariseGroups
 from transforms.output import tfds_metadata
+from transforms.output.files import read_text
 from transforms.output.lock import release_lock
-from transforms.output.outputs import (
-    publish_dataset,
-    read_text,
-    remove_run_dir,
-)
+from transforms.output.publishing import publish_dataset, remove_run_dir
 
 __all__ = ["Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise"]
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
@@ -306,7 +303,7 @@ class _WriteInfo(beam.DoFn):
         }
         # Each shard's file (its committed attempt's) must hold the bytes its ShardInfo reports.
         sizes = {renamed.get(s["file"], s["file"]): s["bytes"] for s in all_shards}
-        # Written in full first, then the previous dataset (if any) gives way: transforms/output/outputs.py.
+        # Written in full first, then the previous dataset (if any) gives way: transforms/output/publishing.py.
         publish_dataset(self._output_dir, self._run_id, shard_files, descriptions, sizes,
                         renames=grown.renames if grown else None, keep=grown.keep + old_sources if grown else ())
         # This run's own temporary folder and lock, and the interrupted runs' it resumed; no other run's.

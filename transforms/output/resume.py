@@ -35,7 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.base import bounded, counters
 from transforms.base.records import Rejection
 from transforms.images.stats import SplitStats
-from transforms.output.outputs import write_atomically
+from transforms.output.files import write_atomically
 
 __all__ = ["DONE_DIR", "PLAN_FILE", "RESUMED", "Resume", "chunk_digest", "fingerprint", "read_done", "read_plan",
            "write_done", "write_plan"]

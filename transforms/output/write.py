@@ -67,7 +67,7 @@ from transforms.images.stats import SplitStats, StatsTally
 from transforms.images.stats import merge as merge_stats
 from transforms.labels.sharding import ShardKey, rank_order
 from transforms.output.concat import concatenate, file_size
-from transforms.output.outputs import shards_dir
+from transforms.output.ownership import shards_dir
 from transforms.output.resume import Resume, file_sha256
 from transforms.output.shardfiles import open_writer
 
