@@ -116,7 +116,8 @@ def test_a_zone_plate_shrunk_by_a_fractional_scale_under_2x_does_not_alias(resam
     # 1024 to 640 (1.6x): low-passed by a Gaussian, then sampled. Where the source's rings are between the
     # output's Nyquist frequency (0.31 cycles per source pixel) and the source's own (0.5), point sampling makes
     # a strong moire (a std of 90); a filtered image keeps little of it (Pillow's antialiased filters 17-22, this
-    # path 15-24, the area reduction it used before 29) and keeps the rings well below it.
+    # path 15-24, the area reduction it used before 29) and keeps the rings well below it. --resample=area asks
+    # for the box filter itself, which keeps more (29 here; Pillow's own box filter 57).
     size, out = 1024, 640
     data = cases.encode(zone_plate(size), "PNG")
     fast = convert_image(data, ImageSettings(width=out, height=out, resample=resample, image_format="png"))
@@ -126,7 +127,7 @@ def test_a_zone_plate_shrunk_by_a_fractional_scale_under_2x_does_not_alias(resam
     sampled = np.asarray(zone_plate(size).resize((out, out), Image.Resampling.NEAREST), np.float64)
     folded, kept = (cycles > 0.35) & (cycles < 0.5), cycles < 0.15
     assert sampled[folded].std() > 80
-    assert shrunk[folded].std() < 0.3 * sampled[folded].std()
+    assert shrunk[folded].std() < (0.35 if resample == "area" else 0.3) * sampled[folded].std()
     assert shrunk[kept].std() > 0.8 * sampled[kept].std()
 
 

@@ -171,9 +171,12 @@ def _is_whole(scale: float) -> bool:
     return abs(scale - round(scale)) < _EXACT
 
 
-def _blurs(ax: float, ay: float) -> bool:
+def _blurs(ax: float, ay: float, resample_filter: str) -> bool:
     """Whether a shrink by these scales (source pixels per output pixel) is low-passed by `_antialias`: every axis
-    under 2x, and one that shrinks at a fractional scale."""
+    under 2x, and one that shrinks at a fractional scale. Not with --resample=area, which asks for the area
+    filter itself (Pillow's box filter is the exact mean over each output pixel's footprint)."""
+    if resample_filter == "area":
+        return False
     shrinking = [a for a in (ax, ay) if a > 1 + _EXACT]
     return bool(shrinking) and max(shrinking) < _BLUR_BELOW and not all(_is_whole(a) for a in shrinking)
 
@@ -208,7 +211,7 @@ def _direct_resize(pixels: np.ndarray, box: tuple[float, float, float, float], s
         return None
     region = pixels[round(y0):min(pixels.shape[0], math.ceil(y1 - _EXACT)),
                     round(x0):min(pixels.shape[1], math.ceil(x1 - _EXACT))]
-    if not enlarges and _blurs(ax, ay):
+    if not enlarges and _blurs(ax, ay, resample_filter):
         return None  # INTER_AREA at a fractional scale is OpenCV's slow generic code: `resample` blurs instead
     interpolation = _RESIZE_INTERPOLATIONS[resample_filter] if enlarges else cv2.INTER_AREA
     out = cv2.resize(region, None, fx=1 / ax, fy=1 / ay, interpolation=interpolation)
@@ -262,7 +265,7 @@ def resample(pixels: np.ndarray, box: tuple[float, float, float, float], size: t
     fx, lx, mid_w = _axis_steps(x0, x1, pixels.shape[1], width)
     fy, ly, mid_h = _axis_steps(y0, y1, pixels.shape[0], height)
     region = pixels[fy:ly, fx:lx]
-    if _blurs((x1 - x0) / width, (y1 - y0) / height):
+    if _blurs((x1 - x0) / width, (y1 - y0) / height, resample_filter):
         region = _antialias(region, (x1 - x0) / width, (y1 - y0) / height)
         mid_w, mid_h = lx - fx, ly - fy  # sampled at the output's spacing below, not reduced first
     elif (mid_w, mid_h) != (lx - fx, ly - fy):
