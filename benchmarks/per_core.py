@@ -3,6 +3,7 @@
     python -m benchmarks.per_core                              # 200 generated photos, crop to 512, q95
     python -m benchmarks.per_core --input_dir=my_photos/ --rounds 5 --resample=bilinear
     python -m benchmarks.per_core --large                      # generated photos of 1800-3000 px
+    python -m benchmarks.per_core --photo_size 640x480 --resize_mode stretch   # all 640x480
 
 Each contender runs in its own process, one thread, in alternating rounds (fast,
 pillow, img2dataset, fast, ...), and converts every file from memory; the figure is
@@ -40,8 +41,9 @@ import numpy as np
 CONTENDERS = ("fast", "pillow", "floor", "img2dataset")
 
 
-def generate(root: str, count: int, large: bool) -> None:
-    """Photo-like JPEGs: about 450x375 (the median of real photo folders), or 1800-3000 px with --large."""
+def generate(root: str, count: int, large: bool, photo_size: tuple[int, int] | None = None) -> None:
+    """Photo-like JPEGs: about 450x375 (the median of real photo folders), 1800-3000 px with --large, or all of
+    one size with --photo_size."""
     from pipeline.sample_data import photo_like
 
     rng = np.random.default_rng(0)
@@ -49,6 +51,8 @@ def generate(root: str, count: int, large: bool) -> None:
     for i in range(count):
         width = int(rng.uniform(1800, 3000)) if large else int(np.clip(rng.normal(450, 90), 200, 1200))
         height = int(width * rng.uniform(0.65, 1.0))
+        if photo_size:
+            width, height = photo_size
         photo_like(width, height, rng).save(os.path.join(root, f"{i:05d}.jpg"), quality=90)
 
 
@@ -169,6 +173,7 @@ def main(argv=None) -> int:
     parser.add_argument("--input_dir", help="photos to convert (default: generated photo-like JPEGs)")
     parser.add_argument("--images", type=int, default=200, help="generated photos (default 200)")
     parser.add_argument("--large", action="store_true", help="generate 1800-3000 px photos")
+    parser.add_argument("--photo_size", help="generate photos of this one size, WxH (e.g. 640x480)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every contender (default 3)")
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--resample", default="bilinear", choices=("bilinear", "bicubic", "lanczos", "area"))
@@ -186,7 +191,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.input_dir or os.path.join(tmp, "photos")
         if not args.input_dir:
-            generate(root, args.images, args.large)
+            size = tuple(int(side) for side in args.photo_size.lower().split("x")) if args.photo_size else None
+            generate(root, args.images, args.large, size)
         listing = os.path.join(tmp, "files.txt")
         with open(listing, "w") as f:
             f.write("\n".join(image_files(root)))
@@ -203,7 +209,8 @@ def main(argv=None) -> int:
             rounds.append(row)
     report = {"rounds": rounds, "size": args.size, "resample": args.resample, "quality": args.quality,
               "resize_mode": args.resize_mode,
-              "input": args.input_dir or ("generated large" if args.large else "generated")}
+              "input": args.input_dir or (f"generated {args.photo_size}" if args.photo_size
+                                          else "generated large" if args.large else "generated")}
     print(f"images per CPU-second, one thread, {args.rounds} alternating rounds ({report['input']}, "
           f"{args.resize_mode} to "
           f"{args.size}, {args.resample}, q{args.quality}):")
