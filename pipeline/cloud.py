@@ -245,11 +245,6 @@ def _check_with_beams_validator(options: PipelineOptions) -> None:
         raise UserError(f"{errors[0].rstrip('.')}: correct that Dataflow option and run again")
 
 
-def gcs_client():
-    """The process's google-cloud-storage client, with the run's options (credentials, --no_auth, emulator)."""
-    return gcs.client()
-
-
 def check_gcs_folder(flag: str, path: str) -> None:
     """The bucket of a gs:// path exists and its objects can be listed: one line about what to do when not.
 
@@ -265,7 +260,7 @@ def check_gcs_folder(flag: str, path: str) -> None:
     if not bucket:
         raise UserError(f"{flag} {path} has no bucket name: write gs://BUCKET/folder")
     try:
-        next(iter(gcs_client().list_blobs(bucket, prefix=prefix, max_results=1)), None)
+        next(iter(gcs.client().list_blobs(bucket, prefix=prefix, max_results=1)), None)
     except exceptions.NotFound:
         raise UserError(
             f"{flag} {path}: the bucket gs://{bucket} does not exist: check the name, or create it with "
@@ -559,7 +554,7 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
               "launcher submits it.")
         return 0
     job_id = result.job_id()
-    update_lock(settings.output_dir, run_id, gcs_client() if is_gcs(settings.output_dir) else None, job_id=job_id)
+    update_lock(settings.output_dir, run_id, gcs.client() if is_gcs(settings.output_dir) else None, job_id=job_id)
     # Beam's own line, which Airflow's Dataflow hook and scripts look for (Beam logs it only with --verbose).
     print(f"Created job with id: [{job_id}]", flush=True)
     print(f"Submitted Dataflow job {cloud.job_name} ({job_id}) for run {run_id}.")

@@ -114,7 +114,7 @@ def test_objects_that_may_not_be_listed_are_one_line_naming_the_role(monkeypatch
             assert kwargs == {"prefix": "photos", "max_results": 1}  # one object listing, never bucket metadata
             raise api_exceptions.Forbidden("GET ...: caller does not have storage.objects.list access")
 
-    monkeypatch.setattr(cloud, "gcs_client", lambda: Refusing())
+    monkeypatch.setattr(cloud.gcs, "client", lambda: Refusing())
     with pytest.raises(UserError) as error:
         cloud.check_gcs_folder("--input_dir", "gs://locked/photos")
     assert str(error.value) == (

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 
-from transforms.base import counters, memory
+from transforms.base import counters, gcs, memory
 from transforms.base.examples import build_example
 from transforms.base.paths import display_path, file_kind, is_local
 from transforms.base.records import ImageRef, Rejection
@@ -38,7 +38,6 @@ from transforms.images.imaging import EncodedImage
 from transforms.images.pool import ConversionPool, Job, core_slot, time_limit
 from transforms.images.settings import ImageSettings
 from transforms.images.stats import ImageStats
-from transforms.inputs.listing import gcs_client
 
 
 def check_regular_file(path: str) -> int:
@@ -105,7 +104,7 @@ def read_head(path: str, count: int, throttled_s: float = THROTTLED_RETRY_S) -> 
         bucket, name = gcsio.parse_gcs_path(path)
 
         def head(timeout: float) -> bytes:
-            return gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
+            return gcs.client().bucket(bucket).blob(name).download_as_bytes(
                 start=0, end=count - 1, raw_download=True, checksum=None, retry=None, timeout=timeout)
 
         return with_retries(head, path, throttled_s=throttled_s)
@@ -138,7 +137,7 @@ def _read_gcs(path: str, max_bytes: int, timeout: float) -> bytes:
     and the bytes are the object's stored bytes, as Beam reads them (raw_download).
     """
     bucket, name = gcsio.parse_gcs_path(path)
-    return gcs_client(path).bucket(bucket).blob(name).download_as_bytes(
+    return gcs.client().bucket(bucket).blob(name).download_as_bytes(
         start=0, end=max_bytes, raw_download=True, checksum=None, retry=None, timeout=timeout)
 
 

@@ -63,15 +63,6 @@ class Entry(NamedTuple):
         return self.size
 
 
-def gcs_client(path: str):
-    """The process's one GCS client (`transforms.base.gcs`), for `path`'s reads, listings and writes.
-
-    One client for every image, not one per call as Beam's file system makes: a new client would open a new
-    connection (and TLS session) and fetch the bucket's metadata each time.
-    """
-    return gcs.client()
-
-
 def _kind(mode: int) -> str | None:
     """None for what the listing walks or lists (files and folders), else what the entry is."""
     return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else file_kind(mode)
@@ -173,7 +164,7 @@ def gcs_list(folder: str, folders_too: bool = False, page_size: int | None = Non
     `page_size` asks for smaller pages than the service's 1,000, for a caller that stops early.
     """
     bucket, prefix = _gcs_prefix(folder)
-    pages = gcs_client(folder).list_blobs(bucket, prefix=prefix, delimiter="/" if folders_too else None,
+    pages = gcs.client().list_blobs(bucket, prefix=prefix, delimiter="/" if folders_too else None,
                                           page_size=page_size)
     for blob in pages:
         if not blob.name.endswith("/"):
@@ -227,7 +218,7 @@ def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool =
         yield from list_folder(folder, input_dir, follow_symlinks)
         return
     bucket, prefix = _gcs_prefix(folder.path)
-    client = gcs_client(folder.path)
+    client = gcs.client()
     blobs = client.list_blobs(bucket, prefix=prefix)
     names: list[str] = []  # the names of the last page listed here
     for number, page in enumerate(blobs.pages, 1):
@@ -252,7 +243,7 @@ def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool =
 
 def list_folder_part(part: FolderPart) -> Iterator[Entry]:
     """The entries of one part of a large gs:// class folder."""
-    for blob in list_part(gcs_client(f"gs://{part.bucket}/"), part):
+    for blob in list_part(gcs.client(), part):
         if not blob.name.endswith("/"):
             yield Entry(f"gs://{part.bucket}/{blob.name}", blob.size or 0)
 

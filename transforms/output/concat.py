@@ -23,8 +23,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 from google.cloud.storage.retry import DEFAULT_RETRY
 
+from transforms.base import gcs
 from transforms.base.paths import is_local
-from transforms.inputs.listing import gcs_client
 
 MAX_COMPOSE = 32  # Cloud Storage composes at most 32 source objects in one call
 _COPY_CHUNK = 8 << 20
@@ -89,7 +89,7 @@ def _copy_file(source, out, size: int) -> None:
 def _compose_gcs(sources: list[str], dest: str) -> int:
     """Compose the gs:// `sources` into `dest`, in a tree of calls of at most 32 sources each."""
     bucket_name, name = gcsio.parse_gcs_path(dest)
-    bucket = gcs_client(dest).bucket(bucket_name)
+    bucket = gcs.client().bucket(bucket_name)
     blobs = []
     for source in sources:
         source_bucket, source_name = gcsio.parse_gcs_path(source)
