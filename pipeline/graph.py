@@ -1,4 +1,4 @@
-"""The Beam graph: ListImages -> AssignLabels (or ReadManifest) -> AssignShards -> WriteShards -> DescribeDataset."""
+"""The Beam graph: ListImages -> AssignLabels (or ReadManifest) -> AssignShards -> WriteShards -> PublishDataset."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from transforms.inputs.metadata import JoinMetadata
 from transforms.labels.assign import GROUPS, UNLABELED, AssignLabels, UniqueIds
 from transforms.labels.assign import REJECTED as DUPLICATE_IDS
 from transforms.labels.sharding import AssignShards
-from transforms.output.describe import DescribeDataset
+from transforms.output.describe import PublishDataset
 from transforms.output.ownership import run_dir, shards_dir
 from transforms.output.resume import Resume, fingerprint
 from transforms.output.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
@@ -135,7 +135,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["manifest"] = manifest_stats
     split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders
                 else "group_hash" if grouped else "path_hash")
-    inputs | "DescribeDataset" >> DescribeDataset(
+    inputs | "PublishDataset" >> PublishDataset(
         settings.output_dir,
         run_id,
         class_names,

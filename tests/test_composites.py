@@ -1,5 +1,5 @@
 """ListImages, AssignLabels, ReadRows, ReadManifest, DropDuplicates, FindDuplicates and SummariseGroups, each as a
-composite transform in a TestPipeline (AssignShards and WriteShards: tests/test_write.py; DescribeDataset:
+composite transform in a TestPipeline (AssignShards and WriteShards: tests/test_write.py; PublishDataset:
 tests/test_describe.py)."""
 
 from __future__ import annotations

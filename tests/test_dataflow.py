@@ -126,7 +126,7 @@ def _pipeline_proto(gcs_emulator, staging):
 def test_translated_job_has_the_graphs_steps(gcs_emulator, dry_run):
     proto = _pipeline_proto(gcs_emulator, dry_run[1])
     names = {t.unique_name for t in proto.components.transforms.values()}
-    assert {"ListImages", "AssignLabels", "AssignShards", "WriteShards", "DescribeDataset"} <= names
+    assert {"ListImages", "AssignLabels", "AssignShards", "WriteShards", "PublishDataset"} <= names
     # Chunks of a shard converted on any worker, each shard then assembled from its pieces (never read back).
     assert {"WriteShards/ConvertChunks/GroupByShard", "WriteShards/ConvertChunks/CutChunks",
             "WriteShards/ConvertChunks/SpreadChunks", "WriteShards/ConvertChunks/Convert",
@@ -165,13 +165,13 @@ def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_
 # Side inputs that a single-element stage may read: each is bounded whatever the number of images.
 BOUNDED_SIDE_INPUTS = {
     "AssignShards/LayOut": "the bucket counts (at most 3 x 65,536 pairs) laid out: one small layout per split",
-    "DescribeDataset/CountTallies": "one count per (split, class) and per rejection reason",
-    "DescribeDataset/ShardStats": "one line per shard",
-    "DescribeDataset/FindDuplicates": "one dict: the duplicate counts and the first 20 groups",
-    "DescribeDataset/SummariseGroups": "one dict: the --group_by counts and the first 10 examples",
-    "DescribeDataset/CombineStats": "one SplitStats per split: pixel sums and source-size histograms",
+    "PublishDataset/CountTallies": "one count per (split, class) and per rejection reason",
+    "PublishDataset/ShardStats": "one line per shard",
+    "PublishDataset/FindDuplicates": "one dict: the duplicate counts and the first 20 groups",
+    "PublishDataset/SummariseGroups": "one dict: the --group_by counts and the first 10 examples",
+    "PublishDataset/CombineStats": "one SplitStats per split: pixel sums and source-size histograms",
     "WriteSources/WriteSourceFiles": "the names of the run's sources files: one per bundle of written images",
-    "DescribeDataset/CountPresent": "--if_exists=append: one count, the images already in the dataset",
+    "PublishDataset/CountPresent": "--if_exists=append: one count, the images already in the dataset",
     # errors.jsonl: one line per rejected or skipped file, streamed by the step that writes the description.
     "AllRejections": "the rejected and skipped files, streamed once into errors.jsonl",
 }

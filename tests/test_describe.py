@@ -1,4 +1,4 @@
-"""DescribeDataset: its accounting as plain functions (summarise, check_accounting), and the composite itself."""
+"""PublishDataset: its accounting as plain functions (summarise, check_accounting), and the composite itself."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.base.records import Rejection
 from transforms.output.describe import (
     DatasetIncomplete,
-    DescribeDataset,
+    PublishDataset,
     check_accounting,
     summarise,
 )
@@ -85,7 +85,7 @@ def _describe(p, output_dir, run_id, found):
         "rejections": p | "Rejections" >> beam.Create(rejections),
         "shards": p | "Shards" >> beam.Create(SHARDS),
         "found": p | "Found" >> beam.Create([found - 2, 2]),  # counted per bundle
-    } | DescribeDataset(str(output_dir), run_id, CLASSES, "default", {"compression": ""}, {"fixed_size": False},
+    } | PublishDataset(str(output_dir), run_id, CLASSES, "default", {"compression": ""}, {"fixed_size": False},
                         0.0, "0.1.0")
 
 

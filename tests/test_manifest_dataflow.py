@@ -103,7 +103,7 @@ def test_a_manifest_job_submitted_to_dataflow_writes_the_dataset(gcs_emulator, d
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"ReadManifest/Read/Ranges", "ReadManifest/Read/CountRows", "ReadManifest/Read/ReadRows",
             "ReadManifest/ParseRows", "ReadManifest/ClassNames",
-            "DescribeDataset"} <= names
+            "PublishDataset"} <= names
     assert not {n for n in names if n.startswith(("ListImages", "AssignLabels"))}
     single = assert_single_element_stages_are_bounded(proto, MANIFEST_PER_IMAGE_STEPS, MANIFEST_BOUNDED_SIDE_INPUTS)
     assert any("ReadManifest/Read/Ranges" in x.unique_name for s in single for x in s.transforms)

@@ -15,7 +15,7 @@ from transforms.base.dataset_format import INFO_FILE
 from transforms.base.records import ImageRef, Rejection
 from transforms.base.tfrecord import iter_records
 from transforms.images.convert import Converted
-from transforms.output.describe import DescribeDataset
+from transforms.output.describe import PublishDataset
 from transforms.output.ownership import shards_dir
 from transforms.output.publishing import ShardSizeMismatch, publish_dataset
 from transforms.output.write import REJECTED, WRITTEN, ChunkKey, ShardInfo, _AssembleShard, write_piece
@@ -49,7 +49,7 @@ def describe(output_dir: str, committed: dict, shard: ShardInfo) -> None:
             "rejections": p | "Rejections" >> beam.Create(committed[REJECTED]),
             "shards": p | "Shards" >> beam.Create([shard]),
             "found": p | "Found" >> beam.Create([len(REFS)]),
-        } | DescribeDataset(output_dir, RUN, ["c"], "default", {"compression": "none"}, {"fixed_size": False},
+        } | PublishDataset(output_dir, RUN, ["c"], "default", {"compression": "none"}, {"fixed_size": False},
                             0.0, "0.1.0")
 
 

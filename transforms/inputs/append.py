@@ -41,7 +41,7 @@ from transforms.inputs.duplicates import hash_file
 from transforms.inputs.rows import TruncatedFile
 
 CHANGED = CHANGED_SINCE_DATASET
-PRESENT = "images_already_in_dataset"  # the counter, and DescribeDataset's input of their number
+PRESENT = "images_already_in_dataset"  # the counter, and PublishDataset's input of their number
 
 # Options that may differ from the dataset's on an append: where the images come from and how new shards are
 # sized. Every other recorded option shapes the records or their splits, and must be the dataset's.

@@ -1,4 +1,6 @@
-"""DescribeDataset: errors.jsonl, labels.txt, TFDS's files and, last, image_tfrecords.json.
+"""PublishDataset, the graph's last step: the run's description (errors.jsonl, labels.txt, TFDS's files and, last,
+image_tfrecords.json) written, the run's files published under their final names (transforms.output.publishing)
+and the lock released.
 
 `image_tfrecords.json` is this tool's description of the dataset and the marker
 that it is complete: it is written only after every shard is final and its
@@ -41,7 +43,7 @@ from transforms.output.files import read_text
 from transforms.output.lock import release_lock
 from transforms.output.publishing import publish_dataset, remove_run_dir
 
-__all__ = ["Accounting", "DescribeDataset", "MergeStats", "check_accounting", "dataset_info", "summarise"]
+__all__ = ["Accounting", "PublishDataset", "MergeStats", "check_accounting", "dataset_info", "summarise"]
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 RESUMED = "resumed"  # tally key: ("resumed", run id), records taken from that interrupted run's chunks
 
@@ -68,7 +70,7 @@ def _published_by(info_path: str, run_id: str) -> dict | None:
 
 
 class Accounting(NamedTuple):
-    """What a run did, from the tallies and shard statistics of DescribeDataset's inputs."""
+    """What a run did, from the tallies and shard statistics of PublishDataset's inputs."""
 
     splits: dict  # split -> {"records", "class_counts", "shards", "bytes"}, in SPLITS order
     files: dict  # "found", "written", "rejected", "skipped", "upscaled"
@@ -406,8 +408,8 @@ class MergeStats(beam.CombineFn):
         return accumulator
 
 
-class DescribeDataset(beam.PTransform):
-    """Write the error report and the dataset description; outputs the info dict.
+class PublishDataset(beam.PTransform):
+    """Write the error report and the dataset description, then publish the run's files; outputs the info dict.
 
     Inputs (a dict): 'written' (((split, label, upscaled), records) from WriteShards),
     'rejections' (Rejection), 'shards' (ShardInfo of every final shard), 'found' (numbers
