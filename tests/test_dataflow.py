@@ -324,12 +324,64 @@ def test_dry_run_without_dataflow_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_flex_template_metadata_lists_exactly_the_pipeline_options():
-    with open(METADATA) as f:
-        metadata = json.load(f)
-    names = [p["name"] for p in metadata["parameters"]]
-    assert len(names) == len(set(names))
-    assert set(names) == set(convert_options())
+def test_flex_template_metadata_is_made_from_the_flags(capsys):
+    """dataflow/metadata.json is what pipeline.template_metadata makes of the flags, byte for byte."""
+    from pipeline import template_metadata
+
+    with open(METADATA, encoding="utf-8") as f:
+        committed = f.read()
+    assert committed == template_metadata.metadata_json(), "run python -m pipeline.template_metadata --write"
+    names = [p["name"] for p in json.loads(committed)["parameters"]]
+    assert len(names) == len(set(names)) and set(names) == set(convert_options())
+    assert names[:2] == ["input_dir", "output_dir"]  # the required ones first
+    assert template_metadata.main(["--check"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_flex_template_metadata_takes_defaults_choices_and_types_from_the_flags(monkeypatch, tmp_path, capsys):
+    """A flag's default, choices or type changed in pipeline.flags changes the template; drift is an error."""
+    from pipeline import flags, template_metadata
+
+    add = flags.add_convert_arguments
+
+    def changed(parser, mark_required=False):
+        add(parser, mark_required)
+        for action in parser._actions:
+            if action.dest == "jpeg_quality":
+                action.default = 90
+            if action.dest == "resize_mode":
+                action.choices = ("stretch", "crop")
+
+    monkeypatch.setattr(template_metadata, "add_convert_arguments", changed)
+    parameters = {p["name"]: p for p in template_metadata.metadata()["parameters"]}
+    assert parameters["jpeg_quality"]["helpText"] == "1 to 100. Default: 90."
+    assert parameters["jpeg_quality"]["paramType"] == "NUMBER"
+    assert parameters["resize_mode"]["regexes"] == ["^(stretch|crop)$"]
+    assert parameters["resize_mode"]["enumOptions"] == [{"value": "stretch"}, {"value": "crop"}]
+    assert parameters["overwrite"]["regexes"] == ["^(true|false)$"]
+    assert parameters["overwrite"]["paramType"] == "BOOLEAN"
+    assert parameters["manifest"]["paramType"] == "GCS_READ_FILE"
+    # The committed file is then out of date, and --check says so and how to fix it.
+    assert template_metadata.main(["--check"]) == 1
+    assert "run python -m pipeline.template_metadata --write" in capsys.readouterr().err
+
+    def new_flag(parser, mark_required=False):
+        add(parser, mark_required)
+        parser.add_argument("--brand_new", default=None)
+
+    monkeypatch.setattr(template_metadata, "add_convert_arguments", new_flag)
+    with pytest.raises(ValueError, match="flags without an entry: brand_new"):
+        template_metadata.metadata()
+    monkeypatch.setitem(template_metadata.PARAMETERS, "brand_new", template_metadata.Parameter("New", "New."))
+    with pytest.raises(ValueError, match="--brand_new has no default: give its wording"):
+        template_metadata.metadata()
+    monkeypatch.setattr(template_metadata, "add_convert_arguments", add)
+    with pytest.raises(ValueError, match="entries without a flag: brand_new"):
+        template_metadata.metadata()
+    monkeypatch.delitem(template_metadata.PARAMETERS, "brand_new")
+    monkeypatch.setitem(template_metadata.PARAMETERS, "seed", template_metadata.Parameter("Seed", "Seed."))
+    with pytest.raises(ValueError, match="--seed is a number: give the regex of its range"):
+        template_metadata.metadata()
 
 
 def test_flex_template_metadata_is_valid_for_the_dataflow_api():
