@@ -613,3 +613,51 @@ def test_readme_airflow_task_is_a_valid_launch_of_the_template(monkeypatch):
     settings = validate(PipelineOptions([f"--{name}={value}" for name, value in parameters.items()]))
     assert settings.output_dir == "gs://my-bucket/tfrecords/2024-01-31"
     assert settings.if_exists == "skip"
+
+
+class _Job:
+    """A submitted job's result whose state (one GetJob call per read) runs through `states`."""
+
+    def __init__(self, states):
+        self.states, self.reads = list(states), 0
+
+    @property
+    def state(self):
+        self.reads += 1
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+
+def test_waiting_for_a_job_checks_soon_then_at_a_tenth_of_the_time_waited():
+    from pipeline.cloud import POLL_FIRST_S, POLL_MAX_S, wait_for_job
+
+    now, sleeps = [0.0], []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    job = _Job(["PENDING", *["RUNNING"] * 60, "DONE"])
+    assert wait_for_job(job, sleep=sleep, clock=lambda: now[0]) == "DONE"
+    assert job.reads == 62 and len(sleeps) == 61
+    assert sleeps[:3] == [POLL_FIRST_S] * 3  # the first checks come soon after the submission
+    assert sleeps == sorted(sleeps) and max(sleeps) == POLL_MAX_S  # then less often, never rarer than POLL_MAX_S
+    # Every wait is at most a tenth of the time waited before it (or the first interval): a job that ends is seen
+    # within about 10 % of its run time.
+    waited = 0.0
+    for seconds in sleeps:
+        assert seconds <= max(POLL_FIRST_S, waited / 10)
+        waited += seconds
+    for end in ("FAILED", "CANCELLED"):
+        assert wait_for_job(_Job(["RUNNING", end]), sleep=lambda s: None) == end
+
+
+def test_ctrl_c_while_waiting_for_a_job_ends_the_wait_at_once():
+    from pipeline.cloud import wait_for_job
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    job = _Job(["RUNNING"])
+    with pytest.raises(KeyboardInterrupt):
+        wait_for_job(job, sleep=interrupted)
+    assert job.reads == 1

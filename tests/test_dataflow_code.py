@@ -95,9 +95,11 @@ def test_workers_that_run_other_code_fail_the_job_with_one_line(gcs_emulator, da
         f.write("\n# built from another commit\n")
     dataflow_api.worker_code = str(workers)
     output = f"gs://{BUCKET}/other-code"
-    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output))  # the image's tag: "1"
+    # --verbose: the launcher waits with Beam's own wait, which logs the job's messages as they come.
+    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output, "--verbose"))  # the image's tag: "1"
 
     assert result.returncode == 1
+    assert "WorkerCodeMismatch: the Dataflow workers run other code" in result.stderr  # the job's message, logged
     job = dataflow_api.jobs[job_id_of(result)]
     assert job.state == "JOB_STATE_FAILED"
     worker_lines = [line for message in job.messages for line in message["messageText"].splitlines()
