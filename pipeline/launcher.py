@@ -18,7 +18,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipeline import cloud
+from pipeline import cloud, lean_beam
 from pipeline.errors import UserError
 from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
@@ -75,6 +75,7 @@ def run(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     check_flags(argv)
+    lean_beam.memoize_signatures()  # a third of a small run's graph building and checking
     options = RunOptions(argv)
     settings = validate(options)
     configure_logging(settings)
