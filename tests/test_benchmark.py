@@ -16,7 +16,7 @@ import pytest
 from pipeline.cli import main_of
 from pipeline.errors import UserError
 from pipeline.readers.bench_report import FIGURE_FIELDS, StageResult
-from tests.conftest import REPO, cli
+from tests.conftest import REPO, run_tool
 from transforms.base.tfrecord import iter_records
 
 tf = pytest.importorskip("tensorflow")
@@ -180,7 +180,7 @@ def cli_run(sample_output, sample_tree, tmp_path_factory):
     """One benchmark run as a user runs it: validation split, 2 epochs, compared with one class's image files."""
     out = tmp_path_factory.mktemp("bench")
     # The dataset folder as the first argument, as for verify and preview.
-    proc = cli("pipeline.benchmark", str(sample_output), "--split=validation", "--batch_size=2",
+    proc = run_tool("pipeline.benchmark", str(sample_output), "--split=validation", "--batch_size=2",
                "--epochs=2", f"--compare_files={sample_tree / 'circle'}", f"--json={out / 'bench.json'}",
                f"--plot={out / 'bench.png'}", "--global_batch=64", "--target_steps_per_s=1000")
     assert proc.returncode == 0, proc.stderr[-3000:]

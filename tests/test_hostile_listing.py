@@ -19,7 +19,7 @@ from pipeline.errors import UserError
 from pipeline.options import ConvertOptions, validate
 from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
-from tests.conftest import cli, convert, main_in_process
+from tests.conftest import convert, main_in_process, run_tool
 from tests.datasets import read_records
 from transforms.labels.layout import hash_split, shuffle_key
 
@@ -84,7 +84,7 @@ def test_a_non_utf8_file_name_is_converted_with_an_escaped_source_path(tmp_path)
     for raw in (b"cats/caf\xe9.jpg", b"dogs/\xff\xfe.jpg"):  # the graph's split is the plan's, from the bytes
         assert sources[raw.decode("utf-8", "backslashreplace")] == hash_split(os.fsdecode(raw), 42, 0.5, 0.0)
     assert reasons(errors) == {"dogs/notes\\xff.txt": ("skipped", "not_an_image_extension")}
-    verified = cli("pipeline.verify", str(tmp_path / "out"), timeout=120)
+    verified = run_tool("pipeline.verify", str(tmp_path / "out"))
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 

@@ -18,7 +18,7 @@ from PIL import Image
 
 from pipeline.cli import main_of
 from tests import hostile_records as hostile
-from tests.conftest import cli
+from tests.conftest import cli, run_tool
 
 pytest.importorskip("tensorflow")
 
@@ -83,7 +83,7 @@ def test_verify_names_a_flipped_byte(tmp_path, capsys):
 @pytest.mark.timeout(120)
 def test_the_verify_command_on_a_non_example_record(tmp_path):
     root, shard, index = hostile.non_example(tmp_path / "ds")
-    proc = cli("pipeline.verify", str(root), timeout=110)
+    proc = run_tool("pipeline.verify", str(root))
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (f"problem: {shard} record {index}: not a valid Example: it does not parse as a tf.train.Example "
@@ -111,6 +111,7 @@ def test_preview_skips_a_bad_record_names_it_and_shows_the_rest(tmp_path, capsys
 @pytest.mark.timeout(120)
 def test_the_preview_command_on_a_flipped_byte(tmp_path):
     root, shard, index = hostile.flipped_byte(tmp_path / "ds")
+    # A fresh interpreter: the "one line" contract of preview's stderr, TensorFlow's start-up included.
     proc = cli("pipeline.preview", str(root), f"--contact_sheet={tmp_path / 'sheet.png'}",
                f"--class_chart={tmp_path / 'chart.png'}", timeout=110)
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -205,7 +206,7 @@ def test_malformed_dataset_info_is_one_error_line(tmp_path, capsys, case, tool):
 @pytest.mark.timeout(120)
 def test_the_benchmark_command_on_a_dataset_info_that_is_a_list(tmp_path):
     root = hostile.malformed_info(tmp_path / "ds", lambda info: [])
-    proc = cli("pipeline.benchmark", f"--dataset_dir={root}", timeout=110)
+    proc = run_tool("pipeline.benchmark", f"--dataset_dir={root}")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
         f"error: {root}/image_tfrecords.json is not a JSON object but a list: it was not written by this tool; "

@@ -17,7 +17,7 @@ from PIL import Image
 
 from pipeline.launcher import run
 from pipeline.report import format_summary
-from tests.conftest import FAST, cli, doc_example
+from tests.conftest import FAST, cli, doc_example, run_tool
 from transforms.labels.layout import hash_split
 
 SIZE = 16
@@ -183,7 +183,7 @@ def test_benchmark_reads_the_lists_as_multi_hot(converted):
     assert len(batches) == 1 and batches[0]["label"].shape == (12, 3)
     assert sorted(map(tuple, batches[0]["label"].tolist())) == sorted(
         tuple(float(k in ids) for k in range(3)) for path, ids in expected.items() if path < "12.png")
-    result = cli("pipeline.benchmark", str(out), "--batch_size=2", "--steps=2", timeout=240)
+    result = run_tool("pipeline.benchmark", str(out), "--batch_size=2", "--steps=2")
     assert result.returncode == 0, result.stderr[-500:]
     assert re.search(r"^parse\s+\d+", result.stdout, re.MULTILINE), result.stdout
 

@@ -15,7 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from pipeline.errors import UserError
-from tests.conftest import cli, convert, doc_example
+from tests.conftest import cli, convert, doc_example, run_tool
 from tests.test_formats import count_data_items
 from tests.test_pipeline import write_tiny_tree
 from transforms.base.dataset_format import SCHEMAS, record_fields
@@ -142,7 +142,7 @@ def test_the_reader_gives_dicts_with_the_id_and_supervised_image_id_pairs(unlabe
 
 def test_verify_passes_an_unlabeled_set(unlabeled):
     _, out = unlabeled
-    result = cli("pipeline.verify", str(out))
+    result = run_tool("pipeline.verify", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1].startswith("OK: ")
 
@@ -155,7 +155,7 @@ def test_verify_fails_on_a_damaged_unlabeled_shard(unlabeled, tmp_path):
     blob = bytearray(shard.read_bytes())
     blob[len(blob) // 2] ^= 0x10
     shard.write_bytes(bytes(blob))
-    result = cli("pipeline.verify", str(out))
+    result = run_tool("pipeline.verify", str(out))
     assert result.returncode == 1
     assert "checksum mismatch" in result.stdout + result.stderr
 
@@ -186,10 +186,10 @@ def test_preview_shows_ids_instead_of_labels(unlabeled, tmp_path):
     sheet, tiles = make_contact_sheet(str(out), per_class=4, tile_size=32)
     assert [t.class_name for t in tiles] == [t.source_path.rsplit(".", 1)[0] for t in tiles]
     assert len(tiles) == 4 and all(t.label == -1 for t in tiles)
-    result = cli("pipeline.preview", str(out), f"--contact_sheet={tmp_path / 'sheet.png'}", "--per_class=3")
+    result = run_tool("pipeline.preview", str(out), f"--contact_sheet={tmp_path / 'sheet.png'}", "--per_class=3")
     assert result.returncode == 0, result.stderr
     assert "3 images of an unlabeled set" in result.stdout
-    chart = cli("pipeline.preview", str(out), f"--class_chart={tmp_path / 'chart.png'}")
+    chart = run_tool("pipeline.preview", str(out), f"--class_chart={tmp_path / 'chart.png'}")
     assert chart.returncode == 2 and chart.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "--class_chart" in chart.stderr and "unlabeled" in chart.stderr
 
@@ -245,7 +245,7 @@ def test_copies_within_the_split_are_still_counted(tmp_path):
     duplicates = _info(out)["duplicates"]
     assert duplicates["within_split"] == 1 and duplicates["across_splits"] == 0
     assert duplicates["conflicting_labels"] == 0
-    assert cli("pipeline.verify", str(out)).returncode == 0
+    assert run_tool("pipeline.verify", str(out)).returncode == 0
 
 
 def test_kaggle_layout_train_class_folders_and_a_flat_test_folder(tmp_path):
@@ -284,7 +284,7 @@ def test_num_shards_sets_the_test_splits_shards(flat, tmp_path):
 
 def test_the_benchmark_reads_an_unlabeled_set(unlabeled, tmp_path):
     _, out = unlabeled
-    result = cli("pipeline.benchmark", str(out), "--split=test", "--batch_size=2", f"--json={tmp_path / 'b.json'}")
+    result = run_tool("pipeline.benchmark", str(out), "--split=test", "--batch_size=2", f"--json={tmp_path / 'b.json'}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "b.json").read_text())
 
@@ -296,6 +296,6 @@ def test_tf_slim_unlabeled_set_verifies_and_loads_in_tfds(flat, tmp_path):
     out = tmp_path / "out"
     assert convert(flat, out, "--unlabeled", "--schema=tf_slim", f"--image_size={SIZE}") == 0
     assert all("id" in f and "image/class/label" not in f and "image/encoded" in f for f in _features(out))
-    assert cli("pipeline.verify", str(out)).returncode == 0
+    assert run_tool("pipeline.verify", str(out)).returncode == 0
     examples = list(tfds.as_numpy(tfds.builder_from_directory(str(out)).as_dataset(split="test")))
     assert sorted(e["id"].decode() for e in examples) == IDS
