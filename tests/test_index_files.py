@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.sample_data import generate_dataset
-from tests.conftest import cli, convert, doc_example
+from tests.conftest import convert, doc_example, run_tool
 from transforms.base.dataset_format import TEMP_DIR, index_name
 from transforms.output.write import index_text
 
@@ -145,8 +145,8 @@ def test_the_tfrecord_package_reads_the_shards_with_their_index(tree, tmp_path):
 
 
 def test_index_files_refuse_gzip_in_one_line(tree, tmp_path):
-    result = cli("pipeline.main", f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}", "--compression=gzip",
-                 "--index_files", timeout=120)
+    result = run_tool("pipeline.main", f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}",
+                      "--compression=gzip", "--index_files")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "error: --index_files needs uncompressed shards, but --compression=gzip: an index holds byte offsets into "

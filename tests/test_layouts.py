@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pipeline.errors import UserError
-from tests.conftest import cli, convert
+from tests.conftest import convert, run_tool
 from tests.datasets import read_records, write_tiny_tree
 from transforms.base.dataset_format import split_of
 from transforms.labels.layout import nested_class_folders, split_folder_note
@@ -60,8 +60,8 @@ def test_the_run_prints_which_folder_became_which_split_and_that_validation_spli
     src = tmp_path / "in"
     write_tiny_tree(src / "Train", {"a": 2, "b": 2})
     write_tiny_tree(src / "dev", {"a": 1, "b": 1})
-    result = cli("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}", "--validation_split=0.3",
-                 "--direct_running_mode=in_memory", "--direct_num_workers=1")
+    result = run_tool("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}",
+                      "--validation_split=0.3", "--direct_running_mode=in_memory", "--direct_num_workers=1")
     assert result.returncode == 0, result.stderr
     printed = result.stdout + result.stderr
     assert "split folders: Train/ -> train, dev/ -> validation" in printed

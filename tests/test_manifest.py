@@ -10,7 +10,7 @@ import tensorflow as tf
 from PIL import Image
 
 from pipeline.errors import UserError
-from tests.conftest import cli
+from tests.conftest import run_tool
 from tests.datasets import convert_manifest as _run
 from tests.datasets import error_rows as _errors
 
@@ -145,7 +145,7 @@ def test_empty_manifest_or_no_path_column_is_a_one_line_error(tmp_path, text, me
     (tmp_path / "m.csv").write_text(text)
     with pytest.raises(UserError, match=message):
         _run(tmp_path / "m.csv", tmp_path / "out")
-    proc = cli("pipeline.main", f"--manifest={tmp_path / 'm.csv'}", f"--output_dir={tmp_path / 'out'}")
+    proc = run_tool("pipeline.main", f"--manifest={tmp_path / 'm.csv'}", f"--output_dir={tmp_path / 'out'}")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error:") and message in proc.stderr
 
@@ -246,8 +246,8 @@ def test_a_manifest_without_a_label_column_or_with_a_non_json_first_line(tmp_pat
 
 def test_a_local_manifest_on_dataflow_is_a_one_line_error(tmp_path):
     (tmp_path / "m.csv").write_text("path,label\na.png,cat\n")
-    proc = cli("pipeline.main", f"--manifest={tmp_path / 'm.csv'}", "--output_dir=gs://b/out",
-               "--runner=DataflowRunner")
+    proc = run_tool("pipeline.main", f"--manifest={tmp_path / 'm.csv'}", "--output_dir=gs://b/out",
+                    "--runner=DataflowRunner")
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: --manifest ") and "is not a gs:// path" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0

@@ -17,7 +17,7 @@ from PIL import Image
 
 from pipeline.launcher import run
 from pipeline.report import format_summary
-from tests.conftest import FAST, cli, doc_example, run_tool
+from tests.conftest import FAST, doc_example, run_tool
 from transforms.labels.layout import hash_split
 
 SIZE = 16
@@ -289,7 +289,7 @@ def test_duplicates_compare_label_sets(tmp_path):
 
 
 def _cli_error(*args):
-    result = cli("pipeline.main", *args, "--quiet", timeout=300)
+    result = run_tool("pipeline.main", *args, "--quiet")
     lines = result.stderr.strip().splitlines()
     return result.returncode, lines[-1] if lines else "", len(lines)
 
@@ -318,7 +318,7 @@ def test_an_all_empty_labels_column_ends_in_an_error_without_labels_file(tmp_pat
     """The class names are found in the job: none at all is a failed run (exit 1), one line saying why."""
     _image(tmp_path / "0.png", (0, 0, 0))
     manifest = _csv(tmp_path / "list.csv", [("path", "labels"), ("0.png", "")])
-    result = cli("pipeline.main", f"--manifest={manifest}", f"--output_dir={tmp_path / 'out'}", "--multi_label",
+    result = run_tool("pipeline.main", f"--manifest={manifest}", f"--output_dir={tmp_path / 'out'}", "--multi_label",
                  "--image_size=8", *FAST)
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: no image has a class: every labels cell")

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from pipeline.report import format_summary, human_bytes
-from tests.conftest import cli, convert
+from tests.conftest import convert, run_tool
 from transforms.base.examples import Example
 from transforms.base.tfrecord import iter_records
 from transforms.images.stats import (
@@ -192,8 +192,8 @@ def _small_sources(root, count=12, side=128):
 def test_small_sources_get_a_smaller_image_size_suggested_in_the_printed_report(tmp_path):
     """128 px sources at the default --image_size=512: the run's report names --image_size=128 and the bytes."""
     _small_sources(tmp_path / "in")
-    result = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}",
-                 "--direct_running_mode=in_memory", "--direct_num_workers=1")
+    result = run_tool("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}",
+                      "--direct_running_mode=in_memory", "--direct_num_workers=1")
     assert result.returncode == 0, result.stderr
     found = _info(tmp_path / "out")["statistics"]["suggested_image_size"]
     assert found == {

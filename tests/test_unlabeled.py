@@ -15,7 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from pipeline.errors import UserError
-from tests.conftest import cli, convert, doc_example, run_tool
+from tests.conftest import convert, doc_example, run_tool
 from tests.test_formats import count_data_items
 from tests.test_pipeline import write_tiny_tree
 from transforms.base.dataset_format import SCHEMAS, record_fields
@@ -88,8 +88,8 @@ def flat(tmp_path_factory):
 def unlabeled(flat, tmp_path_factory):
     """The flat folder converted with --unlabeled, as a user runs it; (result, output folder)."""
     out = tmp_path_factory.mktemp("unlabeled_out") / "tfrecords"
-    result = cli("pipeline.main", f"--input_dir={flat}", f"--output_dir={out}", "--unlabeled",
-                 f"--image_size={SIZE}", "--validation_split=0.3", *FAST)
+    result = run_tool("pipeline.main", f"--input_dir={flat}", f"--output_dir={out}", "--unlabeled",
+                      f"--image_size={SIZE}", "--validation_split=0.3", *FAST)
     assert result.returncode == 0, result.stderr
     return result, out
 
@@ -253,7 +253,7 @@ def test_kaggle_layout_train_class_folders_and_a_flat_test_folder(tmp_path):
     src = tmp_path / "in"
     write_tiny_tree(src / "train", {"a": 3, "b": 3})
     write_flat(src / "test", ["t1", "t2"])
-    result = cli("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}", *FAST)
+    result = run_tool("pipeline.main", f"--input_dir={src}", f"--output_dir={tmp_path / 'out'}", *FAST)
     assert result.returncode == 0, result.stderr
     line = (f"test/ holds 2 images and no class folders, an unlabeled set: they are skipped (no_class_folder); "
             f"convert them on their own with --input_dir={src / 'test'} --unlabeled")
