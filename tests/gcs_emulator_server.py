@@ -84,6 +84,13 @@ Storage._write_config_to_file = _write_config_unless_in_memory(Storage._write_co
 # One request at a time, as the emulator's storage is not thread-safe; but clients working in parallel (the
 # publishing's copies, the lock's racers) queue rather than see their connections refused past 5 waiting.
 server.HTTPServer.request_queue_size = 128
+# A client stopped in the middle of sending a request (a launcher's SIGTERM or Ctrl-C lands while it writes an
+# object) leaves its connection open and the request unfinished; the one-at-a-time server would wait on it for
+# ever, and every other client with it, where Cloud Storage serves each connection on its own. A connection that
+# sends nothing for this long is dropped (BaseHTTPRequestHandler answers its timeout by closing it).
+from gcp_storage_emulator.server import RequestHandler  # noqa: E402
+
+RequestHandler.timeout = 10
 
 if __name__ == "__main__":
     from gcp_storage_emulator.__main__ import main  # imports the server, which takes the wrapped handlers
