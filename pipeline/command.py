@@ -29,23 +29,20 @@ def _convert(argv: list[str]) -> int:
 
 def _verify(argv: list[str]) -> int:
     from pipeline import verify
-    from pipeline.cli import main_of
 
-    return main_of(verify.run, argv)
+    return verify.main(argv)  # its own main: its own line on Ctrl-C, not the converter's
 
 
 def _preview(argv: list[str]) -> int:
     from pipeline import preview
-    from pipeline.cli import main_of
 
-    return main_of(preview.run, argv)
+    return preview.main(argv)  # its own main: its own line on Ctrl-C, not the converter's
 
 
 def _benchmark(argv: list[str]) -> int:
     from pipeline import benchmark
-    from pipeline.cli import main_of
 
-    return main_of(benchmark.run, argv)
+    return benchmark.main(argv)  # its own main: its own line on Ctrl-C, not the converter's
 
 
 # {subcommand: (its runner, its python -m form, one line for the help page)}

@@ -312,10 +312,14 @@ def test_benchmark_names_a_bucket_cloud_storage_refuses_in_one_line_as_a_user_se
                                    "same command again"),
 ])
 @pytest.mark.parametrize("signal_name, code", [("interrupted", 130), ("terminated (SIGTERM)", 143)])
-def test_each_read_side_tool_says_what_its_own_interruption_left(tool, says, signal_name, code, monkeypatch, capsys):
-    # The converter's advice (no image_tfrecords.json was written) is not a read-side tool's: each says its own.
+@pytest.mark.parametrize("form", ["python -m", "image-tfrecords"])
+def test_each_read_side_tool_says_what_its_own_interruption_left(tool, says, signal_name, code, form, monkeypatch,
+                                                                 capsys):
+    # The converter's advice (no image_tfrecords.json was written) is not a read-side tool's: each says its own,
+    # whether it runs as `python -m pipeline.verify` or as `image-tfrecords verify`.
     import importlib
 
+    from pipeline import command
     from pipeline.errors import Terminated
 
     module = importlib.import_module(tool)
@@ -324,5 +328,6 @@ def test_each_read_side_tool_says_what_its_own_interruption_left(tool, says, sig
         raise KeyboardInterrupt() if code == 130 else Terminated()
 
     monkeypatch.setattr(module, "run", stopped)
-    assert module.main(["x"]) == code
+    subcommand = tool.rsplit(".", 1)[1]
+    assert (module.main(["x"]) if form == "python -m" else command.main([subcommand, "x"])) == code
     assert capsys.readouterr().err == f"error: {signal_name}; {says}\n"
