@@ -7,12 +7,21 @@ Dataflow runs one SDK process per vCPU of each worker.
 
 from __future__ import annotations
 
+import os
 import re
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, WorkerOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
 # Set in every Python Flex Template launcher image: the launcher must return once the job is submitted.
 FLEX_TEMPLATE_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"
+
+
+LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
+
+
+def is_local_run(options: PipelineOptions) -> bool:
+    """Whether the job runs on this machine (the local runner: Beam's FnApiRunner, pipeline.local)."""
+    return options.view_as(StandardOptions).runner in LOCAL_RUNNER_NAMES
 
 
 def is_dataflow(options: PipelineOptions) -> bool:
@@ -65,9 +74,16 @@ def worker_memory_share(options: PipelineOptions) -> tuple[str, int, int] | None
 
 
 def worker_processes(options: PipelineOptions) -> int | None:
-    """The most worker processes a Dataflow job runs: one per vCPU on each of --max_num_workers (or
+    """The most worker processes a job runs. On Dataflow: one per vCPU on each of --max_num_workers (or
     --num_workers) machines of --machine_type (Dataflow's n1-standard-1 when not given); None when neither count
-    is given (and for a local run, which reads at the rate of 100 processes' shares, as before)."""
+    is given. A local run: its --direct_num_workers, else one per core (the local runner's default; a
+    --direct_num_workers=1 given is counted as one per core too, Beam's default being 1), so that its
+    processes share the job's first read rate as a Dataflow job's do, rather than each taking the share of one
+    of 100 processes (50 reads a second: a local run from gs:// on a small machine was capped by it). None for
+    another runner."""
+    if is_local_run(options):
+        given = options.view_as(DirectOptions).direct_num_workers or 0
+        return given if given > 1 else os.cpu_count() or 1
     workers = options.view_as(WorkerOptions)
     count = workers.max_num_workers or workers.num_workers
     if not count:

@@ -156,10 +156,12 @@ def test_a_throttled_run_loses_nothing(gcs_emulator, photos, proxy, monkeypatch)
     proxy.throttle(per_s=8, burst=2)
     output = f"gs://{BUCKET}/throttled"
     # A time limit per image below what the throttled waits add up to: those waits are not the image's time.
-    assert _run(photos, output, "--image_timeout_s=60", "--conversion_threads=4") == 0
+    # It starts at 50 reads a second (a local run's share: the job's rate over one process per core).
+    start_rate = f"--initial_read_rate={50 * (os.cpu_count() or 1)}"
+    assert _run(photos, output, "--image_timeout_s=60", "--conversion_threads=4", start_rate) == 0
     _complete(gcs_emulator, output)
     assert proxy.throttled > 0  # it really was throttled
-    assert transient.read_rate().rate() < transient.INITIAL_READS_PER_S  # and the process slowed down
+    assert transient.read_rate().rate() < 50  # and the process slowed down
 
 
 @pytest.mark.timeout(120)
@@ -269,7 +271,11 @@ def test_a_job_starts_at_the_buckets_read_rate_shared_by_its_processes():
     assert start(*dataflow, "--max_num_workers=4000", "--machine_type=n2-standard-8") == 1.0  # at least 1 a second
     assert start(*dataflow, "--max_num_workers=1", "--initial_read_rate=40000") == 2000  # at most 2,000 a process
     assert start(*dataflow) == transient.INITIAL_READS_PER_S == 50  # unbounded: 100 processes' shares, as before
-    assert start() == 50  # a local run
+    # A local run's processes share the job's rate too: --direct_num_workers, else one per core.
+    assert start("--direct_num_workers=4") == 5000 / 4
+    assert start("--direct_num_workers=200") == 5000 / 200
+    assert start() == min(2000, 5000 / (os.cpu_count() or 1))
+    assert start("--direct_num_workers=1") == start()  # Beam's default: as if not given (one per core)
     assert [machine_vcpus(t) for t in ("n2-standard-4", "custom-8-32768", "e2-medium", "c3d-highmem-360-lssd",
                                        "zones/z/machineTypes/n2d-highcpu-32", "t2a-standard-1", "gpu-x")] == [
         4, 8, 2, 360, 32, 1, None]
@@ -295,6 +301,7 @@ def test_the_initial_read_rate_reaches_the_workers_reads(gcs_emulator, photos, p
     monkeypatch.setattr(transient, "_rates", {})  # this run's process makes its ReadRate afresh
     monkeypatch.delenv(transient.INITIAL_RATE_ENV, raising=False)
     output = f"gs://{BUCKET}/initial-rate"
-    assert _run(photos, output, "--initial_read_rate=70000") == 0
+    assert _run(photos, output, "--initial_read_rate=1400") == 0
     _complete(gcs_emulator, output)
-    assert transient.read_rate().rate() == pytest.approx(700, rel=0.01)  # 70,000 / 100 (the ramp: + 0.06 % a second)
+    # 1,400 over the local run's processes, one per core (the ramp: + 0.06 % a second)
+    assert transient.read_rate().rate() == pytest.approx(1400 / (os.cpu_count() or 1), rel=0.01)

@@ -24,20 +24,15 @@ from pipeline.local.progress import REQUEST_SECONDS, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
+from pipeline.workers import is_local_run
 from transforms.base.transient import TransientReadError
 from transforms.inputs.rows import TruncatedFile
 from transforms.output.ownership import UnsafePath, completion_marker
 from transforms.output.publishing import ShardSizeMismatch, interrupted_publish
 
-LOCAL_RUNNER_NAMES = (None, "DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
-
 
 def _flag_given(argv: list[str], name: str) -> bool:
     return any(a == name or a.startswith(name + "=") for a in argv)
-
-
-def is_local_run(options: PipelineOptions) -> bool:
-    return options.view_as(StandardOptions).runner in LOCAL_RUNNER_NAMES
 
 
 def start_workers(options: PipelineOptions, argv: list[str], settings: Settings) -> WarmWorkerPool | None:
