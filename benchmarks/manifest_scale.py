@@ -55,7 +55,7 @@ def write_manifest(path: Path, rows: int, classes: int) -> None:
 # --- the job's row parsing, in a process of its own ------------------------------------------------------------------
 
 def parse_child(manifest: str, range_bytes: int, which: str) -> dict:
-    from transforms.inputs import manifest as m
+    from transforms.inputs import rows as m  # the row reading the job's manifest parsing uses
 
     ranges = m.manifest_ranges(manifest, range_bytes)
     todo = ranges if which == "all" else ranges[:1]

@@ -38,6 +38,7 @@ from apache_beam.options.pipeline_options import (
 from pipeline.errors import Terminated, UserError
 from pipeline.workers import FLEX_TEMPLATE_ENV, is_dataflow
 from transforms.base import gcs
+from transforms.base.paths import is_gcs
 
 _LOG = logging.getLogger("pipeline")
 
@@ -47,10 +48,6 @@ SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 DRY_RUN_JOB_FILE = "dataflow_job.json"
 
 _options: PipelineOptions | None = None
-
-
-def is_gcs(path: str | None) -> bool:
-    return bool(path) and path.startswith("gs://")
 
 
 def is_dry_run(options: PipelineOptions) -> bool:

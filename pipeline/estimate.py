@@ -28,7 +28,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
 from transforms.base.examples import build_example
@@ -106,7 +105,7 @@ def sample_sizes(paths: Sequence[str], settings: ImageSettings, count: int = SIZ
     """The header sizes of up to `count` of `paths`, spread over them; unreadable files are left out."""
     chosen = spread(paths, count)
     jobs = [lambda _deadline, path=path: header_size(path) for path in chosen]
-    threads = 8 if any(FileSystems.get_scheme(p) for p in chosen[:1]) else 2  # gs:// reads wait on the network
+    threads = 8 if any(not is_local(p) for p in chosen[:1]) else 2  # gs:// reads wait on the network
     return [size for size in _run_all(jobs, SAMPLE_LIMIT_S, threads) if size]
 
 

@@ -20,12 +20,14 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pipeline import cloud, lean_beam
 from pipeline.errors import UserError
+from pipeline.flags import help_text
 from pipeline.graph import build_pipeline
 from pipeline.local import LocalRun
-from pipeline.options import Settings, check_flags, help_text, ignored_options, validate
+from pipeline.options import Settings, check_flags, ignored_options, validate
 from pipeline.output_folder import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset, plan_record
 from pipeline.report import summarise_run
+from transforms.base.paths import is_gcs
 from transforms.output.lock import holder_record
 from transforms.output.ownership import new_run_id
 
@@ -79,10 +81,10 @@ def run(argv: list[str] | None = None) -> int:
     options = RunOptions(argv)
     settings = validate(options)
     configure_logging(settings)
-    if settings.manifest and cloud.is_dataflow(options) and not cloud.is_gcs(settings.manifest):
+    if settings.manifest and cloud.is_dataflow(options) and not is_gcs(settings.manifest):
         raise UserError(f"--manifest {settings.manifest} is not a gs:// path, and Dataflow workers read the manifest: "
                         "copy it to a bucket (gcloud storage cp) and give its gs:// path")
-    if settings.metadata and cloud.is_dataflow(options) and not cloud.is_gcs(settings.metadata):
+    if settings.metadata and cloud.is_dataflow(options) and not is_gcs(settings.metadata):
         raise UserError(f"--metadata {settings.metadata} is not a gs:// path, and Dataflow workers read it: "
                         "copy it to a bucket (gcloud storage cp) and give its gs:// path")
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks

@@ -22,15 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline import workers
 from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
-from pipeline.flags import (  # noqa: F401  (COMPRESSIONS, IF_EXISTS, ON_OFF, parse_bool, help_text stay importable here)
-    COMPRESSIONS,
-    IF_EXISTS,
-    MAX_CONVERSION_THREADS,
-    ON_OFF,
-    add_convert_arguments,
-    help_text,
-    parse_bool,
-)
+from pipeline.flags import MAX_CONVERSION_THREADS, add_convert_arguments
 from pipeline.inputs import read_small_file
 from transforms.base.dataset_format import SPLITS
 from transforms.base.features import format_spec, parse_spec

@@ -36,7 +36,7 @@ from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms.base import bounded, gcs
 from transforms.base.dataset_format import FORMAT_VERSION, TEMP_DIR
-from transforms.base.paths import is_local
+from transforms.base.paths import is_gcs, is_local
 from transforms.inputs.append import FREE_OPTIONS
 from transforms.output.files import delete_files
 from transforms.output.lock import (
@@ -125,7 +125,7 @@ def existing_dataset(settings: Settings, options: PipelineOptions | None = None)
         raise UserError(f"{where}, made with other options ({shown}): --if_exists=skip accepts only a dataset of "
                         "the same options; pass --if_exists=overwrite to replace it, or choose another folder")
     options = options if options is not None else PipelineOptions([])
-    gcs_client = gcs.client() if cloud.is_gcs(settings.output_dir) else None
+    gcs_client = gcs.client() if is_gcs(settings.output_dir) else None
     writer = lock_holder(settings.output_dir, lambda other: why_stale(other, options), gcs_client)
     if writer is not None:
         raise UserError(f"{where} made with the same options, but it is being written by {describe_holder(writer)}, "
@@ -211,7 +211,7 @@ def take_lock(settings: Settings, holder: dict, options: PipelineOptions) -> Non
     Raises:
         UserError: another run (or a Dataflow job) is writing to the folder.
     """
-    gcs_client = gcs.client() if cloud.is_gcs(settings.output_dir) else None
+    gcs_client = gcs.client() if is_gcs(settings.output_dir) else None
     try:
         taken_over = acquire_lock(settings.output_dir, holder, lambda other: why_stale(other, options), gcs_client)
     except LockHeld as held:
@@ -259,7 +259,7 @@ def _lock_advice(output_dir: str, held: LockHeld) -> str:
 def give_back_lock(settings: Settings, run_id: str) -> None:
     """Release this run's lock if it still holds it (the job's last step usually has)."""
     try:
-        release_lock(settings.output_dir, run_id, gcs.client() if cloud.is_gcs(settings.output_dir) else None)
+        release_lock(settings.output_dir, run_id, gcs.client() if is_gcs(settings.output_dir) else None)
     except Exception as e:  # never hide the run's own outcome behind this
         _LOG.warning("Could not release the lock %s (%s): delete it by hand if no run is writing there",
                      lock_path(settings.output_dir), e)

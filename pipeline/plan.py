@@ -27,9 +27,10 @@ from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms.base import bounded, features
 from transforms.base.dataset_format import split_of
-from transforms.base.paths import IMAGE_EXTENSIONS, is_local, quoted_name, relative_path
+from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path
 from transforms.base.records import FileRef
 from transforms.inputs import manifest, metadata
+from transforms.inputs import rows as reading
 from transforms.inputs.listing import Folder, classify, list_folder, list_top
 from transforms.labels.layout import (
     NO_CLASS_FOLDER,
@@ -133,7 +134,7 @@ def check_folders(settings: Settings) -> None:
     # gs:// folders are only name prefixes: what can be missing is the bucket.
     for flag, path in (("--input_dir", settings.input_dir), ("--output_dir", settings.output_dir),
                        ("--labels_file", settings.labels_file)):
-        if cloud.is_gcs(path):
+        if is_gcs(path):
             cloud.check_gcs_folder(flag, path)
 
 
@@ -441,8 +442,8 @@ def plan_manifest(settings: Settings) -> Plan:
     fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
     check_manifest_columns(path, columns, settings)
     sample_rows = []
-    with _damaged_is_an_error("--manifest"), manifest.open_file(path) as raw:  # from the start (a .gz cannot seek)
-        for number, row in manifest.read_rows(manifest.file_lines(raw), fmt, settings.input_dir):
+    with _damaged_is_an_error("--manifest"), reading.open_file(path) as raw:  # from the start (a .gz cannot seek)
+        for number, row in manifest.read_rows(reading.file_lines(raw), fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
                 sample_rows.append(row)
             if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
@@ -498,7 +499,7 @@ def _damaged_is_an_error(flag: str):
     """A compressed file found cut short or damaged while the launcher reads its first rows: one line."""
     try:
         yield
-    except manifest.TruncatedFile as e:
+    except reading.TruncatedFile as e:
         raise UserError(f"{flag}: {e}") from None
 
 
@@ -527,8 +528,8 @@ def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"
     what = "CSV or JSON Lines file that lists the images" if flag == "--manifest" else "CSV or JSON Lines file"
     inputs.check_file(flag, path, what)
     try:
-        with _damaged_is_an_error(flag), manifest.open_file(path) as raw:
-            first = next(manifest.file_lines(raw), "")
+        with _damaged_is_an_error(flag), reading.open_file(path) as raw:
+            first = next(reading.file_lines(raw), "")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - what the file system says, named
@@ -541,13 +542,13 @@ def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"
             raise UserError(f"{flag} {path} does not exist: give the {what}") from None
         raise UserError(f"{flag} {path} cannot be read ({type(e).__name__}: {shown(str(e), 120)}): give the "
                         f"{what}") from None
-    if isinstance(first, manifest.LongLine):
-        raise UserError(f"{flag} {path}: its first line is over {manifest.MAX_LINE_BYTES >> 20} MiB ({first.size} "
+    if isinstance(first, reading.LongLine):
+        raise UserError(f"{flag} {path}: its first line is over {reading.MAX_LINE_BYTES >> 20} MiB ({first.size} "
                         f"bytes, read without being held): a header line is a few column names; is it the {what}?")
     if not first.strip():
         raise UserError(f"{flag} {path} is empty: write a header line ({header}) and one row per image, or one "
                         "JSON object per line")
-    bad = manifest.not_utf8(first, 1)
+    bad = reading.not_utf8(first, 1)
     if bad:
         raise UserError(f"{flag} {path}: {bad}")
     fmt = manifest.manifest_format(path, first)
@@ -579,8 +580,8 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
     plan.metadata_format = fmt
     # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
     rows = []
-    with _damaged_is_an_error("--metadata"), manifest.open_file(settings.metadata) as raw:
-        lines = manifest.file_lines(raw)
+    with _damaged_is_an_error("--metadata"), reading.open_file(settings.metadata) as raw:
+        lines = reading.file_lines(raw)
         for seen, (key, row) in enumerate(metadata.read_metadata(lines, fmt, settings.input_dir), start=1):
             if key is not None:
                 rows.append(dict(row.columns))

@@ -315,3 +315,55 @@ print("beam", "apache_beam" in sys.modules)
     assert lines[-2].startswith("batch 4 ")
     assert any(line.startswith("OK") or "records" in line for line in lines), result.stdout
     assert sheet.stat().st_size > 0 and chart.stat().st_size > 0
+
+
+# Questions with one answer in one place: {what a second spelling looks like: the modules that may spell it}.
+ONE_SPELLING = {
+    'startswith("gs://")': {"transforms.base.paths"},  # is this path on Cloud Storage: paths.is_gcs
+    "get_scheme(": set(),  # is this path local / on GCS: paths.is_local, paths.is_gcs
+    "storage.Client(": {"transforms.base.paths"},  # the read side's client; the converter's: transforms.base.gcs
+    'counters.inc("rejected_...")': set(),  # a rejection's counter name: counters.rejected(reason)
+}
+
+
+def _spellings(source: str) -> list[tuple[str, int]]:
+    """The ONE_SPELLING forms in `source`: (form, line)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func, args = node.func, node.args
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        first = args[0] if args else None
+        text = (first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else
+                first.values[0].value if isinstance(first, ast.JoinedStr) and first.values
+                and isinstance(first.values[0], ast.Constant) else None)
+        if name == "startswith" and text is not None and text.startswith("gs:"):
+            found.append(('startswith("gs://")', node.lineno))
+        elif name == "get_scheme":
+            found.append(("get_scheme(", node.lineno))
+        elif name == "Client" and isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "storage":
+            found.append(("storage.Client(", node.lineno))
+        elif name == "inc" and text is not None and text.startswith("rejected_"):
+            found.append(('counters.inc("rejected_...")', node.lineno))
+    return found
+
+
+def test_each_question_about_a_path_or_a_counter_has_one_spelling():
+    # "Is this path on GCS" is paths.is_gcs, "is it local" paths.is_local, the converter's GCS client
+    # transforms.base.gcs.client() (the read side's: paths), a rejection's counter counters.rejected(reason).
+    again = []
+    for module, path in module_files().items():
+        with open(path, encoding="utf-8") as f:
+            for form, line in _spellings(f.read()):
+                if module not in ONE_SPELLING[form]:
+                    again.append(f"{os.path.relpath(path, REPO)}:{line}: {form}")
+    assert not again, f"spelled again outside its home (use paths.is_gcs / is_local, gcs.client(), " \
+                      f"counters.rejected): {again}"
+
+
+def test_the_one_spelling_rule_sees_each_form():
+    source = ('if path.startswith("gs://"): pass\nFileSystems.get_scheme(p)\nstorage.Client()\n'
+              'counters.inc(f"rejected_{reason}")\ncounters.inc(counters.rejected(reason))\n')
+    assert _spellings(source) == [('startswith("gs://")', 1), ("get_scheme(", 2), ("storage.Client(", 3),
+                                  ('counters.inc("rejected_...")', 4)]

@@ -64,7 +64,7 @@ def _error_of(*argv) -> str:
 
 def _rows(path, fmt="csv"):
     with open(path, "rb") as raw:
-        return dict(m.read_rows(m.file_lines(raw), fmt, "/base"))
+        return dict(m.read_rows(reading.file_lines(raw), fmt, "/base"))
 
 
 # --- 2: a quoted field that spans lines is counted and reported ------------------------------------------

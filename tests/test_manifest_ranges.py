@@ -20,23 +20,23 @@ from transforms.inputs import rows as reading
 
 def sequential(path, fmt):
     with open(path, "rb") as raw:
-        return list(m.read_rows(m.file_lines(raw), fmt, "/base"))
+        return list(m.read_rows(reading.file_lines(raw), fmt, "/base"))
 
 
 def ranged(path, fmt, range_bytes):
     """What the job does, step by step: ranges, counts of every range but the last, starts, parse each range."""
-    ranges = m.manifest_ranges(str(path), range_bytes)
+    ranges = reading.manifest_ranges(str(path), range_bytes)
     counts = []
     for item in ranges:
         if not item.last:
             with open(path, "rb") as raw:
-                lines, _ = m.range_lines(raw, item)
-                counts.append((item.index, m.count_records(lines, fmt)))
-    starts = m.range_starts(reversed(counts))  # in any order
+                lines, _ = reading.range_lines(raw, item)
+                counts.append((item.index, reading.count_records(lines, fmt)))
+    starts = reading.range_starts(reversed(counts))  # in any order
     header = []
     if fmt == "csv":
         with open(path, "rb") as raw:
-            header = m.header_of(next(m.group_records(m.file_lines(raw), "csv"), None))
+            header = reading.header_of(next(reading.group_records(reading.file_lines(raw), "csv"), None))
     rows = []
     for item in random.Random(len(ranges)).sample(ranges, len(ranges)):  # in any order
         rows += m.parse_range(str(path), item, fmt, "/base", starts[item.index], header)
@@ -160,14 +160,14 @@ def test_a_quote_never_closed_is_one_rejected_row_not_a_crash(tmp_path, monkeypa
 def test_ranges_of_a_file(tmp_path):
     path = tmp_path / "m.csv"
     path.write_bytes(b"x" * 10)
-    assert m.manifest_ranges(str(path), 4) == [m.Range(0, 0, 4, False), m.Range(1, 4, 8, False),
-                                                 m.Range(2, 8, 10, True)]
-    assert m.manifest_ranges(str(path), 64) == [m.Range(0, 0, 10, True)]
+    assert reading.manifest_ranges(str(path), 4) == [reading.Range(0, 0, 4, False), reading.Range(1, 4, 8, False),
+                                                 reading.Range(2, 8, 10, True)]
+    assert reading.manifest_ranges(str(path), 64) == [reading.Range(0, 0, 10, True)]
     path.write_bytes(b"")
-    assert m.manifest_ranges(str(path), 64) == [m.Range(0, 0, 0, True)]
+    assert reading.manifest_ranges(str(path), 64) == [reading.Range(0, 0, 0, True)]
     gz = tmp_path / "m.csv.gz"
     gz.write_bytes(gzip.compress(b"path,label\na.png,x\n" * 100))
-    assert m.manifest_ranges(str(gz), 4) == [m.Range(0, 0, -1, True)]  # cannot be cut: one stream
+    assert reading.manifest_ranges(str(gz), 4) == [reading.Range(0, 0, -1, True)]  # cannot be cut: one stream
 
 
 def _images(folder, names):
@@ -227,9 +227,9 @@ def test_a_compressed_manifest_is_one_stream_with_the_same_rows(tmp_path):
     plain, packed = tmp_path / "m.csv", tmp_path / "m.csv.gz"
     plain.write_bytes(CSV_CASES["quoted_newlines"] + b"f.png,q,\n")
     packed.write_bytes(gzip.compress(plain.read_bytes()))
-    [whole] = m.manifest_ranges(str(packed), 8)
+    [whole] = reading.manifest_ranges(str(packed), 8)
     header = ["path", "label", "note"]
-    rows = list(m.parse_range(str(packed), whole, "csv", "/base", m.RangeStart(0, m.START), header))
+    rows = list(m.parse_range(str(packed), whole, "csv", "/base", reading.RangeStart(0, reading.START), header))
     assert rows == sequential(plain, "csv")
 
 

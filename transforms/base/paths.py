@@ -42,6 +42,12 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
+def is_gcs(path: str | None) -> bool:
+    """Whether `path` is on Cloud Storage (gs://): a different question from `is_local` (an s3:// or hdfs://
+    path is neither)."""
+    return bool(path) and path.startswith("gs://")
+
+
 def relative_to(path: str, folder: str) -> str:
     """The part of `path` below `folder` ('/' separators), without the leading '/'."""
     return path[len(folder.rstrip("/")):].lstrip("/")
@@ -54,7 +60,7 @@ _BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")
 
 def bucket_problem(path: str) -> str | None:
     """Why the bucket of a gs:// `path` is not a Cloud Storage bucket name, or None (also for a local path)."""
-    if not path.startswith("gs://"):
+    if not is_gcs(path):
         return None
     bucket = path[len("gs://"):].split("/", 1)[0]
     if _BUCKET.fullmatch(bucket) and ".." not in bucket:

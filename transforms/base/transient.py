@@ -41,6 +41,7 @@ from google.auth import exceptions as auth_exceptions
 from google.resumable_media.common import InvalidResponse
 
 from transforms.base import memory
+from transforms.base.paths import is_gcs
 
 T = TypeVar("T")
 
@@ -273,7 +274,7 @@ def with_retries(read: Callable[[float], T], path: str, deadline: float | None =
     Raises:
         TransientReadError: when the last try failed with a transient error too.
     """
-    if rate is None and path.startswith("gs://"):
+    if rate is None and is_gcs(path):
         rate = read_rate(start_rate)
     start = time.monotonic()
     budget = RETRY_BUDGET_S if deadline is None else min(RETRY_BUDGET_S, max(0.0, deadline - start) * DEADLINE_SHARE)

@@ -29,7 +29,7 @@ from apache_beam.io.gcp import gcsio
 
 from transforms.base import counters, gcs, memory
 from transforms.base.examples import build_example
-from transforms.base.paths import display_path, file_kind, is_local
+from transforms.base.paths import display_path, file_kind, is_gcs, is_local
 from transforms.base.records import ImageRef, Rejection
 from transforms.base.transient import THROTTLED_RETRY_S, TransientReadError, describe, with_retries
 from transforms.images import imaging
@@ -84,7 +84,7 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: flo
         size = check_regular_file(path)
     if size is not None and size > max_bytes:
         raise _too_large(size, max_bytes, "the file has")
-    if FileSystems.get_scheme(path) == "gs":
+    if is_gcs(path):
         read = functools.partial(_read_gcs, path, max_bytes)
     else:
         read = lambda _timeout: _read_file(path, max_bytes, size)  # noqa: E731
@@ -100,7 +100,7 @@ def read_head(path: str, count: int, throttled_s: float = THROTTLED_RETRY_S) -> 
     Beam's GCS reader would fetch its whole 16 MiB buffer for them. A transient
     error is retried as an image read is (`transforms.base.transient`), a fixed number of times.
     """
-    if FileSystems.get_scheme(path) == "gs":
+    if is_gcs(path):
         bucket, name = gcsio.parse_gcs_path(path)
 
         def head(timeout: float) -> bytes:

@@ -27,31 +27,15 @@ from transforms.base.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_
 from transforms.base.paths import display_path, is_local, quoted_name
 from transforms.base.records import ImageRef, Rejection
 from transforms.inputs import rows as reading
-from transforms.inputs.rows import (  # noqa: F401  (the reading's names stay importable here: tests, benchmarks)
-    MAX_LINE_BYTES,
-    MAX_RECORD_CHARS,
-    QUOTED,
+from transforms.inputs.rows import (
     ROWS,
     SPANNING,
-    START,
-    LongLine,
     Range,
     RangeStart,
     ReadRows,
     Record,
     RowFields,
-    TruncatedFile,
-    count_records,
-    file_lines,
-    group_records,
-    header_of,
-    is_compressed,
-    manifest_ranges,
-    not_utf8,
-    open_file,
     range_fields,
-    range_lines,
-    range_starts,
     read_records,
     record_fields,
 )

@@ -77,7 +77,7 @@ def _first_of_each_id(item):
     first, *others = sorted(refs, key=lambda ref: name_bytes(ref.relpath))
     yield first
     for ref in others:
-        counters.inc(f"rejected_{DUPLICATE_ID}")
+        counters.inc(counters.rejected(DUPLICATE_ID))
         yield beam.pvalue.TaggedOutput(REJECTED, Rejection(
             ref.relpath, "rejected", DUPLICATE_ID,
             f"its id {quoted_name(taken)} (the file name without its extension) is also the id of "

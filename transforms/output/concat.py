@@ -24,7 +24,7 @@ from apache_beam.io.gcp import gcsio
 from google.cloud.storage.retry import DEFAULT_RETRY
 
 from transforms.base import gcs
-from transforms.base.paths import is_local
+from transforms.base.paths import is_gcs, is_local
 
 MAX_COMPOSE = 32  # Cloud Storage composes at most 32 source objects in one call
 _COPY_CHUNK = 8 << 20
@@ -48,7 +48,7 @@ def concatenate(sources: list[str], dest: str, expected: int) -> int:
         raise ValueError("nothing to concatenate")
     if is_local(dest):
         size = _concatenate_local(sources, dest)
-    elif FileSystems.get_scheme(dest) == "gs":
+    elif is_gcs(dest):
         size = _compose_gcs(sources, dest)
     else:
         size = _concatenate_stream(sources, dest)

@@ -37,7 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.base import bounded
 from transforms.base.dataset_format import LOCK_FILE
-from transforms.base.paths import is_local
+from transforms.base.paths import is_gcs, is_local
 
 # What a local lock file says of how it is held: a lock file without it was written by an earlier version of this
 # tool, which held no flock, and whose holder is judged by its process.
@@ -438,7 +438,7 @@ class _GcsLock:
 
 def _lock_store(output_dir: str, gcs_client=None) -> _GcsLock:
     path = lock_path(output_dir)
-    if path.startswith("gs://"):
+    if is_gcs(path):
         if gcs_client is None:
             from transforms.base import gcs
 
