@@ -305,3 +305,28 @@ def test_the_initial_read_rate_reaches_the_workers_reads(gcs_emulator, photos, p
     _complete(gcs_emulator, output)
     # 1,400 over the local run's processes, one per core (the ramp: + 0.06 % a second)
     assert transient.read_rate().rate() == pytest.approx(1400 / (os.cpu_count() or 1), rel=0.01)
+
+
+@pytest.mark.parametrize("share, expected", [(1.0, 500.0), (2000.0, 2000.0), (None, 500.0)])
+def test_the_launchers_sample_reads_gcs_on_many_threads_at_a_rate_of_its_own(share, expected, monkeypatch):
+    """The size sample's header reads from gs:// run on GCS_SAMPLE_THREADS threads at once (each waits on the
+    network), starting at LAUNCHER_READS_PER_S or the run's share if higher, not at a worker's small share."""
+    import threading
+
+    from pipeline import estimate
+    from transforms.images.settings import ImageSettings
+
+    paths = [f"gs://{BUCKET}/photos/{i}.jpg" for i in range(estimate.GCS_SAMPLE_THREADS)]
+    together = threading.Barrier(estimate.GCS_SAMPLE_THREADS, timeout=60)  # passes only with every read at once
+    rates = []
+
+    def read_head(path, count, throttled_s, start_rate):
+        rates.append(start_rate)
+        together.wait()
+        raise OSError("no image here")  # header_size leaves it out of the sample
+
+    monkeypatch.setattr(estimate, "read_head", read_head)
+    monkeypatch.setattr(estimate, "_readable", lambda path: True)
+    settings = ImageSettings(width=64, height=64, reads_per_s_at_start=share)
+    assert estimate.sample_sizes(paths, settings) == []
+    assert not together.broken and rates == [expected] * len(paths)

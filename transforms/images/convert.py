@@ -94,11 +94,13 @@ def read_bytes(path: str, max_bytes: int, size: int | None = None, deadline: flo
     return data
 
 
-def read_head(path: str, count: int, throttled_s: float = THROTTLED_RETRY_S) -> bytes:
+def read_head(path: str, count: int, throttled_s: float = THROTTLED_RETRY_S, start_rate: float | None = None
+              ) -> bytes:
     """The first `count` bytes of the file at `path` (local or gs://): on GCS one ranged GET of just those.
 
     Beam's GCS reader would fetch its whole 16 MiB buffer for them. A transient
-    error is retried as an image read is (`transforms.base.transient`), a fixed number of times.
+    error is retried as an image read is (`transforms.base.transient`), a fixed number of times, at this
+    process's read rate (which starts at `start_rate`).
     """
     if is_gcs(path):
         bucket, name = gcsio.parse_gcs_path(path)
@@ -107,7 +109,7 @@ def read_head(path: str, count: int, throttled_s: float = THROTTLED_RETRY_S) -> 
             return gcs.client().bucket(bucket).blob(name).download_as_bytes(
                 start=0, end=count - 1, raw_download=True, checksum=None, retry=None, timeout=timeout)
 
-        return with_retries(head, path, throttled_s=throttled_s)
+        return with_retries(head, path, throttled_s=throttled_s, start_rate=start_rate)
     with FileSystems.open(path, compression_type="uncompressed") as f:
         return f.read(count)
 
