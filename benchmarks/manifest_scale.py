@@ -55,21 +55,22 @@ def write_manifest(path: Path, rows: int, classes: int) -> None:
 # --- the job's row parsing, in a process of its own ------------------------------------------------------------------
 
 def parse_child(manifest: str, range_bytes: int, which: str) -> dict:
-    from transforms.inputs import rows as m  # the row reading the job's manifest parsing uses
+    from transforms.inputs import manifest as m
+    from transforms.inputs import rows as reading
 
-    ranges = m.manifest_ranges(manifest, range_bytes)
+    ranges = reading.manifest_ranges(manifest, range_bytes)
     todo = ranges if which == "all" else ranges[:1]
     count_s, counts = [], []
     for item in todo:
         if not item.last:
             start = time.time()
             with open(manifest, "rb") as raw:
-                lines, _ = m.range_lines(raw, item)
-                counts.append((item.index, m.count_records(lines, "csv")))
+                lines, _ = reading.range_lines(raw, item)
+                counts.append((item.index, reading.count_records(lines, "csv")))
             count_s.append(time.time() - start)
-    starts = m.range_starts(counts) if which == "all" else {0: m.RangeStart(0, m.START)}
+    starts = reading.range_starts(counts) if which == "all" else {0: reading.RangeStart(0, reading.START)}
     with open(manifest, "rb") as raw:
-        header = m.header_of(next(m.group_records(m.file_lines(raw), "csv"), None))
+        header = reading.header_of(next(reading.group_records(reading.file_lines(raw), "csv"), None))
     parse_s, rows, expected, numbered = [], 0, 1, True
     for item in todo:
         start = time.time()
