@@ -57,6 +57,7 @@ from transforms.output.ownership import (
     check_own_tree,
     completion_marker,
     dataset_files,
+    existing_description,
     own_outputs,
     run_dir,
     temporary_outputs,
@@ -70,17 +71,10 @@ _LOG = logging.getLogger("pipeline")
 def read_existing_info(output_dir: str) -> dict | None:
     """The output folder's image_tfrecords.json (or version 1's dataset_info.json), None when there is none.
 
-    {} when it is unreadable.
+    {} when it is unreadable (`ownership.existing_description`).
     """
-    path = completion_marker(output_dir)
-    if path is None:
-        return None
-    try:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            info = bounded.loads(f.read().decode("utf-8"))
-    except (ValueError, OSError):
-        return {}
-    return info if isinstance(info, dict) else {}
+    found = existing_description(output_dir)
+    return None if found is None else found[1]
 
 
 def option_differences(recorded: dict, settings: Settings) -> list[str]:

@@ -200,6 +200,20 @@ def completion_marker(output_dir: str) -> str | None:
         return None
 
 
+def existing_description(output_dir: str) -> tuple[str, dict] | None:
+    """(path, its JSON object) of `output_dir`'s description (`completion_marker`), None when there is none.
+
+    Read leniently, as the converter's bookkeeping wants: {} for a description that is unreadable or not a JSON
+    object (a damaged description is no dataset of this run's, and names no files). The read side checks it
+    instead (`dataset_format.load_description`).
+    """
+    marker = completion_marker(output_dir)
+    if marker is None:
+        return None
+    info = read_json(marker)
+    return marker, info if isinstance(info, dict) else {}
+
+
 def dataset_files(output_dir: str) -> list[str]:
     """The files of the complete dataset in `output_dir`, as its description lists them; [] when there is none.
 
@@ -208,18 +222,18 @@ def dataset_files(output_dir: str) -> list[str]:
     dataset_info.json). A file of the same kind of name that the description does not list is not the
     dataset's, and `--overwrite` leaves it alone.
     """
-    marker = completion_marker(output_dir)
-    if marker is None:
+    found = existing_description(output_dir)
+    if found is None:
         return []
-    info = read_json(marker)  # leniently: a damaged description still names its files
-    splits = info.get("splits") if isinstance(info, dict) else None
+    marker, info = found  # leniently: a damaged description still names its files
+    splits = info.get("splits")
     names = set(DESCRIPTION_FILES) | {os.path.basename(marker)}
     for split in splits.values() if isinstance(splits, dict) else ():
         shards = split.get("shards") if isinstance(split, dict) else None
         for shard in shards if isinstance(shards, list) else ():
             if isinstance(shard, dict):
                 names.update(shard.get(key) for key in ("file", "index") if isinstance(shard.get(key), str))
-    sources = info.get("sources") if isinstance(info, dict) else None
+    sources = info.get("sources")
     names.update(name for name in (sources.get("files") if isinstance(sources, dict) else None) or ()
                  if isinstance(name, str) and SOURCES_NAME.fullmatch(name))
     listed = [name for name in names if name in DESCRIPTION_FILES or name == os.path.basename(marker)
