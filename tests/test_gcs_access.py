@@ -148,12 +148,12 @@ def test_beams_gcs_clients_are_the_process_client():
 
 @pytest.mark.timeout(300)
 def test_a_throttled_run_loses_nothing(gcs_emulator, photos, proxy, monkeypatch):
-    """The store answers 429 above 8 object reads a second: every image is written, none rejected, exit 0."""
+    """The store answers 429 above 20 object reads a second: every image is written, none rejected, exit 0."""
     from pipeline import estimate
 
     monkeypatch.setattr(estimate, "measure_output", lambda *args, **kwargs: None)
     monkeypatch.setattr(transient, "_rates", {})  # this run's process starts its ramp afresh
-    proxy.throttle(per_s=8, burst=2)
+    proxy.throttle(per_s=20, burst=2)
     output = f"gs://{BUCKET}/throttled"
     # A time limit per image below what the throttled waits add up to: those waits are not the image's time.
     # It starts at 50 reads a second (a local run's share: the job's rate over one process per core).

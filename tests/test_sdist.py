@@ -201,7 +201,8 @@ def test_a_tensorflow_only_environment_installs_the_reader_with_the_readmes_comm
               "apache_beam" in sys.modules)"""], cwd=elsewhere)
     assert read_back.returncode == 0, read_back.stderr[-3000:]
     assert read_back.stdout.split()[-3:] == ["True", "True", "False"], read_back.stdout
-    for tool, args in (("verify", []), ("preview", ["--contact_sheet", str(tmp_path / "sheet.png")])):
+    sheet, chart = tmp_path / "sheet.png", tmp_path / "chart.png"
+    for tool, args in (("verify", []), ("preview", ["--contact_sheet", str(sheet), "--class_chart", str(chart)])):
         done = run([python, "-m", f"pipeline.{tool}", str(sample_output), *args], cwd=elsewhere)
         assert done.returncode == 0, f"{tool}: {done.stdout}{done.stderr[-3000:]}"
-    assert (tmp_path / "sheet.png").stat().st_size > 0
+    assert sheet.stat().st_size > 0 and chart.stat().st_size > 0
