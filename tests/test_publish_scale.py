@@ -85,7 +85,7 @@ def test_a_publish_that_fails_halfway_is_finished_by_the_next_run_never_undone(g
     the half-published shards for an interrupted run's leftovers, which would leave neither dataset."""
     from pipeline.errors import UserError
     from pipeline.output_folder import prepare_output
-    from tests.test_crash_safety import settings_for
+    from tests.crash_helpers import settings_for
 
     bucket = gcs_emulator.create_bucket(f"publish-halfway{runs_again[-3:]}")
     out = f"{bucket}/out"
