@@ -64,7 +64,7 @@ print(json.dumps({"publish_s": published - start, "window_s": sum(window), "clea
 def measure(shards: int, code: Path, latency_ms: float = 0.0) -> dict:
     from tests.fault_proxy import FaultProxy
     from tests.gcs_fixtures import running_emulator
-    from tests.test_publish_scale import fill
+    from tests.publish_helpers import fill
 
     with tempfile.TemporaryDirectory() as config, running_emulator(config) as emulator, \
             FaultProxy(emulator.host) as proxy:

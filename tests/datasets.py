@@ -1,11 +1,13 @@
-"""Helpers shared by the tests: a converted folder's records read back without TensorFlow, and small trees of images
-to convert."""
+"""Helpers shared by the tests: a converted folder's records read back without TensorFlow (or counted from the shard
+names, as Kaggle's notebooks do), and small trees of images to convert."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
+import numpy as np
 from PIL import Image
 
 from transforms.base.examples import Example
@@ -59,3 +61,9 @@ def error_rows(out) -> list[dict]:
     """The rows of `out`/errors.jsonl ([] without one)."""
     path = out / "errors.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def count_data_items(filenames):
+    """Kaggle's TPU notebooks' record count, as they write it: the number before the dot of each file name."""
+    n = [int(re.compile(r"-([0-9]*)\.").search(filename).group(1)) for filename in filenames]
+    return np.sum(n)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import struct
 import subprocess
@@ -205,3 +206,13 @@ def run_bounded(args: list[str], max_rss_mb: float, module: str = "pipeline.main
     reader.join(30)
     return BoundedRun(process.wait(), output.get("stdout", ""), output.get("stderr", ""), peak / 1e6, killed,
                       peak_process / 1e6)
+
+
+def bounded_cli(*args, memory_gb: int = 2, timeout: int = 150):
+    """The converter as a user runs it, in a subprocess limited to `memory_gb` of address space."""
+    limit = memory_gb << 30
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.main", *args, "--direct_running_mode=in_memory", "--direct_num_workers=1"],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )

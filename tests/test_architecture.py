@@ -326,3 +326,64 @@ def test_the_one_spelling_rule_sees_each_form():
               'counters.inc(f"rejected_{reason}")\ncounters.inc(counters.rejected(reason))\n')
     assert _spellings(source) == [('startswith("gs://")', 1), ("get_scheme(", 2), ("storage.Client(", 3),
                                   ('counters.inc("rejected_...")', 4)]
+
+
+# -- the tests' shared helpers (issue 27) ----------------------------------------------------------------------------
+
+
+def _test_files_imported(module: str, source: str, is_package: bool = False) -> set[str]:
+    """The tests/test_*.py modules (tests.test_x) that `module`, a module of tests/ given its source, imports
+    anywhere in its file (functions included; relative imports too)."""
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here[: len(here) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from tests import test_x` imports the module tests.test_x; `from tests.test_x import f` the module.
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_"):
+                found.add(".".join(parts[:2]))
+    return found
+
+
+def test_the_test_file_rule_sees_every_form_of_import():
+    source = """
+import tests.conftest
+import tests.test_b.inner
+from tests import datasets, test_c as c
+from tests.datasets import read_records
+from tests.test_a import helper
+
+def f():
+    from .test_d import other
+    from . import crash_helpers
+"""
+    assert _test_files_imported("tests.test_x", source) == {"tests.test_a", "tests.test_b", "tests.test_c",
+                                                            "tests.test_d"}
+
+
+def test_no_module_of_tests_imports_a_test_file():
+    """No module of tests/ imports a test file (tests/test_*.py): what files share lives in a helper module."""
+    folder = os.path.join(REPO, "tests")
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
+                is_package = parts[-1] == "__init__"
+                module = ".".join(parts[:-1] if is_package else parts)
+                with open(path, encoding="utf-8") as f:
+                    targets = _test_files_imported(module, f.read(), is_package)
+                found += [f"{module} -> {target}" for target in sorted(targets)]
+    assert not found, f"test files imported (move what they share to a helper module of tests/): {found}"

@@ -17,10 +17,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
+from tests.chunk_helpers import outcomes_of
 from transforms.base.examples import Example
 from transforms.base.records import ImageRef
 from transforms.base.tfrecord import frame_record, iter_records, record_offsets
-from transforms.images.convert import Converted
 from transforms.images.settings import ImageSettings
 from transforms.labels.sharding import rank_order
 from transforms.output.concat import MAX_COMPOSE, concatenate
@@ -160,20 +160,15 @@ def test_a_gzip_shard_of_several_members_reads_back_with_tf_data_and_beam(tmp_pa
 # -- a chunk converted twice ------------------------------------------------------------------------------------------
 
 
-def _outcomes(refs, images):
-    return [Converted(ref, image, False, None, f"{i:064x}") for i, (ref, image) in enumerate(zip(refs, images,
-                                                                                                  strict=True))]
-
-
 def test_a_chunk_converted_twice_leaves_one_correct_shard(tmp_path):
     refs = [ImageRef(f"/x/{i}", f"c/{i}", 10, "train", "c", 0, i) for i in range(6)]
     records = [f"record {i}".encode() * (i + 1) for i in range(6)]
     folder = str(tmp_path / "shards")
     keys = [ChunkKey("train", 0, 1, chunk, 3) for chunk in range(3)]
-    pieces = [write_piece(folder, key, _outcomes(refs[2 * c:2 * c + 2], records[2 * c:2 * c + 2]), "none")
+    pieces = [write_piece(folder, key, outcomes_of(refs[2 * c:2 * c + 2], records[2 * c:2 * c + 2]), "none")
               for c, key in enumerate(keys)]
     # chunk 1 again, as a retried or a second attempt would: another piece file, the same records
-    again = write_piece(folder, keys[1], _outcomes(refs[2:4], records[2:4]), "none")
+    again = write_piece(folder, keys[1], outcomes_of(refs[2:4], records[2:4]), "none")
     assert again.file != pieces[1].file and again.sizes == pieces[1].sizes
     chosen = chosen_pieces([pieces[2], again, pieces[0], pieces[1]])
     assert [p.chunk for p in chosen] == [0, 1, 2] and chosen == chosen_pieces([pieces[1], pieces[0], again,

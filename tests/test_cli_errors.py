@@ -9,6 +9,7 @@ from PIL import Image
 
 from pipeline.errors import UserError
 from tests.conftest import cli, convert, main_in_process
+from tests.error_lines import full_disk_line
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +158,6 @@ def test_a_full_disk_mid_run_is_one_line_with_what_to_do(small_tree, tmp_path, m
     # Beam's own error log of the failed step is not shown: this line says what it means.
     assert capsys.readouterr().err.splitlines() == [full_disk_line(out)]
     assert not (out / "image_tfrecords.json").exists()
-
-
-def full_disk_line(out, state: str = "no dataset was written") -> str:
-    return (f"error: the disk of --output_dir {out} is full (No space left on device), and {state}: a run needs the "
-            "new dataset's size free; free some space or choose another folder, then run the same command again (it "
-            "removes this run's files first)")
 
 
 def test_a_full_disk_in_worker_processes_is_one_line_and_other_disk_errors_keep_beams_log(small_tree, tmp_path):

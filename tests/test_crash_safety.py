@@ -6,7 +6,6 @@ removed, never a user's file, not even one whose name looks like a shard's.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -21,37 +20,24 @@ import time
 import psutil
 import pytest
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import UserError
-from pipeline.options import validate
 from pipeline.output_folder import existing_dataset, prepare_output
 from pipeline.sample_data import generate_dataset
 from tests.conftest import REPO, cli, convert
+from tests.crash_helpers import (
+    HEX,
+    RUN,
+    USER_FILES,
+    assert_complete,
+    assert_user_files_intact,
+    settings_for,
+    write_files,
+)
 from transforms.base.dataset_format import INFO_FILE, LOCK_FILE, SHARD_NAME, TEMP_DIR
 from transforms.output.ownership import own_outputs
-
-HEX = "0123456789abcdef0123456789abcdef"
-RUN = "20261130-120000-0123abcd"  # the id of the run that prepares the folder in these tests
-
-# A user's own files in the output folder, several named like this tool's: every one must survive.
-USER_FILES = {
-    "notes.txt": "my notes",
-    "train-notes.txt": "looks like a split's file",
-    "train-00000-of-00001.tfrecord.bak": "a backup the user made",
-    "my-train-00000-of-00001.tfrecord": "another tool's shard",
-    "train-1-of-2.tfrecord": "not this tool's shard name",
-    "labels.txt.orig": "the user's labels",
-    ".notes.tmp-1": "an editor's temporary file",
-    ".hidden": "hidden",
-    "beam-temp-mine/keep.txt": "a folder named like Beam's",
-    "beam-temp-train-notes/keep.txt": "not Beam's uuid",
-    ".image-tfrecords-tmp-old/keep.txt": "named like this tool's temporary folder",
-    "keep/train-00000-of-00001.tfrecord": "a shard in a subfolder: not this run's",
-    "keep/image_tfrecords.json": "{}",
-}
 
 # An interrupted run's leftovers, of every kind this tool and Beam write, from runs with other shard counts.
 LEFTOVERS = [
@@ -78,13 +64,6 @@ LEFTOVERS = [
 FINAL = [name for name in LEFTOVERS if "/" not in name and not name.startswith(".")]
 
 
-def write_files(folder, names) -> None:
-    for name in names:
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(USER_FILES.get(name, "leftover"))
-
-
 def all_files(folder) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
@@ -95,15 +74,6 @@ def run_files(folder) -> set[str]:
         return all_files(folder) - set(USER_FILES)
     except OSError:
         return set()
-
-
-def assert_user_files_intact(folder) -> None:
-    for name, text in USER_FILES.items():
-        assert (folder / name).read_text() == text, name
-
-
-def settings_for(output_dir, *args):
-    return validate(PipelineOptions([f"--input_dir={REPO}", f"--output_dir={output_dir}", *args]))
 
 
 # --- output-folder hygiene ------------------------------------------------------------------------------------
@@ -268,31 +238,6 @@ def test_a_crash_just_before_the_marker_leaves_no_dataset_and_a_rerun_completes_
     with pytest.raises(UserError, match=r"was stopped while it published its dataset .* made with other options"):
         convert(small_tree, out, "--num_shards=1", "--image_size=24")
     assert_complete(out, images=24, shards=1)
-
-
-def assert_complete(out, images: int, shards: int, user_files: bool = True) -> None:
-    """A verified dataset of `images` records in `shards` shards per split, no stale file, user files intact."""
-    report = verify.verify_dataset(str(out), decode=False)
-    if not user_files:
-        assert report.problems == []
-        user_files = {}
-    else:
-        user_files = USER_FILES
-    # The user's files that a shard glob reads are verify's problems (a reader that globs would read them), and
-    # the only ones.
-    strays = sorted(name for name in user_files if fnmatch.fnmatchcase(name, "train-*.tfrecord*"))
-    assert [problem.split(": ")[0] for problem in report.problems] == strays
-    assert all("the shard glob train-*.tfrecord* matches it" in problem for problem in report.problems)
-    info = json.loads((out / INFO_FILE).read_text())
-    assert info["files"]["written"] == images == sum(s["records"] for s in info["splits"].values())
-    listed = {shard["file"] for split in info["splits"].values() for shard in split["shards"]}
-    assert {name for name in os.listdir(out) if SHARD_NAME.fullmatch(name)} == listed
-    assert all(name.endswith(f"-of-{shards:05d}.tfrecord") for name in listed)
-    leftovers = [name for name in os.listdir(out) if name.startswith((".", "beam-temp-"))
-                 and name not in {n.split("/")[0] for n in user_files}]
-    assert leftovers == []
-    if user_files:
-        assert_user_files_intact(out)
 
 
 # --- SIGKILL, end to end --------------------------------------------------------------------------------------

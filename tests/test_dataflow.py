@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import fcntl
 import io
 import json
@@ -23,27 +22,21 @@ import pipeline
 from pipeline.errors import UserError
 from pipeline.options import ConvertOptions, check_flags, validate
 from tests.conftest import REPO, convert, doc_examples
+from tests.dataflow_dry_run import (
+    BOUNDED_SIDE_INPUTS,
+    BUCKET,
+    BUILD_SCRIPT,
+    JOB_ENV,
+    SCRIPT,
+    assert_single_element_stages_are_bounded,
+    optimized_stages,
+    pipeline_proto,
+    run_script,
+)
 from tests.gcs_fixtures import NO_AUTH
 
-BUCKET = "dataflow-dry"
-SCRIPT = os.path.join(REPO, "run_dataflow.sh")
-BUILD_SCRIPT = os.path.join(REPO, "dataflow", "build_template.sh")
 METADATA = os.path.join(REPO, "dataflow", "metadata.json")
 DATAFLOW_GUIDE = os.path.join(REPO, "docs", "dataflow.md")  # the README links to it
-JOB_ENV = {
-    "PROJECT": "test-project",
-    "REGION": "europe-west4",
-    "BUCKET": BUCKET,
-    "SERVICE_ACCOUNT": "converter@test-project.iam.gserviceaccount.com",
-    "MACHINE_TYPE": "n2-standard-8",
-    "MAX_WORKERS": "7",
-    "PYTHON": sys.executable,
-}
-
-
-def run_script(script, *args, env=None, timeout=300):
-    return subprocess.run(["bash", script, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=env if env is not None else dict(os.environ))
 
 
 def convert_options() -> dict[str, argparse.Action]:
@@ -117,14 +110,8 @@ def test_dry_run_job_has_the_scripts_settings(gcs_emulator, dry_run):
     assert "STORAGE_EMULATOR_HOST" in result.stderr  # says plainly that it did not talk to Google
 
 
-def _pipeline_proto(gcs_emulator, staging):
-    from apache_beam.portability.api import beam_runner_api_pb2
-
-    return beam_runner_api_pb2.Pipeline.FromString(gcs_emulator.read(f"{staging}/pipeline.pb"))
-
-
 def test_translated_job_has_the_graphs_steps(gcs_emulator, dry_run):
-    proto = _pipeline_proto(gcs_emulator, dry_run[1])
+    proto = pipeline_proto(gcs_emulator, dry_run[1])
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"ListImages", "AssignLabels", "AssignShards", "WriteShards", "PublishDataset"} <= names
     # Chunks of a shard converted on any worker, each shard then assembled from its pieces (never read back).
@@ -134,24 +121,10 @@ def test_translated_job_has_the_graphs_steps(gcs_emulator, dry_run):
     assert not {n for n in names if "WriteToTFRecord" in n or "ConvertAndWrite" in n}
 
 
-def _optimized_stages(proto):
-    """The fused stages of the staged graph, as Beam's own optimizer makes them for its runners."""
-    from apache_beam.portability import common_urns
-    from apache_beam.runners.portability.fn_api_runner import translations as t
-
-    _, stages = t.create_and_optimize_stages(
-        copy.deepcopy(proto),
-        phases=[t.annotate_downstream_side_inputs, t.fix_side_input_pcoll_coders, t.pack_combiners,
-                t.lift_combiners, t.expand_sdf, t.expand_gbk, t.sink_flattens, t.greedily_fuse],
-        known_runner_urns=frozenset([common_urns.primitives.FLATTEN.urn, common_urns.primitives.GROUP_BY_KEY.urn]),
-    )
-    return stages
-
-
 def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_run):
     """Shuffles between the steps: the class folders are listed on any worker, and conversion is not pinned to
     the worker that listed a folder."""
-    stages = _optimized_stages(_pipeline_proto(gcs_emulator, dry_run[1]))
+    stages = optimized_stages(pipeline_proto(gcs_emulator, dry_run[1]))
 
     def stages_of(prefix):
         return {i for i, stage in enumerate(stages) if any(x.unique_name.startswith(prefix) for x in stage.transforms)}
@@ -162,21 +135,6 @@ def test_listing_and_conversion_run_in_different_fused_stages(gcs_emulator, dry_
     assert top.isdisjoint(folders) and folders.isdisjoint(conversion) and top.isdisjoint(conversion)
 
 
-# Side inputs that a single-element stage may read: each is bounded whatever the number of images.
-BOUNDED_SIDE_INPUTS = {
-    "AssignShards/LayOut": "the bucket counts (at most 3 x 65,536 pairs) laid out: one small layout per split",
-    "PublishDataset/CountTallies": "one count per (split, class) and per rejection reason",
-    "PublishDataset/ShardStats": "one line per shard",
-    "PublishDataset/FindDuplicates": "one dict: the duplicate counts and the first 20 groups",
-    "PublishDataset/SummariseGroups": "one dict: the --group_by counts and the first 10 examples",
-    "PublishDataset/CombineStats": "one SplitStats per split: pixel sums and source-size histograms",
-    "WriteSources/WriteSourceFiles": "the names of the run's sources files: one per bundle of written images",
-    "PublishDataset/CountPresent": "--if_exists=append: one count, the images already in the dataset",
-    # errors.jsonl: one line per rejected or skipped file, streamed by the step that writes the description.
-    "AllRejections": "the rejected and skipped files, streamed once into errors.jsonl",
-}
-
-
 def test_no_stage_does_work_that_grows_with_the_images_on_one_element(gcs_emulator, dry_run):
     """At 100 million images, no step may read the dataset on one thread: a stage that starts from a single
     element (an Impulse) runs on one worker, so it may neither hold a per-image step nor read a per-image side
@@ -185,29 +143,9 @@ def test_no_stage_does_work_that_grows_with_the_images_on_one_element(gcs_emulat
     per_image_steps = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/FilterByName", "AssignLabels/",
                        "AssignShards/PlaceImages",
                        "AssignShards/RankStraddlers", "WriteShards/ConvertChunks", "WriteShards/AssembleShards")
-    single = assert_single_element_stages_are_bounded(_pipeline_proto(gcs_emulator, dry_run[1]), per_image_steps,
+    single = assert_single_element_stages_are_bounded(pipeline_proto(gcs_emulator, dry_run[1]), per_image_steps,
                                                       BOUNDED_SIDE_INPUTS)
     assert len(single) >= 2  # the listing's top and the description at least
-
-
-def assert_single_element_stages_are_bounded(proto, per_image_steps, bounded_side_inputs) -> list:
-    """No stage that starts from a single element (an Impulse) holds a step of `per_image_steps` or reads a side
-    input other than those of `bounded_side_inputs` (by the name of the step that makes it); returns those
-    stages."""
-    from apache_beam.portability import common_urns
-
-    stages = _optimized_stages(proto)
-    producer = {pcoll: t.unique_name for t in proto.components.transforms.values() if not t.subtransforms
-                for pcoll in t.outputs.values()}
-    single = [s for s in stages if any(x.spec.urn == common_urns.primitives.IMPULSE.urn for x in s.transforms)]
-    for stage in single:
-        names = [x.unique_name for x in stage.transforms]
-        assert not [n for n in names if n.startswith(per_image_steps)], names
-        for pcoll in stage.side_inputs():
-            made_by = producer[pcoll]
-            assert any(made_by.startswith(prefix) for prefix in bounded_side_inputs), (
-                f"{stage.name} reads {made_by} as a side input on one worker")
-    return single
 
 
 def test_script_reports_every_missing_prerequisite_at_once():

@@ -14,8 +14,8 @@ import pytest
 
 from pipeline.code_version import code_hash, code_identity, image_identity
 from tests.conftest import REPO
+from tests.dataflow_jobs import BUCKET, dataflow_args, job_id_of, launch
 from tests.dataflow_service import upload_photos
-from tests.test_dataflow_submit import BUCKET, dataflow_args, job_id_of, launch
 
 REGISTRY = "europe-docker.pkg.dev/test-project/r/image-tfrecords"
 
@@ -55,7 +55,7 @@ def test_an_image_declares_its_code_in_the_tag_build_template_sh_gives_it(image,
 
 
 def test_build_template_sh_tags_the_image_with_the_code_identity():
-    from tests.test_dataflow import BUILD_SCRIPT, run_script
+    from tests.dataflow_dry_run import BUILD_SCRIPT, run_script
 
     env = {name: value for name, value in os.environ.items() if name != "TAG"}
     result = run_script(BUILD_SCRIPT, "--dry_run", env=dict(env, PROJECT="p", REGION="us-central1", BUCKET="b"),

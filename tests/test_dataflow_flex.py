@@ -12,9 +12,9 @@ import json
 
 import pytest
 
+from tests.dataflow_jobs import IMAGE, PROJECT, REGION, assert_complete_dataset
 from tests.dataflow_service import metadata_server, upload_photos
 from tests.flex_launcher import flex_launch
-from tests.test_dataflow_submit import IMAGE, PROJECT, REGION, assert_complete_dataset
 
 BUCKET = "flex-launches"
 

@@ -18,49 +18,24 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.dataflow_jobs import (
+    BUCKET,
+    IMAGE,
+    PROJECT,
+    REGION,
+    assert_complete_dataset,
+    dataflow_args,
+    job_id_of,
+    launch,
+)
 from tests.dataflow_service import upload_photos
 from tests.gcs_fixtures import NO_AUTH
-
-BUCKET = "dataflow-jobs"
-PROJECT, REGION = "test-project", "europe-west4"
-IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"  # workers' image: no package to build
-CREATED = re.compile(r"^Created job with id: \[(?P<id>[^\]]+)\]$", re.MULTILINE)  # what Airflow's hook parses
 
 
 @pytest.fixture(scope="module")
 def photos(gcs_emulator, tmp_path_factory):
     """12 small images in four class folders at gs://dataflow-jobs/photos."""
     return upload_photos(gcs_emulator, tmp_path_factory.mktemp("submit-photos"), f"gs://{BUCKET}/photos")
-
-
-def dataflow_args(dataflow_api, photos, output_dir, *extra):
-    return [f"--input_dir={photos}", f"--output_dir={output_dir}", "--runner=DataflowRunner", f"--project={PROJECT}",
-            f"--region={REGION}", f"--temp_location=gs://{BUCKET}/tmp", f"--dataflow_endpoint={dataflow_api.endpoint}",
-            f"--sdk_container_image={IMAGE}", NO_AUTH, "--image_size=32", *extra]
-
-
-def launch(gcs_emulator, *args, env=None, timeout=600):
-    """`python -m pipeline.main ARGS` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "pipeline.main", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **gcs_emulator.env, **(env or {})))
-
-
-def job_id_of(result) -> str:
-    match = CREATED.search(result.stdout)
-    assert match, result.stdout + result.stderr
-    return match["id"]
-
-
-def assert_complete_dataset(gcs_emulator, output_dir: str, images: int = 12) -> dict:
-    """image_tfrecords.json, every shard it lists and nothing of a run left over: no lock, no temporary object."""
-    names = gcs_emulator.list_names(output_dir)
-    info = json.loads(gcs_emulator.read(f"{output_dir}/image_tfrecords.json"))
-    assert info["files"]["written"] == images
-    shards = {s["file"] for split in info["splits"].values() for s in split["shards"]}
-    assert set(names) == shards | {"image_tfrecords.json", "labels.txt", "features.json", "errors.jsonl",
-                                   "dataset_info.json", "label.labels.txt", *info["sources"]["files"]}, names
-    assert info["sources"]["files"]  # every run lists its records, so that the dataset can grow
-    return info
 
 
 @pytest.mark.timeout(300)

@@ -445,7 +445,7 @@ def test_gcs_folder_metadata_and_schema_file(gcs_emulator, tmp_path):
 @pytest.mark.timeout(300)
 def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_path):
     from pipeline import verify
-    from tests.test_verify import _save_info, craft_dataset, rec
+    from tests.crafted_datasets import craft_dataset, rec, save_info
 
     assert verify.verify_dataset(str(csv_dataset), decode=False).problems == []
     extras = lambda box: (("box", "float", box),)  # noqa: E731
@@ -453,7 +453,7 @@ def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_pa
                                                       {**rec(1, "dog/b.jpg"), "extras": extras((1.0, 2, 3))}]]})
     info = json.loads((root / "image_tfrecords.json").read_text())
     info["features"]["box"] = F.parse_type("box", "float[4]").describe()
-    _save_info(root, info)
+    save_info(root, info)
     problems = verify.verify_dataset(str(root), decode=False).problems
     assert len(problems) == 1 and problems[0].startswith("train-00000-of-00001.tfrecord record 1: "), problems
     assert "box" in problems[0]

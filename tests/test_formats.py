@@ -19,18 +19,13 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
 from tests.conftest import convert, doc_example, main_in_process
+from tests.datasets import count_data_items
 from transforms.base.examples import Example
 from transforms.base.tfrecord import iter_records
 from transforms.output.ownership import own_outputs
 
 SIZE = 16
 BROKEN = 3  # images that are rejected, so that the shards' counts are not the balanced ones
-
-
-def count_data_items(filenames):
-    """Kaggle's TPU notebooks' record count, as they write it: the number before the dot of each file name."""
-    n = [int(re.compile(r"-([0-9]*)\.").search(filename).group(1)) for filename in filenames]
-    return np.sum(n)
 
 
 @pytest.fixture(scope="module")

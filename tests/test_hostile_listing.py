@@ -15,12 +15,13 @@ from collections import Counter
 
 import pytest
 
-from pipeline.errors import UserError
 from pipeline.options import ConvertOptions, validate
 from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
 from tests.conftest import convert, main_in_process, run_tool
 from tests.datasets import read_records
+from tests.error_lines import error_line
+from tests.hostile_files import bounded_cli
 from transforms.labels.layout import hash_split, shuffle_key
 
 IS_ROOT = os.geteuid() == 0
@@ -54,16 +55,6 @@ def run_ok(input_dir, output_dir, *args):
 
 def reasons(errors) -> dict[str, tuple[str, str]]:
     return {relpath: (row["stage"], row["reason"]) for relpath, row in errors.items()}
-
-
-def error_line(*argv) -> str:
-    with pytest.raises(UserError) as caught:
-        from pipeline.launcher import run
-
-        run(list(argv))
-    message = str(caught.value)
-    assert "\n" not in message and "\r" not in message
-    return message
 
 
 # ---- 3. non-UTF-8 file names ---------------------------------------------------------------
@@ -341,22 +332,6 @@ def test_glob_characters_in_a_gcs_input_folder_are_plain_characters(gcs_emulator
     assert gcs_emulator.upload_tree(tmp_path / "b", f"{bucket}/set1") == 10
     info, errors, labels = run_ok(f"{bucket}/set[1]", tmp_path / "out", NO_AUTH)
     assert labels == ["cats", "dogs"] and info["files"]["found"] == 4 and not errors
-
-
-def bounded_cli(*args, memory_gb: int = 2, timeout: int = 150):
-    """The converter as a user runs it, in a subprocess limited to `memory_gb` of address space."""
-    import resource
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    limit = memory_gb << 30
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.main", *args, "--direct_running_mode=in_memory", "--direct_num_workers=1"],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
-    )
 
 
 @pytest.mark.timeout(200)

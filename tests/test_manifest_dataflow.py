@@ -9,9 +9,9 @@ import json
 import pytest
 from PIL import Image
 
+from tests.dataflow_dry_run import BOUNDED_SIDE_INPUTS, assert_single_element_stages_are_bounded, pipeline_proto
+from tests.dataflow_jobs import PROJECT, REGION, assert_complete_dataset, job_id_of, launch
 from tests.gcs_fixtures import NO_AUTH
-from tests.test_dataflow import BOUNDED_SIDE_INPUTS, _pipeline_proto, assert_single_element_stages_are_bounded
-from tests.test_dataflow_submit import PROJECT, REGION, assert_complete_dataset, job_id_of, launch
 
 BUCKET = "dataflow-manifest"
 IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"
@@ -99,7 +99,7 @@ def test_a_manifest_job_submitted_to_dataflow_writes_the_dataset(gcs_emulator, d
     assert _errors_of(gcs_emulator, output) == EXPECTED_ERRORS
 
     # The staged graph: no stage that starts from one element reads the manifest's rows or a per-row side input.
-    proto = _pipeline_proto(gcs_emulator, job.options["staging_location"])
+    proto = pipeline_proto(gcs_emulator, job.options["staging_location"])
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"ReadManifest/Read/Ranges", "ReadManifest/Read/CountRows", "ReadManifest/Read/ReadRows",
             "ReadManifest/ParseRows", "ReadManifest/ClassNames",

@@ -290,7 +290,7 @@ def test_lines_over_the_bound_are_read_through_not_held(tmp_path, monkeypatch):
     rows = _rows(path)
     assert rows[2].reason == m.LONG_LINE
     assert rows[2].detail.startswith("row 2: line 3 is over 0 KiB (307 bytes), read through and not held")
-    from tests.test_manifest_ranges import assert_every_cut_reads_the_same
+    from tests.manifest_helpers import assert_every_cut_reads_the_same
 
     assert_every_cut_reads_the_same(path, "csv")
     path = tmp_path / "m.jsonl"

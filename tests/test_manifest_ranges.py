@@ -13,45 +13,10 @@ import random
 import pytest
 from PIL import Image
 
+from tests.manifest_helpers import assert_every_cut_reads_the_same, ranged, sequential
 from transforms.base.records import Rejection
 from transforms.inputs import manifest as m
 from transforms.inputs import rows as reading
-
-
-def sequential(path, fmt):
-    with open(path, "rb") as raw:
-        return list(m.read_rows(reading.file_lines(raw), fmt, "/base"))
-
-
-def ranged(path, fmt, range_bytes):
-    """What the job does, step by step: ranges, counts of every range but the last, starts, parse each range."""
-    ranges = reading.manifest_ranges(str(path), range_bytes)
-    counts = []
-    for item in ranges:
-        if not item.last:
-            with open(path, "rb") as raw:
-                lines, _ = reading.range_lines(raw, item)
-                counts.append((item.index, reading.count_records(lines, fmt)))
-    starts = reading.range_starts(reversed(counts))  # in any order
-    header = []
-    if fmt == "csv":
-        with open(path, "rb") as raw:
-            header = reading.header_of(next(reading.group_records(reading.file_lines(raw), "csv"), None))
-    rows = []
-    for item in random.Random(len(ranges)).sample(ranges, len(ranges)):  # in any order
-        rows += m.parse_range(str(path), item, fmt, "/base", starts[item.index], header)
-    return sorted(rows, key=lambda r: r[0]), len(ranges)
-
-
-def assert_every_cut_reads_the_same(path, fmt):
-    expected = sequential(path, fmt)
-    size = path.stat().st_size
-    for range_bytes in range(1, size + 2):
-        got, count = ranged(path, fmt, range_bytes)
-        assert got == expected, (range_bytes, got, expected)
-        assert count == max(1, -(-size // range_bytes))
-    return expected
-
 
 CSV_CASES = {
     "lf": b"path,label\na.png,x\nb.png,y\n\nc.png,z,extra\nd.png,w\n",

@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from tests.test_dataflow import (
+from tests.dataflow_dry_run import (
     BOUNDED_SIDE_INPUTS,
     JOB_ENV,
     SCRIPT,
-    _pipeline_proto,
     assert_single_element_stages_are_bounded,
+    pipeline_proto,
     run_script,
 )
 
@@ -48,7 +48,7 @@ def test_a_metadata_job_stages_no_per_row_work_on_one_worker(gcs_emulator, tmp_p
                         env=dict(os.environ, **gcs_emulator.env, **{**JOB_ENV, "BUCKET": BUCKET}))
     assert result.returncode == 0, result.stderr
     staging = re.search(r"staged to (gs://\S+): ", result.stdout).group(1)
-    proto = _pipeline_proto(gcs_emulator, staging)
+    proto = pipeline_proto(gcs_emulator, staging)
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"JoinMetadata/ReadMetadata/Ranges", "JoinMetadata/ReadMetadata/ReadRows", "JoinMetadata/Join",
             "JoinMetadata/GroupByRelpath"} <= names
@@ -64,8 +64,8 @@ def test_a_metadata_job_submitted_to_dataflow_writes_the_features(gcs_emulator, 
 
     from PIL import Image
 
+    from tests.dataflow_jobs import PROJECT, REGION, assert_complete_dataset, job_id_of, launch
     from tests.gcs_fixtures import NO_AUTH
-    from tests.test_dataflow_submit import PROJECT, REGION, assert_complete_dataset, job_id_of, launch
     from transforms.base.examples import Example
     from transforms.base.tfrecord import iter_records
 

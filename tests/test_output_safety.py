@@ -3,7 +3,7 @@
 Hostile output folders: a temporary folder linked elsewhere (another user can plant one in a shared,
 group-writable datasets folder), links and FIFOs among the leftovers, another device, a full disk while
 publishing, a kill inside publishing, user files named like this tool's. Every case has a time limit; the
-runs as a user makes them are memory-limited subprocesses (tests/test_hostile_listing.bounded_cli).
+runs as a user makes them are memory-limited subprocesses (tests/hostile_files.bounded_cli).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from pipeline.launcher import run
 from pipeline.output_folder import prepare_output
 from pipeline.sample_data import generate_dataset
 from tests.conftest import FAST, REPO, convert
-from tests.test_cli_errors import full_disk_line
-from tests.test_crash_safety import (
+from tests.crash_helpers import (
     HEX,
     RUN,
     USER_FILES,
@@ -38,7 +37,8 @@ from tests.test_crash_safety import (
     settings_for,
     write_files,
 )
-from tests.test_hostile_listing import bounded_cli, error_line
+from tests.error_lines import error_line, full_disk_line
+from tests.hostile_files import bounded_cli
 from transforms.base.dataset_format import DESCRIPTION_FILES, ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR
 
 DEAD_RUN = "20261129-230000-89abcdef"  # an interrupted run's folder in .image-tfrecords-tmp/

@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import cli
 
+pytestmark = pytest.mark.bench  # a benchmarks/ script: make test runs it; leave it out while you work
+
 
 @pytest.mark.timeout(300)
 def test_a_few_shards_are_published_and_timed(tmp_path):

@@ -12,27 +12,9 @@ import json
 import pytest
 
 from tests.fault_proxy import COPY, DELETE, LIST, METADATA, FaultProxy
+from tests.publish_helpers import OLD_SHARDS, RUN, fill
 from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.output import files, ownership, publishing
-
-RUN = "20261202-010000-0a1b2c3d"
-OLD_SHARDS = 3
-
-
-def shard_names(count: int) -> list[str]:
-    return [f"train-{i:05d}-of-{count:05d}.tfrecord" for i in range(count)]
-
-
-def fill(emulator, out: str, count: int, run_id: str = RUN) -> list[str]:
-    """An old complete dataset of OLD_SHARDS shards in `out`, and run `run_id`'s `count` shard files (a few bytes
-    each, named by their shard) in its temporary folder; returns the new shards' names."""
-    old = {"splits": {"train": {"shards": [{"file": name} for name in shard_names(OLD_SHARDS)]}}}
-    names = shard_names(count)
-    folder = ownership.shards_dir(out, run_id)
-    emulator.write_many({**{f"{out}/{name}": b"old" for name in shard_names(OLD_SHARDS)},
-                         f"{out}/{INFO_FILE}": json.dumps(old).encode(),
-                         **{f"{folder}/{name}": name.encode() for name in names}})
-    return names
 
 
 def descriptions_of(names: list[str]) -> dict:
@@ -85,7 +67,7 @@ def test_a_publish_that_fails_halfway_is_finished_by_the_next_run_never_undone(g
     the half-published shards for an interrupted run's leftovers, which would leave neither dataset."""
     from pipeline.errors import UserError
     from pipeline.output_folder import prepare_output
-    from tests.test_crash_safety import settings_for
+    from tests.crash_helpers import settings_for
 
     bucket = gcs_emulator.create_bucket(f"publish-halfway{runs_again[-3:]}")
     out = f"{bucket}/out"

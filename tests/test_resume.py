@@ -305,7 +305,7 @@ def test_a_failed_dataflow_job_is_resumed_by_the_next_launch(gcs_emulator, dataf
     the same launch again resumes that job's run folder, converts the rest and leaves nothing behind."""
     from google.api_core import exceptions
 
-    from tests.test_dataflow_submit import BUCKET, assert_complete_dataset, dataflow_args, launch
+    from tests.dataflow_jobs import BUCKET, assert_complete_dataset, dataflow_args, launch
 
     write_tiny_tree(tmp_path / "photos", {"cat": 4, "dog": 4, "fox": 4})
     photos, output = f"gs://{BUCKET}/resume-photos", f"gs://{BUCKET}/resumed"

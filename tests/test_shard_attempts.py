@@ -10,7 +10,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
-from tests.test_chunks import _outcomes
+from tests.chunk_helpers import outcomes_of
 from transforms.base.dataset_format import INFO_FILE
 from transforms.base.records import ImageRef, Rejection
 from transforms.base.tfrecord import iter_records
@@ -28,7 +28,7 @@ RECORDS = [f"record {i}".encode() * (i + 1) for i in range(3)]
 
 def attempt(folder: str, reject_last: bool) -> dict:
     """One attempt at converting and assembling the shard: its ShardInfo, tallies and rejections."""
-    outcomes = _outcomes(REFS, RECORDS)
+    outcomes = outcomes_of(REFS, RECORDS)
     if reject_last:  # as an attempt that gave an image up on --image_timeout_s would
         rejection = Rejection("c/2", "rejected", "timeout", "reading or decoding took over 1 s")
         outcomes[-1] = Converted(REFS[-1], None, False, rejection, outcomes[-1].sha256)

@@ -16,8 +16,7 @@ from PIL import Image
 
 from pipeline.errors import UserError
 from tests.conftest import convert, doc_example, run_tool
-from tests.test_formats import count_data_items
-from tests.test_pipeline import write_tiny_tree
+from tests.datasets import count_data_items, write_tiny_tree
 from transforms.base.dataset_format import SCHEMAS, record_fields
 from transforms.base.examples import Example, build_example
 from transforms.base.records import FileRef

@@ -7,8 +7,6 @@ that verify names the damage, and only it.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 import shutil
@@ -21,8 +19,7 @@ from pipeline import verify
 from pipeline.cli import main_of
 from pipeline.errors import DatasetError
 from tests.conftest import convert
-from transforms.base.dataset_format import FORMAT_VERSION
-from transforms.base.examples import build_example, feature_description
+from tests.crafted_datasets import CLASSES, craft_dataset, jpeg, rec, save_info
 from transforms.base.records import Rejection
 from transforms.base.tfrecord import masked_crc
 from transforms.labels.layout import hash_split
@@ -30,13 +27,6 @@ from transforms.output.describe import DatasetIncomplete, _WriteInfo
 from transforms.output.write import ShardInfo
 
 GOOD_PER_CLASS = 8
-CLASSES = ("cat", "dog", "fox")
-
-
-def _jpeg(colour, size=(20, 16)) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", size, colour).save(out, "JPEG", quality=90)
-    return out.getvalue()
 
 
 def _write_tree(root) -> dict[str, int]:
@@ -46,7 +36,7 @@ def _write_tree(root) -> dict[str, int]:
         for i in range(GOOD_PER_CLASS):
             image = Image.new("RGB", (24 + i, 20 + c), (80 * c % 256, 20 * i % 256, 200))
             image.save(root / name / f"{name}_{i}.{'png' if i % 3 == 0 else 'jpg'}")
-    good = _jpeg((1, 2, 3), (64, 64))
+    good = jpeg((1, 2, 3), (64, 64))
     (root / "cat" / "truncated.jpg").write_bytes(good[: len(good) // 2])
     (root / "cat" / "text.png").write_text("this is not a picture")
     (root / "dog" / "empty.jpg").write_bytes(b"")
@@ -78,10 +68,6 @@ def damaged(mixed, tmp_path):
 
 def _info(path) -> dict:
     return json.loads((path / "image_tfrecords.json").read_text())
-
-
-def _save_info(path, info: dict) -> None:
-    (path / "image_tfrecords.json").write_text(json.dumps(info, indent=2))
 
 
 def _record_spans(path) -> list[tuple[int, int]]:
@@ -229,7 +215,7 @@ def test_a_record_count_that_differs_from_dataset_info_is_caught(damaged):
     counts = info["splits"]["train"]["class_counts"]
     counts["cat"] += 1
     counts["dog"] -= 1
-    _save_info(damaged, info)
+    save_info(damaged, info)
     problems = _problems(damaged, decode=False)
     assert sorted(problems) == sorted([
         f"train-00000-of-00002.tfrecord: holds {shards[0]['records'] - 1} records, but image_tfrecords.json says "
@@ -262,7 +248,7 @@ def test_an_error_report_line_lost_is_caught(damaged):
 def test_files_found_but_not_accounted_for_are_caught(damaged):
     info = _info(damaged)
     info["files"]["found"] += 1
-    _save_info(damaged, info)
+    save_info(damaged, info)
     found, written = info["files"]["found"], info["files"]["written"]
     assert _problems(damaged, decode=False) == [
         f"image_tfrecords.json: {found} files found but {written} written + 3 rejected + 4 skipped = {found - 1}; "
@@ -274,7 +260,7 @@ def test_a_file_both_written_and_reported_rejected_is_caught(damaged):
     info["files"]["found"] += 1
     info["files"]["rejected"] += 1
     info["rejected_by_reason"]["truncated"] = info["rejected_by_reason"].get("truncated", 0) + 1
-    _save_info(damaged, info)
+    save_info(damaged, info)
     with open(damaged / "errors.jsonl", "a") as f:
         f.write(json.dumps({"relpath": "dog/dog_1.jpg", "stage": "rejected", "reason": "truncated",
                             "detail": "x"}) + "\n")
@@ -318,53 +304,6 @@ def test_the_job_refuses_to_write_dataset_info_when_files_are_unaccounted_for(tm
 # --- crafted datasets: labels, images, duplicates ---------------------------------------------------------------
 
 
-def _frame(data: bytes) -> bytes:
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc(header)) + data + struct.pack("<I", masked_crc(data))
-
-
-def craft_dataset(root, splits: dict[str, list[list[dict]]], class_names=CLASSES, compression="none"):
-    """Write a dataset by hand: splits maps a split to its shards, each a list of build_example kwargs.
-
-    image_tfrecords.json agrees with what is written (class counts follow the class_name fields), so
-    that only the damage a test puts in the records is wrong.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
-    info_splits, written = {}, 0
-    for split, shards in splits.items():
-        listed, counts = [], {}
-        for number, records in enumerate(shards):
-            name = f"{split}-{number:05d}-of-{len(shards):05d}{suffix}"
-            blob = b"".join(_frame(build_example(**record)) for record in records)
-            (root / name).write_bytes(gzip.compress(blob) if compression == "gzip" else blob)
-            listed.append({"file": name, "records": len(records), "bytes": (root / name).stat().st_size})
-            for record in records:
-                counts[record["class_name"]] = counts.get(record["class_name"], 0) + 1
-        total = sum(len(records) for records in shards)
-        written += total
-        info_splits[split] = {"records": total, "class_counts": counts, "shards": listed,
-                              "bytes": sum(s["bytes"] for s in listed)}
-    info = {
-        "format_version": FORMAT_VERSION, "schema": "default", "features": feature_description("default"),
-        "image": {"height": 16, "width": 20, "channels": 3, "format": "jpeg", "fixed_size": True},
-        "compression": compression, "class_names": list(class_names), "num_classes": len(class_names),
-        "splits": info_splits,
-        "files": {"found": written, "written": written, "rejected": 0, "skipped": 0, "upscaled": 0},
-        "rejected_by_reason": {}, "skipped_by_reason": {}, "error_report": "errors.jsonl",
-    }
-    (root / "labels.txt").write_text("".join(f"{name}\n" for name in class_names))
-    (root / "errors.jsonl").write_text("")
-    _save_info(root, info)
-    return root
-
-
-def rec(label: int, source_path: str, colour=(10, 20, 30), class_name: str | None = None, image=None) -> dict:
-    return dict(image=image if image is not None else _jpeg(colour), image_format="jpeg", label=label,
-                class_name=class_name if class_name is not None else CLASSES[label % len(CLASSES)],
-                height=16, width=20, source_path=source_path)
-
-
 def test_a_crafted_sound_dataset_passes(tmp_path):
     root = craft_dataset(tmp_path / "ds", {
         "train": [[rec(0, "cat/a.jpg", (1, 2, 3)), rec(1, "dog/b.jpg", (200, 2, 3))],
@@ -402,7 +341,7 @@ def test_labels_txt_that_disagrees_with_dataset_info_is_caught(damaged):
 
 
 def test_an_image_that_does_not_decode_is_caught_and_no_decode_skips_it(tmp_path):
-    broken = _jpeg((1, 2, 3))[:-60]
+    broken = jpeg((1, 2, 3))[:-60]
     root = craft_dataset(tmp_path / "ds", {"train": [[rec(0, "cat/a.jpg"), rec(1, "dog/b.jpg", image=broken)]]})
     problems = _problems(root)
     assert len(problems) == 1
@@ -546,7 +485,7 @@ def test_a_record_length_no_example_can_have_is_caught_without_reading_it(tmp_pa
         f.write(header + struct.pack("<I", masked_crc(header)))
     info = _info(root)
     info["splits"]["train"]["shards"][0]["bytes"] = shard.stat().st_size
-    _save_info(root, info)
+    save_info(root, info)
     assert _problems(root) == [
         "train-00000-of-00001.tfrecord: record 2: a length of 1099511627776 bytes is impossible for an Example"]
 
@@ -554,7 +493,7 @@ def test_a_record_length_no_example_can_have_is_caught_without_reading_it(tmp_pa
 def test_a_dataset_info_not_written_by_the_tool_is_refused(damaged, capsys):
     info = _info(damaged)
     del info["splits"]
-    _save_info(damaged, info)
+    save_info(damaged, info)
     assert main_of(verify.run, [str(damaged)]) == 2
     assert capsys.readouterr().err == (f"error: {damaged}/image_tfrecords.json lacks splits: it was not written by "
                                        "this tool; convert again\n")

@@ -1,0 +1,78 @@
+"""What the crash and output-safety tests share: a user's files in the output folder, run settings, a dataset check."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline import verify
+from pipeline.options import validate
+from tests.conftest import REPO
+from transforms.base.dataset_format import INFO_FILE, SHARD_NAME
+
+HEX = "0123456789abcdef0123456789abcdef"
+RUN = "20261130-120000-0123abcd"  # the id of the run that prepares the folder in these tests
+
+# A user's own files in the output folder, several named like this tool's: every one must survive.
+USER_FILES = {
+    "notes.txt": "my notes",
+    "train-notes.txt": "looks like a split's file",
+    "train-00000-of-00001.tfrecord.bak": "a backup the user made",
+    "my-train-00000-of-00001.tfrecord": "another tool's shard",
+    "train-1-of-2.tfrecord": "not this tool's shard name",
+    "labels.txt.orig": "the user's labels",
+    ".notes.tmp-1": "an editor's temporary file",
+    ".hidden": "hidden",
+    "beam-temp-mine/keep.txt": "a folder named like Beam's",
+    "beam-temp-train-notes/keep.txt": "not Beam's uuid",
+    ".image-tfrecords-tmp-old/keep.txt": "named like this tool's temporary folder",
+    "keep/train-00000-of-00001.tfrecord": "a shard in a subfolder: not this run's",
+    "keep/image_tfrecords.json": "{}",
+}
+
+
+def write_files(folder, names) -> None:
+    """Create `names` in `folder`: a user's file with its USER_FILES text, any other name as a leftover."""
+    for name in names:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(USER_FILES.get(name, "leftover"))
+
+
+def assert_user_files_intact(folder) -> None:
+    """Every one of USER_FILES is still in `folder`, with its text."""
+    for name, text in USER_FILES.items():
+        assert (folder / name).read_text() == text, name
+
+
+def settings_for(output_dir, *args):
+    """The validated settings of a run that writes to `output_dir` (with `args`)."""
+    return validate(PipelineOptions([f"--input_dir={REPO}", f"--output_dir={output_dir}", *args]))
+
+
+def assert_complete(out, images: int, shards: int, user_files: bool = True) -> None:
+    """A verified dataset of `images` records in `shards` shards per split, no stale file, user files intact."""
+    report = verify.verify_dataset(str(out), decode=False)
+    if not user_files:
+        assert report.problems == []
+        user_files = {}
+    else:
+        user_files = USER_FILES
+    # The user's files that a shard glob reads are verify's problems (a reader that globs would read them), and
+    # the only ones.
+    strays = sorted(name for name in user_files if fnmatch.fnmatchcase(name, "train-*.tfrecord*"))
+    assert [problem.split(": ")[0] for problem in report.problems] == strays
+    assert all("the shard glob train-*.tfrecord* matches it" in problem for problem in report.problems)
+    info = json.loads((out / INFO_FILE).read_text())
+    assert info["files"]["written"] == images == sum(s["records"] for s in info["splits"].values())
+    listed = {shard["file"] for split in info["splits"].values() for shard in split["shards"]}
+    assert {name for name in os.listdir(out) if SHARD_NAME.fullmatch(name)} == listed
+    assert all(name.endswith(f"-of-{shards:05d}.tfrecord") for name in listed)
+    leftovers = [name for name in os.listdir(out) if name.startswith((".", "beam-temp-"))
+                 and name not in {n.split("/")[0] for n in user_files}]
+    assert leftovers == []
+    if user_files:
+        assert_user_files_intact(out)
