@@ -462,6 +462,7 @@ def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_pa
 def test_join_counts_every_image_it_does_not_pass_on_as_done_for_the_progress(tmp_path):
     import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that, equal_to
 
     from transforms.base.records import ImageRef
@@ -471,7 +472,7 @@ def test_join_counts_every_image_it_does_not_pass_on_as_done_for_the_progress(tm
     meta.write_text("path,n\nc/0.png,1\nc/1.png,x\nc/9.png,3\n")
     refs = [ImageRef(f"/in/c/{i}.png", f"c/{i}.png", 1, "train", "c", 0, i) for i in range(3)]
     features = F.parse_spec("n:int")
-    p = beam.Pipeline()
+    p = TestPipeline()  # run below, not in a `with`: the test reads the run's counters
     out = p | beam.Create(refs) | JoinMetadata(str(meta), "csv", "/in", features)
     assert_that(out["images"], equal_to([refs[0]._replace(extras=(("n", "int64", (1,)),))]), label="images")
     assert_that(out[SKIPPED] | beam.Map(lambda r: (r.relpath, r.stage, r.reason)),

@@ -70,11 +70,13 @@ def collected(into: str) -> list:
     return _COLLECTED.pop(into, [])
 
 
-def run_assign(refs, assign_sizing) -> list[tuple[ShardKey, str]]:
+def assert_assigned(refs, assign_sizing, expected: dict[str, tuple]) -> None:
+    """AssignShards of `refs` in a TestPipeline gives each image once, in the shard `expected` names for its
+    relpath: (split, index, count)."""
     with TestPipeline() as p:
         placed = p | beam.Create(refs) | AssignShards(assign_sizing)
-        _ = placed | beam.MapTuple(lambda key, ref: (tuple(key), ref.relpath)) | beam.Map(_collect, "assign")
-    return collected("assign")
+        assert_that(placed | beam.MapTuple(lambda key, ref: (ref.relpath, tuple(key))),
+                    equal_to(list(expected.items())))
 
 
 def clustered_keys(count: int, buckets: int, seed: int) -> list[int]:
@@ -93,12 +95,11 @@ def test_assign_shards_balances_to_one_image_and_matches_a_full_sort(count, shar
     key_list = [rng.getrandbits(64) for _ in range(count)] if keys == "uniform" else clustered_keys(count, 3, count)
     key_list[1] = key_list[0]  # a tie in the key is broken by the path
     refs = refs_with_keys(key_list)
-    got = run_assign(refs, sizing(train=shards))
-    assert len(got) == count and len({relpath for _, relpath in got}) == count  # each image once
-    assert {relpath: key[1] for key, relpath in got} == expected_shards(refs, shards)
-    sizes = [sum(1 for key, _ in got if key[1] == k) for k in range(shards)]
-    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-    assert {key[2] for key, _ in got} == {shards} and {key[0] for key, _ in got} == {"train"}
+    expected = expected_shards(refs, shards)
+    sizes = [sum(1 for shard in expected.values() if shard == k) for k in range(shards)]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1  # the reference answer is balanced to one image
+    assert_assigned(refs, sizing(train=shards),
+                    {relpath: ("train", shard, shards) for relpath, shard in expected.items()})
 
 
 def test_assign_shards_sizes_each_split_on_its_own_total_and_never_makes_more_shards_than_images():
@@ -106,9 +107,11 @@ def test_assign_shards_sizes_each_split_on_its_own_total_and_never_makes_more_sh
     refs += refs_with_keys([random.Random(2).getrandbits(64) for _ in range(3)], "validation")
     refs = [r._replace(relpath=f"{r.split}/{r.relpath}") for r in refs]
     # train: 40 images of 0.1 MB at 1 MB a shard -> 4 shards; validation: 8 asked, 3 images -> 3 shards
-    got = run_assign(refs, ShardSizing({"validation": 8}, shard_size_mb=1, bytes_per_image=0.1e6))
-    counts = {split: {key[2] for key, _ in got if key[0] == split} for split in ("train", "validation")}
-    assert counts == {"train": {4}, "validation": {3}}
+    expected = {}
+    for split, count in (("train", 4), ("validation", 3)):
+        in_split = [r for r in refs if r.split == split]
+        expected.update({relpath: (split, shard, count) for relpath, shard in expected_shards(in_split, count).items()})
+    assert_assigned(refs, ShardSizing({"validation": 8}, shard_size_mb=1, bytes_per_image=0.1e6), expected)
 
 
 def test_the_train_split_gets_at_least_8_shards_of_10_mb_for_parallel_reads():
@@ -142,10 +145,11 @@ def test_lay_out_of_every_bucket_of_two_splits():
 
 def test_the_same_images_in_any_order_give_the_same_shards():
     refs = refs_with_keys(clustered_keys(500, 4, 7))
-    first = sorted(run_assign(refs, sizing(train=6)))
+    expected = {relpath: ("train", shard, 6) for relpath, shard in expected_shards(refs, 6).items()}
     shuffled = list(refs)
     random.Random(3).shuffle(shuffled)
-    assert sorted(run_assign(shuffled, sizing(train=6))) == first
+    for order in (refs, shuffled):  # both give the reference answer
+        assert_assigned(order, sizing(train=6), expected)
 
 
 def test_bucket_of_is_the_top_bits_of_the_key():
