@@ -470,7 +470,7 @@ def ignored_options(argv: list[str], options: PipelineOptions, settings: Setting
         note("no_wait", "it only stops the launcher waiting for a Dataflow job, and this run is local", "drop it")
     if not is_local(settings.input_dir) and not settings.manifest:
         note("follow_symlinks", "Cloud Storage has no symbolic links", "drop it")
-    if {"train", "validation", "test"} <= set(settings.num_shards):
+    if set(SPLITS) <= set(settings.num_shards):
         note("shard_size_mb", "--num_shards sets the shard count of every split", "drop one of the two")
     return notes
 

@@ -10,6 +10,7 @@ import statistics
 import sys
 
 from pipeline.reader import load_info
+from transforms.base.dataset_format import SPLITS
 from transforms.base.duplicate_kinds import summary_line
 from transforms.output.files import read_text
 
@@ -79,7 +80,7 @@ def split_shares_line(info: dict) -> str:
     asked = {"validation": options["validation_split"], "test": options.get("test_split", 0.0)}
     asked["train"] = 1.0 - asked["validation"] - asked["test"]
     parts = [f"{split} {_percent(info['splits'].get(split, {}).get('records', 0) / total)} "
-             f"(asked {100 * asked[split]:.3g} %)" for split in ("train", "validation", "test")
+             f"(asked {100 * asked[split]:.3g} %)" for split in SPLITS
              if asked[split] or split in info["splits"]]
     return "Split shares of the images written: " + ", ".join(parts) + "."
 

@@ -282,6 +282,7 @@ ONE_SPELLING = {
     "get_scheme(": set(),  # is this path local / on GCS: paths.is_local, paths.is_gcs
     "storage.Client(": {"transforms.base.paths"},  # the read side's client; the converter's: transforms.base.gcs
     'counters.inc("rejected_...")': set(),  # a rejection's counter name: counters.rejected(reason)
+    "the split names": {"transforms.base.dataset_format"},  # ("train", "validation", "test"): SPLITS
 }
 
 
@@ -289,6 +290,9 @@ def _spellings(source: str) -> list[tuple[str, int]]:
     """The ONE_SPELLING forms in `source`: (form, line)."""
     found = []
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and {"train", "validation", "test"} <= {
+                e.value for e in node.elts if isinstance(e, ast.Constant)}:
+            found.append(("the split names", node.lineno))
         if not isinstance(node, ast.Call):
             continue
         func, args = node.func, node.args
@@ -310,7 +314,8 @@ def _spellings(source: str) -> list[tuple[str, int]]:
 
 def test_each_question_about_a_path_or_a_counter_has_one_spelling():
     # "Is this path on GCS" is paths.is_gcs, "is it local" paths.is_local, the converter's GCS client
-    # transforms.base.gcs.client() (the read side's: paths), a rejection's counter counters.rejected(reason).
+    # transforms.base.gcs.client() (the read side's: paths), a rejection's counter counters.rejected(reason),
+    # the splits dataset_format.SPLITS.
     again = []
     for module, path in module_files().items():
         with open(path, encoding="utf-8") as f:
@@ -323,9 +328,10 @@ def test_each_question_about_a_path_or_a_counter_has_one_spelling():
 
 def test_the_one_spelling_rule_sees_each_form():
     source = ('if path.startswith("gs://"): pass\nFileSystems.get_scheme(p)\nstorage.Client()\n'
-              'counters.inc(f"rejected_{reason}")\ncounters.inc(counters.rejected(reason))\n')
+              'counters.inc(f"rejected_{reason}")\ncounters.inc(counters.rejected(reason))\n'
+              'for split in ("train", "validation", "test"): pass\n')
     assert _spellings(source) == [('startswith("gs://")', 1), ("get_scheme(", 2), ("storage.Client(", 3),
-                                  ('counters.inc("rejected_...")', 4)]
+                                  ('counters.inc("rejected_...")', 4), ("the split names", 6)]
 
 
 # -- the tests' shared helpers (issue 27) ----------------------------------------------------------------------------

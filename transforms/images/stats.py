@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from transforms.base.dataset_format import SPLITS
+
 __all__ = ["BYTES_EXPONENT", "CHANNELS", "SIZE_EDGES", "ImageStats", "SplitStats", "StatsTally", "bucket",
            "describe", "histogram_stats", "image_stats", "merge", "quantile_side", "suggest_image_size"]
 
@@ -219,7 +221,7 @@ def from_description(split: dict) -> SplitStats | None:
 
 
 def describe(per_split: dict, width: int | None, height: int | None, resize_mode: str, total_bytes: int,
-             splits_order=("train", "validation", "test")) -> dict:
+             splits_order=SPLITS) -> dict:
     """The "statistics" object of the dataset description, from each split's merged SplitStats.
 
     `width`, `height`: the output size (--image_size); `total_bytes`: the shards' bytes.
