@@ -24,7 +24,7 @@ from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
 from pipeline.flags import MAX_CONVERSION_THREADS, add_convert_arguments
 from pipeline.inputs import read_small_file
-from transforms.base.dataset_format import SPLITS
+from transforms.base.dataset_format import SHARD_FORMATS, SPLITS
 from transforms.base.features import format_spec, parse_spec
 from transforms.base.paths import bucket_problem, is_local
 from transforms.base.transient import JOB_READS_PER_S, process_start_rate
@@ -361,13 +361,14 @@ def validate(options: PipelineOptions) -> Settings:
     if o.index_files and o.compression != "none":
         raise UserError(f"--index_files needs uncompressed shards, but --compression={o.compression}: an index "
                         "holds byte offsets into the uncompressed file; drop one of the two options")
-    if o.file_format == "array_record" and o.compression != "none":
+    shard_format = SHARD_FORMATS[o.file_format]
+    if not shard_format.gzip and o.compression != "none":
         raise UserError(f"--file_format=array_record takes no --compression={o.compression}: ArrayRecord shards "
                         "are written uncompressed; drop --compression, or write TFRecord shards")
-    if o.file_format == "array_record" and importlib.util.find_spec("array_record") is None:
+    if shard_format.package and importlib.util.find_spec(shard_format.package) is None:
         raise UserError("--file_format=array_record needs the array-record package, which is not installed: "
                         "pip install array-record, or write TFRecord shards")
-    if o.file_format == "array_record" and o.index_files:
+    if o.index_files and not shard_format.index_files:
         raise UserError("--index_files is for TFRecord shards, and ArrayRecord shards index themselves "
                         "(random access): drop --index_files, or write TFRecord shards")
     if o.quiet and o.verbose:

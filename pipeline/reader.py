@@ -25,6 +25,7 @@ from transforms.base.dataset_format import (
     MULTI_LABEL_FIELDS,
     OPTIONAL_FIELDS,
     SCHEMAS,
+    SHARD_FORMATS,
     TFRECORD,
     DescriptionError,
     join,
@@ -317,7 +318,8 @@ def make_dataset(
     files = shard_paths(dataset_dir, split, info)
     for path in files:
         refuse_unless_regular(path)
-    if (info.get("options") or {}).get("file_format", TFRECORD) != TFRECORD:
+    shard_format = SHARD_FORMATS.get((info.get("options") or {}).get("file_format", TFRECORD))
+    if shard_format is None or not shard_format.tf_data:
         raise DatasetError(f"{dataset_dir} holds {info['options']['file_format']} shards, which tf.data does not "
                            "read: open them with Grain (README: Random access with Grain), or convert again "
                            "without --file_format")

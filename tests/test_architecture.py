@@ -283,7 +283,11 @@ ONE_SPELLING = {
     "storage.Client(": {"transforms.base.paths"},  # the read side's client; the converter's: transforms.base.gcs
     'counters.inc("rejected_...")': set(),  # a rejection's counter name: counters.rejected(reason)
     "the split names": {"transforms.base.dataset_format"},  # ("train", "validation", "test"): SPLITS
+    # what a shard format allows: its ShardFormat record; only the writer's and the reader's choice go by name
+    "a shard format by name": {"transforms.base.dataset_format", "transforms.output.shardfiles",
+                               "transforms.base.tfrecord"},
 }
+_FORMAT_NAMES = {"ARRAY_RECORD", "TFRECORD", "array_record", "tfrecord"}
 
 
 def _spellings(source: str) -> list[tuple[str, int]]:
@@ -293,6 +297,10 @@ def _spellings(source: str) -> list[tuple[str, int]]:
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and {"train", "validation", "test"} <= {
                 e.value for e in node.elts if isinstance(e, ast.Constant)}:
             found.append(("the split names", node.lineno))
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops) and any(
+                (isinstance(e, ast.Name) and e.id in _FORMAT_NAMES)
+                or (isinstance(e, ast.Constant) and e.value in _FORMAT_NAMES) for e in [node.left, *node.comparators]):
+            found.append(("a shard format by name", node.lineno))
         if not isinstance(node, ast.Call):
             continue
         func, args = node.func, node.args
@@ -315,7 +323,7 @@ def _spellings(source: str) -> list[tuple[str, int]]:
 def test_each_question_about_a_path_or_a_counter_has_one_spelling():
     # "Is this path on GCS" is paths.is_gcs, "is it local" paths.is_local, the converter's GCS client
     # transforms.base.gcs.client() (the read side's: paths), a rejection's counter counters.rejected(reason),
-    # the splits dataset_format.SPLITS.
+    # the splits dataset_format.SPLITS, what a shard format allows its dataset_format.ShardFormat.
     again = []
     for module, path in module_files().items():
         with open(path, encoding="utf-8") as f:
@@ -329,9 +337,10 @@ def test_each_question_about_a_path_or_a_counter_has_one_spelling():
 def test_the_one_spelling_rule_sees_each_form():
     source = ('if path.startswith("gs://"): pass\nFileSystems.get_scheme(p)\nstorage.Client()\n'
               'counters.inc(f"rejected_{reason}")\ncounters.inc(counters.rejected(reason))\n'
-              'for split in ("train", "validation", "test"): pass\n')
+              'for split in ("train", "validation", "test"): pass\nif file_format == ARRAY_RECORD: pass\n')
     assert _spellings(source) == [('startswith("gs://")', 1), ("get_scheme(", 2), ("storage.Client(", 3),
-                                  ('counters.inc("rejected_...")', 4), ("the split names", 6)]
+                                  ('counters.inc("rejected_...")', 4), ("the split names", 6),
+                                  ("a shard format by name", 7)]
 
 
 # -- the tests' shared helpers (issue 27) ----------------------------------------------------------------------------

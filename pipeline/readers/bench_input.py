@@ -21,7 +21,7 @@ import tensorflow as tf
 from pipeline import reader
 from pipeline.errors import DatasetError, UserError
 from pipeline.readers.bench_report import StageResult
-from transforms.base.dataset_format import INFO_FILE, TFRECORD
+from transforms.base.dataset_format import INFO_FILE, SHARD_FORMATS, TFRECORD
 from transforms.base.paths import TF_IMAGE_EXTENSIONS
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -89,7 +89,7 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     for path in files:
         reader.refuse_unless_regular(path)
     file_format = (info.get("options") or {}).get("file_format", TFRECORD)
-    if file_format != TFRECORD:
+    if file_format not in SHARD_FORMATS or not SHARD_FORMATS[file_format].tf_data:
         raise DatasetError(f"{dataset_dir} holds {file_format} shards: the benchmark reads TFRecord shards with "
                            "tf.data; convert the folder again without --file_format to benchmark it")
     if not files:

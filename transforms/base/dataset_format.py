@@ -150,13 +150,20 @@ COMPRESSIONS = ("none", "gzip")
 
 @dataclass(frozen=True)
 class ShardFormat:
-    """One shard file format: its suffixes (standard and Kaggle names, gzip or not) and TFDS's name for it."""
+    """One shard file format: its suffixes (standard and Kaggle names, gzip or not), TFDS's name for it, and what
+    it allows. Every "which format" question asks this record, not the format's name; the writers and readers
+    themselves (TensorFlow's, array_record's) are chosen by name in transforms/output/shardfiles.py and
+    transforms/base/tfrecord.py."""
 
     name: str
     suffix: str  # of a standard name
     kaggle_suffix: str
     gzip: bool  # whether --compression=gzip applies (it adds .gz)
     tfds_format: str  # TFDS's FileFormat name
+    concatenates: bool  # files of it joined end to end are one file of it: a shard can be written in chunks
+    tf_data: bool  # tf.data reads it (the reader's make_dataset, the benchmark)
+    index_files: bool  # --index_files applies (byte offsets of the records, for uncompressed shards)
+    package: str | None = None  # the module that writes and reads it, when not TensorFlow
 
     def suffix_for(self, compression: str, kaggle: bool = False) -> str:
         suffix = self.kaggle_suffix if kaggle else self.suffix
@@ -164,8 +171,10 @@ class ShardFormat:
 
 
 SHARD_FORMATS = {
-    TFRECORD: ShardFormat(TFRECORD, ".tfrecord", ".tfrec", gzip=True, tfds_format="tfrecord"),
-    ARRAY_RECORD: ShardFormat(ARRAY_RECORD, ".array_record", ".array_record", gzip=False, tfds_format="array_record"),
+    TFRECORD: ShardFormat(TFRECORD, ".tfrecord", ".tfrec", gzip=True, tfds_format="tfrecord", concatenates=True,
+                          tf_data=True, index_files=True),
+    ARRAY_RECORD: ShardFormat(ARRAY_RECORD, ".array_record", ".array_record", gzip=False, tfds_format="array_record",
+                              concatenates=False, tf_data=False, index_files=False, package="array_record"),
 }
 FILE_FORMATS = tuple(SHARD_FORMATS)
 

@@ -49,8 +49,8 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.base.dataset_format import (
-    ARRAY_RECORD,
     KAGGLE,
+    SHARD_FORMATS,
     STANDARD,
     TFRECORD,
     index_name,
@@ -154,7 +154,7 @@ def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGE
     """
     key, refs = keyed
     ordered = sorted(refs, key=rank_order)  # one shard's references: thousands, not the dataset
-    if file_format == ARRAY_RECORD:
+    if not SHARD_FORMATS[file_format].concatenates:
         chunks = 1
     else:
         source = sum(ref.size or 0 for ref in ordered)
@@ -464,10 +464,10 @@ class WriteShards(beam.PTransform):
                  compression: str, index_files: bool = False, file_format: str = TFRECORD,
                  shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES, resume: Resume | None = None):
         super().__init__()
-        if index_files and (compression != "none" or file_format != TFRECORD):
+        if index_files and (compression != "none" or not SHARD_FORMATS[file_format].index_files):
             raise ValueError("index files hold byte offsets into uncompressed TFRecord shards: not with "
                              "compression or another file format")
-        if file_format == ARRAY_RECORD and compression != "none":
+        if not SHARD_FORMATS[file_format].gzip and compression != "none":
             raise ValueError("ArrayRecord shards are not gzip-compressed")
         folder = shards_dir(output_dir, run_id)
         self._file_format = file_format
