@@ -64,25 +64,30 @@ def module_files() -> dict[str, str]:
     return found
 
 
-def imports_of(module: str, path: str, modules: set[str]) -> set[str]:
-    """The project modules `module` imports anywhere in its file (functions included)."""
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    is_package = path.endswith("__init__.py")
+def imported(tree: ast.AST, module: str, is_package: bool = False):
+    """(base, names) for each import anywhere in `tree`, the source of `module` (functions included), relative
+    imports resolved: `import a.b` gives ("a.b", []), `from a import b, c` ("a", ["a.b", "a.c"]): each of those
+    may be a module (`from pipeline import cloud`) or a name in the module `a` (`from pipeline.x import f`)."""
     here = module.split(".") if is_package else module.split(".")[:-1]
-    targets = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            for alias in node.names:
+                yield alias.name, []
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = here[: len(here) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from pipeline import cloud` imports the module pipeline.cloud; `from pipeline.x import f` the module.
-            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
-        else:
-            continue
+            yield base, [f"{base}.{alias.name}" for alias in node.names]
+
+
+def imports_of(module: str, path: str, modules: set[str]) -> set[str]:
+    """The project modules `module` imports anywhere in its file (functions included)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    targets = set()
+    for base, members in imported(tree, module, path.endswith("__init__.py")):
+        names = [name if name in modules else base for name in members] or [base]
         for name in names:
             while name and name not in modules:  # `import transforms.images.convert.x` -> the longest known module
                 name = name.rpartition(".")[0]
@@ -349,21 +354,9 @@ def test_the_one_spelling_rule_sees_each_form():
 def _test_files_imported(module: str, source: str, is_package: bool = False) -> set[str]:
     """The tests/test_*.py modules (tests.test_x) that `module`, a module of tests/ given its source, imports
     anywhere in its file (functions included; relative imports too)."""
-    here = module.split(".") if is_package else module.split(".")[:-1]
     found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = here[: len(here) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            # `from tests import test_x` imports the module tests.test_x; `from tests.test_x import f` the module.
-            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        else:
-            continue
-        for name in names:
+    for base, members in imported(ast.parse(source), module, is_package):
+        for name in (base, *members):  # `from tests import test_x` imports tests.test_x, as `from tests.test_x ...`
             parts = name.split(".")
             if len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_"):
                 found.add(".".join(parts[:2]))
