@@ -23,7 +23,6 @@ from tests import hostile_files as hostile
 from transforms.base import memory
 from transforms.base.memory import BudgetStalled, MemoryBudget
 from transforms.images import decode, imaging
-from transforms.images import pool as pool_module
 from transforms.images.diagnosis import STALLED_WORKER, ImageRejected
 from transforms.images.pool import ConversionPool
 from transforms.images.settings import ImageSettings
@@ -189,10 +188,9 @@ def test_the_wait_for_memory_does_not_count_against_the_time_limit(monkeypatch):
     # One injected clock for the pool's time limit and the budget's waits: the wait is exactly what the test
     # moved the clock on by, and the limit is judged on the same clock.
     clock = injected_clock(monkeypatch)
-    monkeypatch.setattr(pool_module, "time", memory.time)
     budget = MemoryBudget(100)
     budget.acquire(100)  # another pool's conversion holds it all
-    pool = ConversionPool(0.3, threads=1)
+    pool = ConversionPool(0.3, threads=1, clock=lambda: clock[0])
     proceed = threading.Event()
     job = pool.submit(lambda deadline: (budget.acquire(50), proceed.wait(30), budget.release(50), "converted")[3])
     wait_until(lambda: job.memory_wait_since is not None)
