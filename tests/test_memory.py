@@ -23,7 +23,6 @@ from tests import hostile_files as hostile
 from transforms.base import memory
 from transforms.base.memory import BudgetStalled, MemoryBudget
 from transforms.images import decode, imaging
-from transforms.images import pool as pool_module
 from transforms.images.diagnosis import STALLED_WORKER, ImageRejected
 from transforms.images.pool import ConversionPool
 from transforms.images.settings import ImageSettings
@@ -45,22 +44,53 @@ def wait_until(condition) -> None:
         time.sleep(0.005)
 
 
+class Looks(threading.Condition):
+    """A budget's condition that counts the waits begun on it: each one is a waiter that has looked, found that it
+    may not go in, and sleeps (the lock released) until memory comes back or it looks again."""
+
+    def __init__(self):
+        super().__init__()
+        self.sleeps = 0
+
+    def wait(self, timeout=None):
+        self.sleeps += 1  # under the lock, once the waiter has judged
+        return super().wait(timeout)
+
+
+def watched(budget: MemoryBudget) -> Looks:
+    budget._cond = Looks()  # before any reservation: nothing holds the old one
+    return budget._cond
+
+
+def still_waiting(looks: Looks, since: int, admitted: threading.Event) -> None:
+    """A waiter started after `looks.sleeps` was `since` is not admitted while the test holds everything that could let
+    it in: it has looked and gone to sleep, and once woken with nothing returned it looks again and sleeps again.
+    Each check is made when the waiter has provably judged, not after a timed wait."""
+    wait_until(lambda: looks.sleeps > since or admitted.is_set())
+    assert not admitted.is_set()
+    seen = looks.sleeps
+    with looks:  # the waiter sleeps in wait(), the lock released
+        looks.notify_all()  # a wake-up with no memory back
+    wait_until(lambda: looks.sleeps > seen or admitted.is_set())
+    assert not admitted.is_set()
+
+
 # --- The budget -------------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
 def test_a_reservation_that_does_not_fit_waits_until_enough_is_returned():
     budget = MemoryBudget(100)
+    looks = watched(budget)
     assert budget.acquire(60) == 0.0
     assert budget.acquire(30) == 0.0
     admitted = threading.Event()
     thread = run_thread(lambda: (budget.acquire(20), admitted.set()))
-    wait_until(lambda: budget.waiting == 1)
-    assert not admitted.wait(0.2)  # 60 + 30 + 20 > 100
-    assert (budget.held, budget.holders) == (90, 2)
+    still_waiting(looks, 0, admitted)  # 60 + 30 + 20 > 100
+    assert (budget.held, budget.holders, budget.waiting) == (90, 2, 1)
     budget.release(30)  # 60 + 20 fits now
-    assert admitted.wait(10)
-    thread.join(10)
+    admitted.wait()
+    thread.join()
     assert (budget.held, budget.holders, budget.waiting) == (80, 2, 0)
     budget.release(60)
     budget.release(20)
@@ -70,22 +100,23 @@ def test_a_reservation_that_does_not_fit_waits_until_enough_is_returned():
 @pytest.mark.timeout(30)
 def test_an_image_larger_than_the_whole_budget_runs_alone_once_nothing_is_held():
     budget = MemoryBudget(100)
+    looks = watched(budget)
     budget.acquire(10)
     big_in = threading.Event()
     thread = run_thread(lambda: (budget.acquire(250), big_in.set()))
-    wait_until(lambda: budget.waiting == 1)
-    assert not big_in.wait(0.2)
+    still_waiting(looks, 0, big_in)  # not while anything else is held
     budget.release(10)
-    assert big_in.wait(10)  # alone: never a deadlock
-    thread.join(10)
+    big_in.wait()  # alone: never a deadlock
+    thread.join()
     assert (budget.held, budget.holders) == (250, 1)
     # While it runs, nothing else gets in, however small.
     small_in = threading.Event()
+    since = looks.sleeps
     thread = run_thread(lambda: (budget.acquire(1), small_in.set()))
-    assert not small_in.wait(0.2)
+    still_waiting(looks, since, small_in)
     budget.release(250)
-    assert small_in.wait(10)
-    thread.join(10)
+    small_in.wait()
+    thread.join()
     budget.release(1)
     assert (budget.held, budget.holders) == (0, 0)
 
@@ -189,10 +220,9 @@ def test_the_wait_for_memory_does_not_count_against_the_time_limit(monkeypatch):
     # One injected clock for the pool's time limit and the budget's waits: the wait is exactly what the test
     # moved the clock on by, and the limit is judged on the same clock.
     clock = injected_clock(monkeypatch)
-    monkeypatch.setattr(pool_module, "time", memory.time)
     budget = MemoryBudget(100)
     budget.acquire(100)  # another pool's conversion holds it all
-    pool = ConversionPool(0.3, threads=1)
+    pool = ConversionPool(0.3, threads=1, clock=lambda: clock[0])
     proceed = threading.Event()
     job = pool.submit(lambda deadline: (budget.acquire(50), proceed.wait(30), budget.release(50), "converted")[3])
     wait_until(lambda: job.memory_wait_since is not None)
@@ -217,20 +247,37 @@ def test_the_wait_for_memory_does_not_count_against_the_time_limit(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_after_the_wait_the_time_limit_applies_to_the_conversion_itself():
+def test_after_the_wait_the_time_limit_applies_to_the_conversion_itself(monkeypatch):
+    clock = injected_clock(monkeypatch)  # the budget's and the pool's: only the test moves it on
     budget = MemoryBudget(100)
     budget.acquire(100)
-    pool = ConversionPool(0.3, threads=1)
+    pool = ConversionPool(0.3, threads=1, clock=lambda: clock[0])
     release = threading.Event()
-    job = pool.submit(lambda deadline: (budget.acquire(50), release.wait(30)))  # admitted, then stuck
+    job = pool.submit(lambda deadline: (budget.acquire(50), release.wait()))  # admitted, then stuck
     wait_until(lambda: job.memory_wait_since is not None)
-    time.sleep(0.5)
+    clock[0] += 0.5  # a wait for memory longer than the time limit
     budget.release(100)
-    with pytest.raises(ImageRejected) as caught:
-        pool.result(job)
-    assert caught.value.reason == "timeout"
-    release.set()
-    pool.close()
+    wait_until(lambda: job.memory_wait_since is None)  # admitted: from here on its time is its own
+    waits: list[float | None] = []
+
+    class Passing(threading.Event):
+        """The pool's wait for the stuck job, as that much time passing on the clock."""
+
+        def wait(self, timeout=None):
+            assert timeout is not None, "the pool waits for the stuck conversion without a time limit"
+            waits.append(timeout)
+            clock[0] += timeout
+            return super().wait(0)
+
+    job.done = Passing()
+    try:
+        with pytest.raises(ImageRejected) as caught:
+            pool.result(job)
+        assert caught.value.reason == "timeout"
+        assert waits == [pytest.approx(0.3)]  # the whole limit after the wait, and not a moment more
+    finally:
+        release.set()
+        pool.close()
 
 
 def flat_png(path, size: int, mode: str = "RGBA") -> int:

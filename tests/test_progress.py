@@ -115,22 +115,33 @@ def test_progress_line_states_count_share_rate_and_time_left():
     assert format_duration(0.3) == "under 1 s"
 
 
-class _SlowCount(beam.DoFn):
+class _HeldCount(beam.DoFn):
+    """Counts each element, then holds its bundle until the file `seen` exists: the test makes it once the runner
+    has reported a count of a running bundle, so no bundle can end before that, however busy the machine."""
+
+    def __init__(self, seen: str):
+        self._seen = seen
+
     def process(self, element):
-        time.sleep(0.02)
         counters.inc("images_converted")
+        while not os.path.exists(self._seen):  # in a worker process: a file is the hand-off
+            time.sleep(0.01)
         yield element
 
 
-def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run():
+@pytest.mark.timeout(300)  # no report mid-bundle: the bundles are held until then
+def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run(tmp_path):
     """The FnApiRunner's progress polling reaches the counters of running bundles in worker processes."""
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
     reports = []
+    seen = tmp_path / "seen"
 
     class Recording(BundleCounts):
         def running(self, instruction_id, infos):
             reports.append(processed_images(infos))
+            if 0 < reports[-1] < 200:
+                seen.touch()  # a count from the middle of a bundle: the bundles may go on
             super().running(instruction_id, infos)
 
     counts = Recording()
@@ -139,7 +150,7 @@ def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run():
     with observe_bundles(counts) as observed:
         assert observed
         with beam.Pipeline(runner=runner, options=options) as p:
-            _ = p | beam.Create(range(200)) | beam.Reshuffle() | beam.ParDo(_SlowCount())
+            _ = p | beam.Create(range(200)) | beam.Reshuffle() | beam.ParDo(_HeldCount(str(seen)))
     assert counts.processed == 200
     assert any(0 < n < 200 for n in reports), reports  # seen mid-bundle, not only at the end
     # The hook is gone after the block.

@@ -68,25 +68,25 @@ def test_a_wait_for_a_core_stops_the_image_clock(monkeypatch):
     def first():
         with core_slot(1):
             inside.set()
-            leave.wait(10)
+            leave.wait()
 
     def second(job):
         with memory.track(job), core_slot(1) as waited:
             seen.append(waited)
 
     job = Job(lambda _: None)
-    holder = threading.Thread(target=first)
+    holder = threading.Thread(target=first, daemon=True)
     holder.start()
-    inside.wait(10)
-    waiter = threading.Thread(target=second, args=(job,))
+    inside.wait()  # the slot is held until the test lets go
+    waiter = threading.Thread(target=second, args=(job,), daemon=True)
     waiter.start()
     while job.memory_wait_since is None:
         time.sleep(0.01)
     assert job.memory_wait_since == 100.0  # the wait shows while it lasts
     clock[0] = 103.5
     leave.set()
-    holder.join(10)
-    waiter.join(10)
+    holder.join()
+    waiter.join()
     assert job.memory_wait_since is None and job.memory_waited == seen[0] == 3.5
 
 
@@ -178,17 +178,22 @@ def test_a_conversion_stuck_past_its_time_limit_gives_its_core_back(tmp_path, mo
     refs = _refs(tmp_path / "in", 3, 1000)
     release = threading.Event()
     real_convert = imaging.convert_image
+    # The pool's clock stands still but for the stuck conversion's whole time limit, which it moves on: the others
+    # cannot run out of time however busy the machine. An hour ahead of time.monotonic(), the deadlines it hands to
+    # the conversions (checked there on the real clock) are an hour away.
+    clock = [time.monotonic() + 3600.0]
 
     def convert_image(data, settings, deadline=None):
         if not release.is_set() and threading.current_thread().name == "convert-image" and not stuck:
             stuck.append(threading.current_thread())
-            release.wait(300)  # until the test ends: far past the pytest time limit
+            clock[0] += 1.0
+            release.wait()  # until the test ends
         return real_convert(data, settings, deadline)
 
     stuck: list = []
     monkeypatch.setattr(imaging, "convert_image", convert_image)
     settings = ImageSettings(width=8, height=8, timeout_s=1.0)
-    pool = ConversionPool(1.0, threads=1)
+    pool = ConversionPool(1.0, threads=1, clock=lambda: clock[0])
     try:
         jobs = start_conversions(pool, refs, settings, slots=1)
         outcomes = list(collect_in_order(pool, jobs, "default"))

@@ -67,7 +67,7 @@ class Job(Generic[T]):
     def __init__(self, work: Work):
         self.work = work
         self.cancelled = False  # given up before it started: a helper that finds it later skips it
-        self.started: float | None = None  # time.monotonic() when a helper took it
+        self.started: float | None = None  # the pool's clock (time.monotonic) when a helper took it
         self.thread: threading.Thread | None = None
         self.done = threading.Event()
         self.outcome: T | BaseException | None = None
@@ -147,12 +147,16 @@ class ConversionPool:
 
     Jobs start in submission order. Not thread-safe: one caller thread
     submits and collects (a DoFn instance is only ever used by one thread).
+    `clock` (time.monotonic) times the jobs and gives the deadline handed to
+    each; tests inject one that only they move on.
     """
 
     _POLL_S = 0.05  # how often a caller waiting for a queued (not yet started) job looks again
 
-    def __init__(self, limit_s: float | None, threads: int = 1, max_abandoned: int = 2):
+    def __init__(self, limit_s: float | None, threads: int = 1, max_abandoned: int = 2, *,
+                 clock: Callable[[], float] = time.monotonic):
         self._limit = limit_s
+        self._clock = clock
         self._threads = max(1, threads)
         self._max_abandoned = max_abandoned
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -169,7 +173,7 @@ class ConversionPool:
             if job.cancelled:
                 continue
             job.thread = me
-            job.started = time.monotonic()
+            job.started = self._clock()
             try:
                 with memory.track(job):
                     job.outcome = job.work(job.started + self._limit if self._limit else None)
@@ -244,8 +248,8 @@ class ConversionPool:
                 job.done.wait()
             elif job.memory_wait_since is not None:  # waiting for memory: its clock has stopped
                 job.done.wait(self._POLL_S)
-            elif not job.done.wait(max(0.0, job.deadline(self._limit) - time.monotonic())):
-                if job.memory_wait_since is not None or time.monotonic() < job.deadline(self._limit):
+            elif not job.done.wait(max(0.0, job.deadline(self._limit) - self._clock())):
+                if job.memory_wait_since is not None or self._clock() < job.deadline(self._limit):
                     continue  # it waited for memory meanwhile: its time is not up yet
                 if job.slot is not None:  # its place for CPU work goes to the next conversion
                     job.slot.release()
