@@ -153,17 +153,13 @@ class DataflowStandIn:
         if self.worker_code:  # the workers' image holds other code: its pipeline/ and transforms/ come first
             env["PYTHONPATH"] = os.pathsep.join([self.worker_code, REPO])
         with metadata_server(job.id) as metadata_host:  # what a worker VM's metadata server says of its job
-            env["GCE_METADATA_HOST"] = metadata_host
-            if self.worker_code:  # other code than this checkout's: a fresh interpreter imports it
-                result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging],
-                                        cwd=self.worker_code, capture_output=True, text=True, timeout=600, env=env)
-                returncode, stderr = result.returncode, result.stderr
-            else:
-                returncode, stderr = WarmWorkers.run(staging, env, REPO, timeout=600)
-        if returncode == 0:
+            result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging],
+                                    cwd=self.worker_code or REPO, capture_output=True, text=True, timeout=600,
+                                    env={**env, "GCE_METADATA_HOST": metadata_host})
+        if result.returncode == 0:
             self._end(job, "JOB_STATE_DONE")
         else:
-            self._end(job, "JOB_STATE_FAILED", stderr[-3000:] or "the stand-in worker failed")
+            self._end(job, "JOB_STATE_FAILED", result.stderr[-3000:] or "the stand-in worker failed")
 
     def _handler(self):
         service = self
@@ -309,120 +305,9 @@ def run_staged_job(staging: str) -> None:
         raise RuntimeError(f"the job ended in state {state}")
 
 
-def _worker_main(staging: str) -> None:
-    """A stand-in worker process: run the staged job (and die midway with KILL_AFTER_PIECES)."""
+if __name__ == "__main__":
     if os.environ.get("KILL_AFTER_PIECES"):  # the workers die after converting that many chunks: the job FAILS
         from tests.killed_after_pieces_main import install
 
         install(lambda: os._exit(3))
-    run_staged_job(staging)
-
-
-class WarmWorkers:
-    """Stand-in workers forked from one warm process per test process, which has imported Beam, TensorFlow and
-    this checkout's code once: a job's worker then starts in milliseconds instead of the 3-5 s of a fresh
-    interpreter's imports (about twenty jobs run in the suite). Each job is its own process, as before: the warm
-    process forks a supervisor per request, which forks the worker, waits for it and sends back its exit code
-    (a worker may end by os._exit: KILL_AFTER_PIECES). The worker takes the request's environment and folder
-    before it runs; none of the project's modules reads the environment when it is imported. The warm process
-    imports and starts no threads, and ends when the test process that started it does."""
-
-    _lock = threading.Lock()
-    _process: subprocess.Popen | None = None
-    _socket: str | None = None
-
-    @classmethod
-    def run(cls, staging: str, env: dict, cwd: str, timeout: float) -> tuple[int, str]:
-        """(exit code, stderr) of a worker that ran the job staged in `staging`."""
-        import socket
-        import tempfile
-
-        with cls._lock:
-            if cls._process is None or cls._process.poll() is not None:
-                cls._socket = os.path.join(tempfile.mkdtemp(prefix="warm-workers-"), "socket")
-                cls._process = subprocess.Popen([sys.executable, "-m", "tests.dataflow_service", "--warm", cls._socket],
-                                                cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
-                assert cls._process.stdout.readline().strip() == "ready", "the warm workers did not start"
-            path = cls._socket
-        with tempfile.TemporaryDirectory(prefix="stand-in-worker-") as folder:
-            stderr = os.path.join(folder, "stderr")
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(timeout)
-                conn.connect(path)
-                conn.sendall(json.dumps({"staging": staging, "env": env, "cwd": cwd, "stderr": stderr}).encode()
-                             + b"\n")
-                reply = conn.makefile("r").readline()
-            with open(stderr, errors="replace") as f:
-                text = f.read()
-        if not reply:
-            return 1, text + "\n(the stand-in worker's supervisor ended without its exit code)"
-        return json.loads(reply)["returncode"], text
-
-
-def _serve_warm(path: str) -> None:
-    """The warm process of WarmWorkers: import, then fork a supervisor for each request on the socket `path`."""
-    import signal
-    import socket
-
-    import apache_beam  # noqa: F401  (what every worker imports, once)
-    import tensorflow  # noqa: F401
-    from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: F401
-
-    import pipeline.cloud  # noqa: F401
-    import pipeline.graph  # noqa: F401  (the transforms, the image core, the examples)
-
-    parent = os.getppid()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(64)
-    server.settimeout(1.0)
-    print("ready", flush=True)
-    while os.getppid() == parent:  # the test process that started it is still there
-        try:
-            conn, _ = server.accept()
-        except TimeoutError:
-            continue
-        if os.fork() == 0:
-            server.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _supervise(conn)
-        conn.close()
-
-
-def _supervise(conn) -> None:
-    """Fork the worker a request asks for, wait for it, and answer with its exit code; never returns."""
-    conn.settimeout(None)
-    request = json.loads(conn.makefile("r").readline())
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
-        code = 1
-        try:
-            fd = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(fd, 2)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-            os.chdir(request["cwd"])
-            os.environ.clear()
-            os.environ.update(request["env"])
-            _worker_main(request["staging"])
-            code = 0
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-    conn.close()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "--warm":
-        _serve_warm(sys.argv[2])
-    else:
-        _worker_main(sys.argv[1])
+    run_staged_job(sys.argv[1])
