@@ -134,7 +134,7 @@ def test_the_makefiles_pythons_are_setup_pys():
 
 # make test with several Pythons. The PATH holds only the stand-ins and the commands the Makefile runs (so the
 # machine's own python3.13 or pyenv is not found), and HOME is the test's (so ~/.pyenv is the test's too).
-PYTEST = "-m pytest -n logical --dist worksteal --durations=25"
+PYTEST = f"-m pytest -n {len(os.sched_getaffinity(0)) + 1} --dist worksteal --durations=25"  # nproc + 1
 RUFF = "-m ruff check pipeline transforms tests benchmarks"
 BUILT = ["-m venv", "-m pip install --quiet --disable-pip-version-check --upgrade pip>=24",
          "-m pip install --quiet --disable-pip-version-check -e .[tf,dev]"]
@@ -145,7 +145,7 @@ def machine(project):
     """A PATH and a HOME with no Python: (env for make(), the PATH's folder for stand-ins)."""
     tools = project / "tools"
     tools.mkdir()
-    for name in ("make", "rm", "touch"):
+    for name in ("make", "rm", "touch", "nproc"):
         os.symlink(shutil.which(name), tools / name)
     bin_dir = project / "bin"
     bin_dir.mkdir()
