@@ -79,8 +79,8 @@ def worker_processes(options: PipelineOptions) -> int | None:
     is given. A local run: its --direct_num_workers, else one per core (the local runner's default; a
     --direct_num_workers=1 given is counted as one per core too, Beam's default being 1), so that its
     processes share the job's first read rate as a Dataflow job's do, rather than each taking the share of one
-    of 100 processes (50 reads a second: a local run from gs:// on a small machine was capped by it). None for
-    another runner."""
+    of 100 processes (50 reads a second: a local run from gs:// on a small machine was capped by it). Another
+    runner is counted as Dataflow is."""
     if is_local_run(options):
         given = options.view_as(DirectOptions).direct_num_workers or 0
         return given if given > 1 else os.cpu_count() or 1
