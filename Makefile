@@ -69,6 +69,11 @@ FIND_PYTHON = py=; prefix=$$(pyenv prefix $$v 2>/dev/null); \
       $$HOME/.pyenv/versions/$$v*/bin/python$$v; do \
     [ "$$("$$c" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$$v" ] && { py=$$c; break; }; \
   done
+# The suite starts hundreds of interpreters (conversions, launches, stand-in workers); each reuses the compiled
+# modules of the checkout and the tests, and pytest its rewritten test modules, cached beside the venv (where
+# PYTHONDONTWRITEBYTECODE is set, every one of them compiled everything again: collection alone took twice as long).
+test: export PYTHONDONTWRITEBYTECODE :=
+test: export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 test: venv
 	$(PY) -m ruff check pipeline transforms tests benchmarks
 ifeq ($(strip $(TEST_PYTHONS)),)
