@@ -71,7 +71,7 @@ def project(tmp_path):
 
 
 # What the caller's make (make test runs this file) and CI set, and would pass on to the Makefile under test.
-OUTER = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "CI", "TEST_PYTHONS", "PYTHON", "VENV")
+OUTER = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "CI", "TEST_PYTHONS", "TEST_WORKERS", "PYTHON", "VENV")
 
 
 def make(project, python: str, *goals: str, **env: str) -> subprocess.CompletedProcess:
