@@ -303,10 +303,10 @@ def test_the_initial_read_rate_reaches_the_workers_reads(gcs_emulator, photos, p
     output = f"gs://{BUCKET}/initial-rate"
     assert _run(photos, output, "--initial_read_rate=800") == 0
     _complete(gcs_emulator, output)
-    # 800 over the local run's processes, one per core, and ramped since by less than one doubling (20 minutes),
-    # however long the run took: not the default share (5,000 over the processes) nor one of 100 processes'
-    share = 800 / (os.cpu_count() or 1)
-    assert share <= transient.read_rate().rate() < 2 * share
+    # 800 over the local run's processes, one per core: the rate the process's bucket started at (its rate at
+    # its own start, which no time since can change), not the default share nor one of 100 processes'
+    rate = transient.read_rate()
+    assert rate._rate(rate._since) == pytest.approx(800 / (os.cpu_count() or 1), rel=1e-9)
 
 
 @pytest.mark.parametrize("share, expected", [(1.0, 500.0), (2000.0, 2000.0), (None, 500.0)])
