@@ -27,6 +27,17 @@ gc.set_threshold(10_000, 50, 50)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def pytest_sessionstart(session):
+    """Under make test's PYTHONPYCACHEPREFIX, the modules earlier sessions ran from temporary folders (their test
+    trees, TensorFlow's generated autograph modules) left compiled copies that no run asks for again: they go."""
+    prefix = sys.pycache_prefix
+    if prefix and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import shutil
+        import tempfile
+
+        shutil.rmtree(prefix + os.path.realpath(tempfile.gettempdir()), ignore_errors=True)
+
 # Tests run the local runner in-process with one worker unless they test the default.
 FAST = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
