@@ -24,8 +24,14 @@ def dataflow_args(dataflow_api, photos, output_dir, *extra):
             f"--sdk_container_image={IMAGE}", NO_AUTH, "--image_size=32", *extra]
 
 
-def launch(gcs_emulator, *args, env=None, timeout=600):
-    """`python -m pipeline.main ARGS` as a user runs it."""
+def launch(gcs_emulator, *args, env=None, timeout=600, fresh=False):
+    """`python -m pipeline.main ARGS`: called in this process (`run_tool`: 2-3 s of CPU less a launch, Beam and the
+    Dataflow client imported once), or as a user runs it, in a fresh interpreter, with `fresh` or `env` given. The
+    tests of a submission's whole console and of the "one line" contract launch fresh; so do run_dataflow.sh's."""
+    if not fresh and env is None:
+        from tests.conftest import run_tool
+
+        return run_tool("pipeline.main", *args)
     return subprocess.run([sys.executable, "-m", "pipeline.main", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, **gcs_emulator.env, **(env or {})))
 

@@ -310,4 +310,10 @@ if __name__ == "__main__":
         from tests.killed_after_pieces_main import install
 
         install(lambda: os._exit(3))
+    try:  # Beam without the integrations no job uses, as the launcher imports it (worker code may lack it)
+        from pipeline import lean_beam
+    except ImportError:
+        pass
+    else:
+        lean_beam.import_beam()
     run_staged_job(sys.argv[1])

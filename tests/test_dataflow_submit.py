@@ -41,7 +41,7 @@ def photos(gcs_emulator, tmp_path_factory):
 @pytest.mark.timeout(300)
 def test_submission_waits_for_the_job_and_prints_the_summary(gcs_emulator, dataflow_api, photos):
     output = f"gs://{BUCKET}/waited"
-    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output))
+    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output), fresh=True)
 
     assert result.returncode == 0, result.stderr
     job_id = job_id_of(result)
@@ -105,7 +105,7 @@ def test_a_job_that_fails_or_is_cancelled_exits_1_with_one_line(gcs_emulator, da
     output = f"gs://{BUCKET}/{outcome}"
     gcs_emulator.write(f"{output}/notes.txt", b"the user's")
     dataflow_api.outcome = outcome
-    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output))
+    result = launch(gcs_emulator, *dataflow_args(dataflow_api, photos, output), fresh=True)
 
     assert result.returncode == 1
     job_id = job_id_of(result)
