@@ -68,15 +68,41 @@ PNG_GREY, PNG_RGBA = 0, 6  # PNG colour types
 _PNG_CHANNELS = {PNG_GREY: 1, PNG_RGBA: 4}
 
 
+def deflated(pieces: list[tuple[bytes, int]], *, container: str = "zlib", level: int = 9) -> bytes:
+    """The zlib (or gzip) stream of `block * times` for each (block, times) of `pieces`, one after the other, with
+    each block compressed once: every copy ends with a full flush, after which deflate forgets what came before,
+    so each copy compresses to the same bytes wherever it stands; only the check value (Adler-32, or CRC-32 and
+    the size) goes over all the data. zlib takes a second or more to compress a gigabyte at level 9; this takes a
+    few milliseconds, and the checksum's pass."""
+    wbits = {"zlib": zlib.MAX_WBITS, "gzip": zlib.MAX_WBITS | 16}[container]
+    checksum, check = (zlib.adler32, 1) if container == "zlib" else (zlib.crc32, 0)
+    header, parts, size = b"", [], 0
+    for block, times in pieces:
+        compressor = zlib.compressobj(level, zlib.DEFLATED, wbits)
+        first = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+        again = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+        assert first.endswith(again)  # the first copy is the stream's header and the same bytes
+        header = header or first[:len(first) - len(again)]
+        end = compressor.flush()  # the last, empty block, then the check value of two copies
+        parts.append(again * times)
+        for _ in range(times):
+            check = checksum(block, check)
+        size += len(block) * times
+    if container == "zlib":
+        return header + b"".join(parts) + end[:-4] + struct.pack(">I", check)
+    return header + b"".join(parts) + end[:-8] + struct.pack("<II", check, size & 0xFFFFFFFF)
+
+
 def png_bomb(width: int, height: int, colour_type: int = PNG_RGBA, level: int = 9) -> bytes:
-    """A valid 8-bit PNG of width x height black pixels (transparent in RGBA), compressed row by row at zlib
-    `level`: a file of a few hundred kB that decodes to gigabytes, made without ever holding the pixels."""
-    row = b"\x00" + bytes(_PNG_CHANNELS[colour_type] * width)  # filter type 0, then the row's samples
-    compressor = zlib.compressobj(level)
-    parts = [compressor.compress(row) for _ in range(height)]
-    parts.append(compressor.flush())
+    """A valid 8-bit PNG of width x height black pixels (transparent in RGBA), compressed at zlib `level`: a file
+    of a few hundred kB that decodes to gigabytes, made without ever holding the pixels. Each row is filter type
+    0 and zero samples, so the image data is zeros: deflated in blocks of whole rows (`deflated`)."""
+    row = 1 + _PNG_CHANNELS[colour_type] * width  # filter type 0, then the row's samples
+    rows_per_block = max(1, (1 << 20) // row)
+    whole, rest = divmod(height, rows_per_block)
+    data = deflated([(bytes(row * rows_per_block), whole), (bytes(row * rest), 1 if rest else 0)], level=level)
     header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", b"".join(parts))
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", data)
             + _chunk(b"IEND", b""))
 
 

@@ -8,10 +8,14 @@ fails the test instead of stalling CI.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests import hostile_files as hostile
 from tests.conftest import convert
@@ -93,6 +97,20 @@ def test_a_file_that_grew_since_it_was_looked_at_is_read_whole_up_to_the_limit(t
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("container, inflate", [("zlib", zlib.decompress), ("gzip", gzip.decompress)])
+def test_the_bombs_streams_inflate_to_their_pieces(container, inflate):
+    for pieces in ([(b"abc" * 1000, 5)], [(bytes(1000), 3), (b"xyz", 1)], [(b"q", 1)], [(bytes(100), 0), (b"z", 2)]):
+        assert inflate(hostile.deflated(pieces, container=container)) == b"".join(b * n for b, n in pieces)
+
+
+def test_a_png_bomb_is_a_valid_png_of_black_pixels():
+    import io
+
+    for width, height, colour_type in ((1000, 1000, hostile.PNG_RGBA), (37, 53, hostile.PNG_GREY)):
+        pixels = np.asarray(Image.open(io.BytesIO(hostile.png_bomb(width, height, colour_type))))
+        assert pixels.shape[:2] == (height, width) and not pixels.any()
+
+
 def test_an_rgba_png_bomb_under_max_pixels_is_rejected_before_decoding(tmp_path):
     path = tmp_path / "bomb.png"
     path.write_bytes(hostile.png_rgba_bomb(13000, 13000))  # 169 MP < --max_pixels; 676 MB decoded
