@@ -15,6 +15,7 @@ the import itself runs with file descriptor 2 pointed at /dev/null.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -112,15 +113,57 @@ def silenced_stderr():
         os.close(saved)
 
 
-def import_tensorflow(verbose: bool = False):
-    """The tensorflow module; quiet unless `verbose`. A no-op past the first import."""
+class _KerasNotLoaded:
+    """A meta path finder for the length of `import tensorflow`: Keras is found (TensorFlow asks where its
+    package is) but not loaded. TensorFlow's import ends by loading Keras's optimizers, and with them Keras and
+    pandas, in a `try ... except ImportError` (so that a SavedModel's optimizers are registered): 1.4 s of its
+    4.7 s of CPU, which no tool that reads, checks, draws or times records uses. `tf.keras` still loads Keras
+    on first use (TensorFlow's lazy loader), once this finder is gone."""
+
+    class _Loader:
+        def create_module(self, spec):
+            raise ImportError(f"{spec.name} is not loaded while TensorFlow imports")
+
+        def exec_module(self, module):  # never reached: create_module refuses
+            raise ImportError(module.__name__)
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is not None:
+            spec.loader = self._Loader()
+        return spec
+
+
+@contextlib.contextmanager
+def _keras_not_loaded():
+    finder = _KerasNotLoaded()
+    sys.meta_path.insert(0, finder)
     try:
-        if verbose or "tensorflow" in sys.modules:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def import_tensorflow(verbose: bool = False):
+    """The tensorflow module; quiet unless `verbose`. A no-op past the first import. Keras is left to load when
+    it is first used (see _KerasNotLoaded): the command-line tools use none of it."""
+    try:
+        if "tensorflow" in sys.modules:
             import tensorflow as tf
 
             return tf
+        if verbose:
+            with _keras_not_loaded():
+                import tensorflow as tf
+            return tf
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        with silenced_stderr():
+        with silenced_stderr(), _keras_not_loaded():
             import tensorflow as tf
     except ImportError as e:
         raise UserError(f"TensorFlow cannot be imported ({e}); install it with pip install -e '.[tf]' (on a TPU VM "

@@ -246,11 +246,16 @@ def _python(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
                           timeout=timeout)
 
 
-def test_the_read_side_imports_no_beam():
+def test_the_read_side_imports_no_beam_and_its_tools_load_keras_only_when_it_is_used():
+    # The tools import TensorFlow with import_tensorflow before the read side's modules (which import it too):
+    # Keras and pandas stay out until tf.keras is used, and then it works.
     imports = "; ".join(f"import {module}" for module in READ_SIDE)
-    result = _python(f"import sys; {imports}; print(sorted(m for m in sys.modules if m.startswith('apache_beam')))")
+    result = _python("import sys; from pipeline.cli import import_tensorflow; tf = import_tensorflow(); "
+                     f"{imports}; print(sorted(m for m in sys.modules if m.startswith('apache_beam'))); "
+                     "print(sorted({m.split('.')[0] for m in sys.modules} & {'keras', 'pandas'})); "
+                     "print(tf.keras.layers.Dense(2)(tf.ones([1, 3])).shape)")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert result.stdout.strip().splitlines()[-3:] == ["[]", "[]", "(1, 2)"], result.stdout
 
 
 def test_the_format_and_paths_modules_import_neither_beam_nor_tensorflow():
