@@ -143,7 +143,8 @@ def test_device_stage_on_two_replicas_counts_every_record(tiny_records):
     script = textwrap.dedent(f"""
         import os, json
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-        import tensorflow as tf
+        from pipeline.cli import import_tensorflow
+        tf = import_tensorflow()  # as the benchmark imports it
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         from pipeline.readers import bench_input as bi
