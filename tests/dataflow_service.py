@@ -8,8 +8,9 @@ the test says (`outcome`):
 * "run" (the default): the service *runs the staged job*: it reads the
   pipeline.pb that the launcher uploaded to the staging folder (on the GCS
   emulator) and executes it on Beam's local FnApiRunner, in a process of its
-  own, as Dataflow's workers would. The job ends DONE when that succeeds and
-  FAILED, with the error as a job message, when it does not.
+  own, as Dataflow's workers would (forked from tests/job_host.py, which has
+  Beam imported already). The job ends DONE when that succeeds and FAILED, with
+  the error as a job message, when it does not.
 * "fail": the job ends FAILED with an error message, without running.
 * "cancel": the job ends CANCELLED.
 * "hold": the job stays RUNNING until the test calls `finish(job_id)` or `cancel`.
@@ -32,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -153,13 +155,21 @@ class DataflowStandIn:
         if self.worker_code:  # the workers' image holds other code: its pipeline/ and transforms/ come first
             env["PYTHONPATH"] = os.pathsep.join([self.worker_code, REPO])
         with metadata_server(job.id) as metadata_host:  # what a worker VM's metadata server says of its job
-            result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging],
-                                    cwd=self.worker_code or REPO, capture_output=True, text=True, timeout=600,
-                                    env={**env, "GCE_METADATA_HOST": metadata_host})
-        if result.returncode == 0:
+            env["GCE_METADATA_HOST"] = metadata_host
+            if self.worker_code or "KILL_AFTER_PIECES" in env:  # other code, or hooks: an interpreter of its own
+                result = subprocess.run([sys.executable, "-m", "tests.dataflow_service", staging],
+                                        cwd=self.worker_code or REPO, capture_output=True, text=True, timeout=600,
+                                        env=env)
+                returncode, stderr = result.returncode, result.stderr
+            else:  # this checkout's code: a worker forked from a process with Beam imported (tests/job_host.py)
+                from tests.job_host import JobHost
+
+                with tempfile.TemporaryDirectory() as folder:
+                    returncode, stderr = JobHost.get().run(staging, env, REPO, os.path.join(folder, "stderr"))
+        if returncode == 0:
             self._end(job, "JOB_STATE_DONE")
         else:
-            self._end(job, "JOB_STATE_FAILED", result.stderr[-3000:] or "the stand-in worker failed")
+            self._end(job, "JOB_STATE_FAILED", stderr[-3000:] or "the stand-in worker failed")
 
     def _handler(self):
         service = self
