@@ -15,7 +15,6 @@ the import itself runs with file descriptor 2 pointed at /dev/null.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import re
@@ -130,11 +129,9 @@ class _KerasNotLoaded:
     def find_spec(self, name, path=None, target=None):
         if name != "keras":
             return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
+        from pipeline.lean_beam import spec_past  # (stdlib only: no Beam)
+
+        spec = spec_past(self, name)
         if spec is not None:
             spec.loader = self._Loader()
         return spec

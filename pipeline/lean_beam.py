@@ -57,6 +57,15 @@ def _refused(name: str, names: tuple[str, ...]) -> bool:
     return any(name == refused or name.startswith(refused + ".") for refused in names)
 
 
+def spec_past(finder, name: str):
+    """The spec of module `name` as the finders of sys.meta_path other than `finder` (which is first) find it."""
+    sys.meta_path.remove(finder)
+    try:
+        return importlib.util.find_spec(name)
+    finally:
+        sys.meta_path.insert(0, finder)
+
+
 class _Finder:
     """A meta path finder: OPTIONAL modules are not found, LAZY ones load on first attribute access."""
 
@@ -65,11 +74,7 @@ class _Finder:
             raise ModuleNotFoundError(f"{name} is left out of this process's Beam import", name=name)
         if name not in LAZY:
             return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
+        spec = spec_past(self, name)
         if spec is None or spec.loader is None:
             return spec
         spec.loader = importlib.util.LazyLoader(spec.loader)
