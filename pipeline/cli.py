@@ -155,18 +155,16 @@ def import_tensorflow(verbose: bool = False):
             import tensorflow as tf
 
             return tf
-        if verbose:
-            with _keras_not_loaded():
-                import tensorflow as tf
-            return tf
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        with silenced_stderr(), _keras_not_loaded():
+        if not verbose:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with contextlib.nullcontext() if verbose else silenced_stderr(), _keras_not_loaded():
             import tensorflow as tf
     except ImportError as e:
         raise UserError(f"TensorFlow cannot be imported ({e}); install it with pip install -e '.[tf]' (on a TPU VM "
                         "use the image's TensorFlow)") from None
-    tf.get_logger().setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    if not verbose:
+        tf.get_logger().setLevel(logging.ERROR)
+        logging.getLogger("absl").setLevel(logging.ERROR)
     return tf
 
 

@@ -13,12 +13,14 @@ and the job is submitted to the Dataflow REST stand-in (tests/dataflow_service.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
+from unittest import mock
 
 from tests.dataflow_service import REPO
 from tests.gcs_fixtures import NO_AUTH
@@ -38,29 +40,19 @@ def _in_process(args: list[str], env: dict) -> subprocess.CompletedProcess:
     """dataflow/launch.py's `main_of(run)` called here, from / and with `env` set, as `run_tool` calls a tool."""
     from tests.conftest import run_tool
 
-    saved, here = {name: os.environ.get(name) for name in env}, os.getcwd()
-    os.environ.update(env)
-    os.chdir("/")
-    try:
+    with mock.patch.dict(os.environ, env), contextlib.chdir("/"):
         done = run_tool("pipeline.main", *args)
-    finally:
-        os.chdir(here)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     done.args = [sys.executable, LAUNCH_PY, *args]
     return done
 
 
 def flex_launch(gcs_emulator, dataflow_api, parameters: dict, *, project: str, region: str, bucket: str,
-                job_name: str, image: str, drop_labels: bool = False, fresh: bool = False) -> Launch:
+                job_name: str, image: str, drop_labels: bool = False) -> Launch:
     """Launch the template with `parameters` as the Flex launcher does; returns what it reports.
 
     The program, dataflow/launch.py (`main_of(run)`, as `python -m pipeline.main`), runs in this process from
-    the container's working folder with the launcher's environment (2-3 s of CPU less a launch), or, with
-    `fresh`, as the launcher runs it: `python launch.py ARGS`, a fresh interpreter.
+    the container's working folder with the launcher's environment (2-3 s of CPU less a launch);
+    tests/test_dataflow_submit.py runs it as the launcher does, `python launch.py ARGS` in a fresh interpreter.
 
     `drop_labels`: the submitted job carries none of the labels the program set (a launch whose labels were
     replaced, such as by the request's own additionalUserLabels), so that only the lock can tell its run.
@@ -72,12 +64,7 @@ def flex_launch(gcs_emulator, dataflow_api, parameters: dict, *, project: str, r
              f"--staging_location=gs://{bucket}/staging", f"--sdk_container_image={image}",
              f"--dataflow_endpoint={dataflow_api.endpoint}", NO_AUTH, f"--template_location={job_file}",
              f"--job_name={job_name}"]
-    env = dict(gcs_emulator.env, FLEX_TEMPLATE_PYTHON_PY_FILE=LAUNCH_PY)
-    if fresh:
-        program = subprocess.run([sys.executable, LAUNCH_PY, *args], cwd="/", capture_output=True, text=True,
-                                 timeout=300, env=dict(os.environ, **env))
-    else:
-        program = _in_process(args, env)
+    program = _in_process(args, dict(gcs_emulator.env, FLEX_TEMPLATE_PYTHON_PY_FILE=LAUNCH_PY))
     if program.returncode != 0:
         return Launch(False, f"Template launch failed: the program exited {program.returncode}", None, program)
     try:

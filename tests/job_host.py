@@ -17,10 +17,10 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
-import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +40,7 @@ def _serve() -> None:
         if pid == 0:  # the job's worker
             code = 1
             try:
+                signal.alarm(request["timeout"])  # a job that hangs ends with SIGALRM, as a timeout kills one
                 with open(request["stderr"], "w") as err, open(os.devnull, "w") as out:
                     os.dup2(err.fileno(), 2)
                     os.dup2(out.fileno(), 1)
@@ -54,16 +55,7 @@ def _serve() -> None:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        deadline = time.monotonic() + request["timeout"]
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                _, status = os.waitpid(pid, 0)
-                break
-            time.sleep(0.02)
+        _, status = os.waitpid(pid, 0)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
@@ -95,7 +87,7 @@ class JobHost:
                 cls._started = cls()
             return cls._started
 
-    def run(self, staging: str, env: dict, cwd: str, stderr_path: str, timeout: float = 600) -> tuple[int, str]:
+    def run(self, staging: str, env: dict, cwd: str, stderr_path: str, timeout: int = 600) -> tuple[int, str]:
         """Run the job staged at `staging` in a forked worker: (its exit code, its stderr)."""
         request = {"staging": staging, "env": env, "cwd": cwd, "stderr": stderr_path, "timeout": timeout}
         with self._lock:

@@ -9,6 +9,7 @@ fails the test instead of stalling CI.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import zlib
@@ -96,7 +97,6 @@ def test_a_file_that_grew_since_it_was_looked_at_is_read_whole_up_to_the_limit(t
     assert caught.value.reason == "file_too_large"
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("container, inflate", [("zlib", zlib.decompress), ("gzip", gzip.decompress)])
 def test_the_bombs_streams_inflate_to_their_pieces(container, inflate):
     for pieces in ([(b"abc" * 1000, 5)], [(bytes(1000), 3), (b"xyz", 1)], [(b"q", 1)], [(bytes(100), 0), (b"z", 2)]):
@@ -104,13 +104,12 @@ def test_the_bombs_streams_inflate_to_their_pieces(container, inflate):
 
 
 def test_a_png_bomb_is_a_valid_png_of_black_pixels():
-    import io
-
     for width, height, colour_type in ((1000, 1000, hostile.PNG_RGBA), (37, 53, hostile.PNG_GREY)):
         pixels = np.asarray(Image.open(io.BytesIO(hostile.png_bomb(width, height, colour_type))))
         assert pixels.shape[:2] == (height, width) and not pixels.any()
 
 
+@pytest.mark.timeout(120)
 def test_an_rgba_png_bomb_under_max_pixels_is_rejected_before_decoding(tmp_path):
     path = tmp_path / "bomb.png"
     path.write_bytes(hostile.png_rgba_bomb(13000, 13000))  # 169 MP < --max_pixels; 676 MB decoded
@@ -132,9 +131,10 @@ def test_a_tiff_in_four_million_strips_is_rejected_before_its_layout_is_read(tmp
 
 
 @pytest.mark.timeout(300)
-def test_the_hostile_corpus_end_to_end_within_time_and_memory(tmp_path, fifos):
+def test_the_hostile_corpus_end_to_end_within_memory(tmp_path, fifos):
     """A user's run over every hostile case at once, with worker processes: each file is
-    rejected with its reason, the good images are written, and the run ends in bounded memory."""
+    rejected with its reason, the good images are written, and the run ends in bounded memory (no time is
+    measured: the test's timeout only ends a hang)."""
     good = hostile.good_tree(tmp_path / "in")
     cats = tmp_path / "in" / "cats"
     fifos.extend(hostile.fifo(cats / f"pipe{i}.jpg") for i in range(1, 4))
