@@ -7,6 +7,7 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
+from pipeline.workers import worker_processes
 from transforms.inputs import metadata
 from transforms.inputs.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
 from transforms.inputs.append import REJECTED as CHANGED
@@ -106,6 +107,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     written = placed | "WriteShards" >> WriteShards(
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
         settings.compression, settings.index_files, settings.file_format, settings.shard_names, resume=resume,
+        workers=worker_processes(p.options),  # chunks sized so that every worker gets several
     )
     rejections = (*not_listed, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
     # every written image's source hash; with drop, every hashed source's (the report covers the input)

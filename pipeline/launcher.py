@@ -10,23 +10,24 @@ The run's story is `run` below; each step is a module of its own: options
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
-from pipeline import cloud, lean_beam
+from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.flags import help_text
 from pipeline.graph import build_pipeline
-from pipeline.local import LocalRun
 from pipeline.options import Settings, check_flags, ignored_options, validate
 from pipeline.output_folder import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset, plan_record
 from pipeline.report import summarise_run
+from pipeline.workers import is_local_run
 from transforms.base.paths import is_gcs
 from transforms.output.lock import holder_record
 from transforms.output.ownership import new_run_id
@@ -77,7 +78,6 @@ def run(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     check_flags(argv)
-    lean_beam.memoize_signatures()  # a third of a small run's graph building and checking
     options = RunOptions(argv)
     settings = validate(options)
     configure_logging(settings)
@@ -91,7 +91,12 @@ def run(argv: list[str] | None = None) -> int:
     cloud.check_network(options, [settings.input_dir, settings.output_dir, settings.manifest, settings.metadata,
                                   settings.labels_file])  # seconds, not minutes, to say there is no network
     start_time = time.time()
-    with LocalRun(options, argv, settings) as local:  # local runs: worker processes start while we plan
+    local = None
+    if is_local_run(options) and not cloud.is_dataflow(options):
+        from pipeline.local import LocalRun  # the local machinery, never imported by a Dataflow launch
+
+        local = LocalRun(options, argv, settings)  # worker processes start now, while we plan
+    with local or contextlib.nullcontext():
         done = existing_dataset(settings, options)  # --if_exists: refuse, overwrite or skip
         if done:
             print(done)  # a template launch still writes a job file: one of a job that does nothing
@@ -108,7 +113,8 @@ def run(argv: list[str] | None = None) -> int:
             return cloud.launch_nothing(options, old.done) if cloud.is_template_launch(options) else 0
         try:
             append_base(settings, plan)  # --if_exists=append: the dataset it grows, read under the lock
-            job = beam.Pipeline(runner=local.runner(), options=options)
+            runner = local.runner() if local is not None else options.view_as(StandardOptions).runner
+            job = beam.Pipeline(runner=runner, options=options)
             build_pipeline(job, settings, plan, start_time, run_id)  # the graph: pipeline/graph.py
             if cloud.is_dataflow(options):
                 cloud.add_job_checks(job, options, settings, run_id)  # the workers' code, a template job's id
@@ -119,7 +125,11 @@ def run(argv: list[str] | None = None) -> int:
             return cloud.run_on_dataflow(job, options, settings, run_id,
                                          lambda: give_back_lock(settings, run_id))
         try:
-            local.run(job)
+            if local is not None:
+                local.run(job)
+            else:  # another runner: as Beam runs it
+                with job:
+                    pass
             old.wait()  # only after a successful run: if this one fails, the next one finishes the deletion
             return summarise_run(settings.output_dir)
         finally:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 import types
 import weakref
@@ -51,6 +52,17 @@ OPTIONAL = (
 LAZY = ("google.cloud.dataflow", "google.cloud.pubsub")
 # Imported with the LAZY modules deferred: iobase.Write.expand imports it in every graph.
 DEFERRING = ("apache_beam.io.gcp.pubsub",)
+
+
+# Set to 1, a run uses no hook into Beam at all: Beam imports as usual, signatures are read as Beam reads them, and
+# a local run uses Beam's own multi_processing mode (docs/running-locally.md).
+PLAIN_BEAM_ENV = "IMAGE_TFRECORDS_PLAIN_BEAM"
+_LOG = logging.getLogger("pipeline")
+
+
+def plain() -> bool:
+    """Whether this run is to use Beam exactly as Beam ships it (IMAGE_TFRECORDS_PLAIN_BEAM=1)."""
+    return os.environ.get(PLAIN_BEAM_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _refused(name: str, names: tuple[str, ...]) -> bool:
@@ -83,7 +95,7 @@ class _Finder:
 
 def import_beam() -> None:
     """Import apache_beam with the OPTIONAL modules left out and the LAZY ones deferred (once per process)."""
-    if "apache_beam" in sys.modules:
+    if "apache_beam" in sys.modules or plain():
         return
     finder = _Finder()
     # mongodbio logs a warning ("Could not find a compatible bson package") when bson is missing.
@@ -96,8 +108,15 @@ def import_beam() -> None:
 
         for name in DEFERRING:
             importlib.import_module(name)
-    finally:
+    except ImportError as e:  # this Beam needs one of them after all: forget the half import and import it all
         sys.meta_path.remove(finder)
+        for name in [name for name in sys.modules if name == "apache_beam" or name.startswith("apache_beam.")]:
+            del sys.modules[name]
+        _LOG.warning("Beam did not import without its optional integrations (%s): importing all of it", e)
+        import apache_beam  # noqa: F401, F811
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         mongo_log.setLevel(level)
 
 
@@ -111,7 +130,11 @@ def memoize_signatures() -> None:
     """
     from apache_beam.transforms import core
 
-    if getattr(core.get_function_arguments, "memoized", False):
+    if plain() or getattr(getattr(core, "get_function_arguments", None), "memoized", False):
+        return
+    if not _answers_as_expected(core):
+        _LOG.warning("Beam's core.get_function_arguments is not as this tool knows it: DoFn signatures are read "
+                     "as Beam reads them (a slower graph build)")
         return
     inspect = core.get_function_args_defaults
     known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -134,3 +157,27 @@ def memoize_signatures() -> None:
 
     get_function_arguments.memoized = True
     core.get_function_arguments = get_function_arguments
+
+
+def _answers_as_expected(core) -> bool:
+    """Whether Beam's `get_function_arguments(obj, func)` and `get_function_args_defaults(f)` are there and answer
+    for a bound method as `memoize_signatures` keeps their answer: (argument names past self, defaults)."""
+    import inspect
+
+    ask, inspect_function = (getattr(core, name, None) for name in ("get_function_arguments",
+                                                                     "get_function_args_defaults"))
+    if not (callable(ask) and callable(inspect_function)):
+        return False
+    try:
+        if list(inspect.signature(ask).parameters) != ["obj", "func"]:
+            return False
+
+        class Probe:
+            def process(self, element, side=3):
+                return element
+
+        answer = ask(Probe(), "process")
+        return (tuple(map(list, answer)) == (["element", "side"], [3])
+                and tuple(map(list, inspect_function(Probe().process))) == (["element", "side"], [3]))
+    except Exception:  # noqa: BLE001 (any failure means: not as known)
+        return False

@@ -1,4 +1,4 @@
-"""Progress of local runs: live counts from the runner's workers, a bar on a terminal, plain lines elsewhere."""
+"""Progress of local runs: live counts the workers write themselves, a bar on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
@@ -16,61 +16,72 @@ import time
 
 import apache_beam as beam
 import pytest
-from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.local.progress import (
-    BundleCounts,
-    bundle_counts,
-    format_duration,
-    observe_bundles,
-    processed_images,
-    progress_line,
-)
+from pipeline.local.progress import FileCounts, format_duration, progress_folder, progress_line
 from tests.conftest import REPO
 from transforms.base import counters
 
 IMAGES = 240  # small images: the conversion takes a few seconds on 2 cores, so the display refreshes
 
 
-def _counter(name, value, namespace=counters.NAMESPACE):
-    return mi.int64_user_counter(namespace, name, value, ptransform="ConvertImages/ConvertImage")
+class _Counts:
+    """Counts as the display reads them, set by the test."""
+
+    def __init__(self, processed: int = 0, planned: int = 0):
+        self.processed, self.planned = processed, planned
 
 
-def test_processed_images_sums_converted_and_rejected_counters_of_our_namespace():
-    infos = [
-        _counter("images_converted", 7),
-        _counter("rejected_truncated", 2),
-        _counter("rejected_not_an_image", 1),
-        _counter("files_listed", 100),  # another step's counter
-        _counter("images_converted", 50, namespace="someone_else"),
-    ]
-    assert processed_images(infos) == 10
-    assert processed_images([]) == 0
+def _write(folder, name, text):
+    (folder / name).write_text(text)
 
 
-def test_the_counters_the_transforms_name_are_the_ones_the_progress_display_counts():
-    # One set of names (transforms/base/counters.py) for the steps that count and the display that adds up.
+def test_file_counts_add_up_every_workers_file_and_never_go_back(tmp_path):
+    counts = FileCounts(str(tmp_path))
+    assert (counts.processed, counts.planned) == (0, 0)
+    _write(tmp_path, f"101{counters.PROGRESS_SUFFIX}", "3 40\n")
+    _write(tmp_path, f"102{counters.PROGRESS_SUFFIX}", "4 2\n")
+    _write(tmp_path, "103.progress.77.tmp", "100 100\n")  # a file being written: not read
+    _write(tmp_path, f"104{counters.PROGRESS_SUFFIX}", "garbage")  # not one of ours
+    assert (counts.processed, counts.planned) == (7, 42)
+    (tmp_path / f"102{counters.PROGRESS_SUFFIX}").unlink()  # a worker's file gone: the count stays
+    assert (counts.processed, counts.planned) == (7, 42)
+    _write(tmp_path, f"101{counters.PROGRESS_SUFFIX}", "10 40\n")
+    assert counts.processed == 10
+    gone = FileCounts(str(tmp_path / "missing"))
+    assert (gone.processed, gone.planned) == (0, 0)
+
+
+def test_the_counters_the_transforms_name_are_the_ones_the_progress_line_counts(tmp_path, monkeypatch):
+    """One set of names (transforms/base/counters.py) for the steps that count and the line that adds up: an image
+    leaves conversion converted, resumed or rejected for any reason; the total is images_to_convert."""
     from transforms.inputs.duplicates import DUPLICATE
     from transforms.inputs.metadata import METADATA_MISSING
     from transforms.labels.layout import GROUP_BY_TIMEOUT
 
-    reasons = [DUPLICATE, GROUP_BY_TIMEOUT, METADATA_MISSING, "truncated"]
-    infos = [_counter(counters.CONVERTED, 5), *(_counter(counters.rejected(r), 1) for r in reasons),
-             _counter(counters.TO_CONVERT, 12), _counter("files_listed", 12)]
-    assert bundle_counts(infos) == (5 + len(reasons), 12)
+    monkeypatch.setenv(counters.PROGRESS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(counters, "_progress_state", (None, None))
+    counters.inc(counters.CONVERTED, 5)
+    counters.inc(counters.RESUMED, 2)
+    for reason in (DUPLICATE, GROUP_BY_TIMEOUT, METADATA_MISSING, "truncated"):
+        counters.inc(counters.rejected(reason))
+    counters.inc(counters.TO_CONVERT, 12)
+    counters.inc(counters.TO_CONVERT, -1)  # an append's image already in the dataset
+    counters.inc("files_listed", 12)  # another step's counter
+    counters.flush_progress()
+    assert (tmp_path / f"{os.getpid()}{counters.PROGRESS_SUFFIX}").read_text() == "11 11\n"
+    counts = FileCounts(str(tmp_path))
+    assert (counts.processed, counts.planned) == (11, 11)
+    monkeypatch.setattr(counters, "_progress_state", (None, None))
 
 
-def test_bundle_counts_add_running_and_finished_bundles_without_double_counting():
-    counts = BundleCounts()
-    counts.running("bundle_1", [_counter("images_converted", 3)])
-    counts.running("bundle_2", [_counter("images_converted", 4)])
-    assert counts.processed == 7
-    counts.running("bundle_1", [])  # a finished bundle answers with no metrics: keep the last count
-    assert counts.processed == 7
-    counts.finished("bundle_1", [_counter("images_converted", 5), _counter("rejected_truncated", 1)])
-    counts.running("bundle_1", [_counter("images_converted", 5)])  # a late answer after the final count
-    assert counts.processed == 6 + 4
+def test_the_progress_folder_is_named_for_the_block_and_removed_after(monkeypatch):
+    monkeypatch.delenv(counters.PROGRESS_DIR_ENV, raising=False)
+    with progress_folder() as folder:
+        assert os.environ[counters.PROGRESS_DIR_ENV] == folder and os.path.isdir(folder)
+    assert counters.PROGRESS_DIR_ENV not in os.environ and not os.path.exists(folder)
+    with progress_folder(enabled=False) as folder:
+        assert folder is None and counters.PROGRESS_DIR_ENV not in os.environ
 
 
 def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two_looks(caplog):
@@ -79,29 +90,24 @@ def test_plain_lines_end_with_the_final_count_even_when_the_run_ends_between_two
 
     from pipeline.local.progress import ProgressDisplay
 
-    counts = BundleCounts()
+    counts = _Counts()
     caplog.set_level(logging.INFO, logger="pipeline")
     with ProgressDisplay(counts, 5, interactive=False):
-        counts.finished("bundle_1", [_counter("images_converted", 5)])  # done before the first look
+        counts.processed = 5  # done before the first look
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Converted")] == [
         "Converted 5/5 images (100%); writing shards and image_tfrecords.json"]
 
 
-def test_the_total_is_the_jobs_own_count_from_finished_listing_bundles(caplog):
-    """The launcher no longer counts the files: the total comes from AssignLabels' `images_to_convert`."""
+def test_the_total_is_the_jobs_own_count_of_images_to_convert(caplog):
+    """The launcher does not count the files: the total comes from AssignLabels' `images_to_convert`."""
     import logging
 
     from pipeline.local.progress import ProgressDisplay
 
-    counts = BundleCounts()
-    counts.running("listing", [_counter("images_to_convert", 3)])
-    assert counts.planned == 0  # a running bundle's count could still grow: only finished ones count
-    counts.finished("listing", [_counter("images_to_convert", 4)])
-    counts.finished("listing_2", [_counter("images_to_convert", 2), _counter("files_listed", 9)])
-    assert counts.planned == 6 and counts.processed == 0
+    counts = _Counts(planned=6)
     caplog.set_level(logging.INFO, logger="pipeline")
     with ProgressDisplay(counts, interactive=False):
-        counts.finished("shard_1", [_counter("images_converted", 5), _counter("rejected_truncated", 1)])
+        counts.processed = 6
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Converted")] == [
         "Converted 6/6 images (100%); writing shards and image_tfrecords.json"]
 
@@ -116,8 +122,8 @@ def test_progress_line_states_count_share_rate_and_time_left():
 
 
 class _HeldCount(beam.DoFn):
-    """Counts each element, then holds its bundle until the file `seen` exists: the test makes it once the runner
-    has reported a count of a running bundle, so no bundle can end before that, however busy the machine."""
+    """Counts each element, then holds its bundle until the file `seen` exists: the test makes it once it has read
+    a count of a running bundle, so no bundle can end before that, however busy the machine."""
 
     def __init__(self, seen: str):
         self._seen = seen
@@ -129,32 +135,37 @@ class _HeldCount(beam.DoFn):
         yield element
 
 
-@pytest.mark.timeout(300)  # no report mid-bundle: the bundles are held until then
+@pytest.mark.timeout(300)  # no count mid-bundle: the bundles are held until then
 def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run(tmp_path):
-    """The FnApiRunner's progress polling reaches the counters of running bundles in worker processes."""
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    """Workers of Beam's own multi_processing mode (fresh interpreters) write their counts while bundles run."""
+    import threading
 
-    reports = []
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
     seen = tmp_path / "seen"
+    reports = []
+    with progress_folder() as folder:
+        counts = FileCounts(folder)
+        stop = threading.Event()
 
-    class Recording(BundleCounts):
-        def running(self, instruction_id, infos):
-            reports.append(processed_images(infos))
-            if 0 < reports[-1] < 200:
-                seen.touch()  # a count from the middle of a bundle: the bundles may go on
-            super().running(instruction_id, infos)
+        def watch():
+            while not stop.wait(0.05):
+                reports.append(counts.processed)
+                if 0 < reports[-1] < 200:
+                    seen.touch()  # a count from the middle of a bundle: the bundles may go on
 
-    counts = Recording()
-    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
-    runner = fn_runner.FnApiRunner(progress_request_frequency=0.2)
-    with observe_bundles(counts) as observed:
-        assert observed
-        with beam.Pipeline(runner=runner, options=options) as p:
-            _ = p | beam.Create(range(200)) | beam.Reshuffle() | beam.ParDo(_HeldCount(str(seen)))
-    assert counts.processed == 200
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+            with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+                _ = p | beam.Create(range(200)) | beam.Reshuffle() | beam.ParDo(_HeldCount(str(seen)))
+        finally:
+            stop.set()
+            watcher.join()
+        time.sleep(2 * counters.PROGRESS_SECONDS)  # the workers' last writes
+        assert counts.processed == 200
     assert any(0 < n < 200 for n in reports), reports  # seen mid-bundle, not only at the end
-    # The hook is gone after the block.
-    assert fn_runner.ProgressRequester.__name__ == "ProgressRequester"
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,12 @@
 """Live progress of a local run: images converted out of the total, the rate and an ETA.
 
-The local runner is Beam's FnApiRunner, which lives in the launcher process and
-drives worker subprocesses over the Fn API control plane. It already asks each
-running bundle for its progress every `progress_request_frequency` seconds, and
-the workers answer with the bundle's metrics so far, user counters included
-(`images_converted`, `rejected_<reason>` of transforms/images/convert.py). The runner
-only throws those answers away: `BundleManager` builds its `ProgressRequester`
-without the callback the class supports. `observe_bundles()` supplies that
-callback, and reads each finished bundle's final counters, for the duration of
-one run. No data leaves the Beam graph and the workers are not touched.
+The counts come from the workers themselves, not from Beam's runner: each
+worker process keeps its totals of the images that left conversion and of the
+images labelled for conversion, and writes them to a file of its own in a
+folder the launcher made for the run (`transforms.base.counters`,
+PROGRESS_DIR_ENV). `FileCounts` adds those files up, a few small files a
+second, however many images there are. Nothing here touches Beam: should Beam
+change, the run goes on exactly as before.
 
 On a terminal the counts drive a tqdm bar; otherwise (a pipe, a file, a
 scheduler's log) they become a plain log line every few seconds.
@@ -19,123 +17,80 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
-from apache_beam.metrics import monitoring_infos as mi
-from apache_beam.runners.portability.fn_api_runner import fn_runner
-
-from transforms.base import counters
-from transforms.base.counters import NAMESPACE
+from transforms.base.counters import PROGRESS_DIR_ENV, PROGRESS_SUFFIX
 
 _LOG = logging.getLogger("pipeline.progress")
 
-# How often the runner polls each running bundle, and how often the display redraws.
-REQUEST_SECONDS = 1.0
+# How often the display redraws.
 REFRESH_SECONDS = 0.5
 # Plain log lines: one every LOG_SECONDS, and one whenever another LOG_STEP of the images is done.
 LOG_SECONDS = 10.0
 LOG_STEP = 0.1
 
 
+class FileCounts:
+    """The workers' totals in `folder`: images that left conversion, and images labelled for conversion."""
 
-def processed_images(infos: Iterable) -> int:
-    """Images that left conversion (converted or rejected), from one bundle's monitoring infos."""
-    return bundle_counts(infos)[0]
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._last = (0, 0)
 
-
-def bundle_counts(infos: Iterable) -> tuple[int, int]:
-    """(images converted or rejected, images labelled for conversion) in one bundle's monitoring infos."""
-    processed = planned = 0
-    for info in infos:
-        if info.urn != mi.USER_COUNTER_URN or info.labels.get(mi.NAMESPACE_LABEL) != NAMESPACE:
-            continue
-        name = info.labels.get(mi.NAME_LABEL, "")
-        if counters.leaves_conversion(name):
-            processed += mi.extract_counter_value(info)
-        elif name == counters.TO_CONVERT:
-            planned += mi.extract_counter_value(info)
-    return processed, planned
-
-
-class BundleCounts:
-    """Thread-safe sum of processed images over finished bundles and the latest report of running ones."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running: dict[str, int] = {}
-        self._finished: set[str] = set()
-        self._finished_total = 0
-        self._planned = 0  # from finished bundles only: a total must not move backwards
-
-    def running(self, instruction_id: str, infos: Iterable) -> None:
-        count = processed_images(infos)
-        with self._lock:
-            if instruction_id in self._finished:
-                return  # a late answer of a bundle already counted in full
-            # A bundle that has just finished answers with no metrics: keep its last count.
-            self._running[instruction_id] = max(count, self._running.get(instruction_id, 0))
-
-    def finished(self, instruction_id: str, infos: Iterable) -> None:
-        count, planned = bundle_counts(infos)
-        with self._lock:
-            self._running.pop(instruction_id, None)
-            if instruction_id not in self._finished:
-                self._finished.add(instruction_id)
-                self._finished_total += count
-                self._planned += planned
+    def _read(self) -> tuple[int, int]:
+        done = planned = 0
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return self._last
+        for name in names:
+            if not name.endswith(PROGRESS_SUFFIX):
+                continue
+            try:
+                with open(os.path.join(self.folder, name), encoding="ascii") as counts:
+                    worker_done, worker_planned = (int(n) for n in counts.read().split())
+            except (OSError, ValueError):
+                continue  # gone, or not one of ours
+            done += worker_done
+            planned += worker_planned
+        # A worker's file can only grow; never show a count that goes back.
+        self._last = max(done, self._last[0]), max(planned, self._last[1])
+        return self._last
 
     @property
     def processed(self) -> int:
-        with self._lock:
-            return self._finished_total + sum(self._running.values())
+        return self._read()[0]
 
     @property
     def planned(self) -> int:
-        """Images the job has listed and labelled for conversion so far (its total once listing has ended)."""
-        with self._lock:
-            return self._planned
+        """Images the job has labelled for conversion so far (its total once listing has ended)."""
+        return self._read()[1]
 
 
 @contextlib.contextmanager
-def observe_bundles(counts: BundleCounts) -> Iterator[bool]:
-    """Feed `counts` from every bundle the FnApiRunner runs inside the block; yields whether it could.
-
-    Beam is pinned to one minor release (setup.py); should its internals move,
-    the run goes on without live counts rather than failing.
-    """
-    requester = getattr(fn_runner, "ProgressRequester", None)
-    manager = getattr(fn_runner, "BundleManager", None)
-    process_bundle = getattr(manager, "process_bundle", None)
-    if requester is None or process_bundle is None:
-        _LOG.debug("FnApiRunner has no ProgressRequester/BundleManager hook; no live progress")
-        yield False
+def progress_folder(enabled: bool = True) -> Iterator[str | None]:
+    """For the block, a folder where this run's workers write their counts (named in PROGRESS_DIR_ENV, which
+    worker processes started in the block inherit); None when disabled. Removed at the end."""
+    if not enabled:
+        yield None
         return
-
-    class _CountingRequester(requester):
-        def __init__(self, worker_handler, instruction_id, frequency, callback=None):
-            def report(progress):
-                counts.running(instruction_id, progress.monitoring_infos)
-                if callback:
-                    callback(progress)
-
-            super().__init__(worker_handler, instruction_id, frequency, callback=report)
-
-    def counting_process_bundle(self, *args, **kwargs):
-        result, split_results = process_bundle(self, *args, **kwargs)
-        counts.finished(result.instruction_id, result.process_bundle.monitoring_infos)
-        return result, split_results
-
-    fn_runner.ProgressRequester = _CountingRequester
-    manager.process_bundle = counting_process_bundle
+    folder = tempfile.mkdtemp(prefix="image-tfrecords-progress-")
+    previous = os.environ.get(PROGRESS_DIR_ENV)
+    os.environ[PROGRESS_DIR_ENV] = folder
     try:
-        yield True
+        yield folder
     finally:
-        fn_runner.ProgressRequester = requester
-        manager.process_bundle = process_bundle
+        if previous is None:
+            os.environ.pop(PROGRESS_DIR_ENV, None)
+        else:
+            os.environ[PROGRESS_DIR_ENV] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def format_duration(seconds: float) -> str:
@@ -195,7 +150,7 @@ class ProgressDisplay:
     Without `total`, the total is the job's own count (`counts.planned`), known once the input is listed.
     """
 
-    def __init__(self, counts: BundleCounts, total: int | None = None, stream=None, interactive: bool | None = None):
+    def __init__(self, counts: FileCounts, total: int | None = None, stream=None, interactive: bool | None = None):
         self._counts = counts
         self._fixed_total = total
         self._stream = stream if stream is not None else sys.stderr
@@ -280,15 +235,10 @@ class ProgressDisplay:
 
 
 @contextlib.contextmanager
-def show_progress(runner, total: int | None = None, enabled: bool = True) -> Iterator[None]:
-    """Show the progress of a local run for the duration of the block; a no-op when disabled or remote."""
-    if not enabled or not isinstance(runner, fn_runner.FnApiRunner):
+def show_progress(folder: str | None, total: int | None = None) -> Iterator[None]:
+    """Show the progress of a local run whose workers count into `folder` for the block; a no-op without one."""
+    if folder is None:
         yield
         return
-    counts = BundleCounts()
-    with observe_bundles(counts) as observed:
-        if not observed:
-            yield
-            return
-        with ProgressDisplay(counts, total):
-            yield
+    with ProgressDisplay(FileCounts(folder), total):
+        yield

@@ -11,82 +11,113 @@ nothing and `runner()` is the runner the options name.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
+import logging
 import os
 import re
 import signal
+import threading
+import time
 
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
-from pipeline import cloud
+from pipeline import lean_beam
 from pipeline.errors import InputDamaged, OutOfSpace, TransientReadFailed, UserError, WorkerDied
-from pipeline.local.progress import REQUEST_SECONDS, show_progress
+from pipeline.local.progress import progress_folder, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
-from pipeline.local.warm_workers import WarmWorkerPool
 from pipeline.options import Settings
-from pipeline.workers import is_local_run
 from transforms.base.transient import TransientReadError
 from transforms.inputs.rows import TruncatedFile
 from transforms.output.ownership import UnsafePath, completion_marker
 from transforms.output.publishing import ShardSizeMismatch, interrupted_publish
+
+_LOG = logging.getLogger("pipeline")
 
 
 def _flag_given(argv: list[str], name: str) -> bool:
     return any(a == name or a.startswith(name + "=") for a in argv)
 
 
-def start_workers(options: PipelineOptions, argv: list[str], settings: Settings) -> WarmWorkerPool | None:
-    """For a local run with worker processes (the default), start them now; None for other runs.
+def worker_count(options: PipelineOptions, argv: list[str]) -> int:
+    """The local run's worker processes: --direct_num_workers when given (0: one per core), else one per core."""
+    direct = options.view_as(DirectOptions)
+    given = direct.direct_num_workers if _flag_given(argv, "--direct_num_workers") else 0
+    return given or os.cpu_count() or 1
 
-    They import Beam while the launcher plans the run and builds the graph
-    (see `pipeline.local.warm_workers`).
-    """
-    if not is_local_run(options) or cloud.is_dataflow(options):
-        return None
+
+def start_workers(options: PipelineOptions, argv: list[str], settings: Settings):
+    """Start the local run's worker processes now, while the launcher plans (`pipeline.local.warm_workers`);
+    None where the run uses Beam's own modes instead: --direct_running_mode other than multi_processing,
+    IMAGE_TFRECORDS_PLAIN_BEAM=1, or a Beam without the worker-pool API this needs (with one warning)."""
     direct = options.view_as(DirectOptions)
     if _flag_given(argv, "--direct_running_mode") and direct.direct_running_mode != "multi_processing":
         return None
-    count = direct.direct_num_workers if _flag_given(argv, "--direct_num_workers") else 0
-    return WarmWorkerPool(count or os.cpu_count() or 1, quiet=not settings.verbose)
+    if lean_beam.plain():
+        return None
+    try:
+        from pipeline.local import warm_workers
+
+        gaps = warm_workers.missing()
+    except ImportError as e:
+        gaps = [str(e)]
+    if gaps:
+        _LOG.warning("The installed Beam lacks %s: the run uses Beam's own multi_processing mode, whose workers "
+                     "each import Beam first (slower to start)", ", ".join(gaps))
+        return None
+    count = worker_count(options, argv)
+    try:
+        return warm_workers.WarmWorkerPool(count, quiet=not settings.verbose)
+    except warm_workers.WorkerStartFailed as e:
+        raise WorkerDied(f"{e.strerror}: this machine cannot hold {count} worker processes; give fewer with "
+                         f"--direct_num_workers (now {count}), or raise the limit on processes (ulimit -u)") from None
 
 
-def make_runner(options: PipelineOptions, argv: list[str], workers: WarmWorkerPool | None = None):
-    """The runner for these options; local runs use Beam's FnApiRunner on every core.
+def worker_options_json(options: PipelineOptions) -> str:
+    """The pipeline options as Beam's worker reads them from PIPELINE_OPTIONS."""
+    given = {name: value for name, value in options.get_all_options(retain_unknown_options=True).items()
+             if value is not None}  # Beam's worker takes an option it is sent as set
+    return json.dumps({"options": given}, default=str)
+
+
+class _InMemoryWarning(logging.Filter):
+    """Drops the FnApiRunner's warning that `in_memory` mode with several workers is not parallel: it is about
+    Beam's embedded environment, and the runner is given the worker pool's environment instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
+
+
+_IN_MEMORY_WARNING = _InMemoryWarning()
+
+
+def make_runner(options: PipelineOptions, argv: list[str], workers=None):
+    """The runner of a local run: Beam's FnApiRunner, on the started `workers` or in Beam's own mode.
 
     Beam's DirectRunner first tries the Prism runner, which downloads a binary
     from the internet: on a machine without internet access that stalls the
-    job. Local runs therefore go straight to the FnApiRunner, the Python local
-    engine that DirectRunner falls back to, with one worker process per core:
-    the `workers` started early, or Beam's own for --direct_running_mode=multi_processing
-    without them.
+    job. Local runs therefore go straight to the FnApiRunner (its public
+    module), the Python local engine DirectRunner falls back to. With the
+    started `workers` its default environment is theirs (Beam's EXTERNAL
+    environment) and it runs `direct_num_workers` bundles at once, one per
+    worker; without them, Beam's `multi_processing` mode starts a fresh
+    interpreter per worker, one per core unless --direct_num_workers says.
     """
-    if not is_local_run(options):
-        return options.view_as(StandardOptions).runner
-    direct = options.view_as(DirectOptions)
-    if not _flag_given(argv, "--direct_running_mode"):
-        direct.direct_running_mode = "multi_processing"
-    if not _flag_given(argv, "--direct_num_workers"):
-        direct.direct_num_workers = 0  # one worker per core
-    from apache_beam.portability.api import beam_provision_api_pb2
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    provision_info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    environment = None
-    if workers is not None:
-        workers.serve(provision_info.provision_info)
-        environment = workers.environment()
-        # The runner's multi_processing mode would replace this environment by
-        # processes of its own; its in_memory mode keeps it and still runs
-        # direct_num_workers bundles in parallel, one per worker process.
-        direct.direct_running_mode = "in_memory"
-        direct.direct_num_workers = workers.count
-    return fn_runner.FnApiRunner(
-        default_environment=environment,
-        provision_info=provision_info,
-        progress_request_frequency=REQUEST_SECONDS,  # live counts for pipeline.local.progress
-    )
+    direct = options.view_as(DirectOptions)
+    if workers is None:
+        if not _flag_given(argv, "--direct_running_mode"):
+            direct.direct_running_mode = "multi_processing"
+        if not _flag_given(argv, "--direct_num_workers"):
+            direct.direct_num_workers = 0  # one worker per core
+        return FnApiRunner()
+    workers.serve(worker_options_json(options))
+    direct.direct_running_mode = "in_memory"  # the runner keeps the environment it is given only in this mode
+    direct.direct_num_workers = workers.count
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_IN_MEMORY_WARNING)
+    return FnApiRunner(default_environment=workers.environment())
 
 
 _NO_SPACE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
@@ -200,18 +231,66 @@ def output_state(output_dir: str) -> str:
     return "no dataset was written"
 
 
-class LocalRun:
-    """The local runner's machinery for one run: its worker processes, runner, logs, progress and errors.
+class WorkerLost(RuntimeError):
+    """A worker process the runner was given ended, and the runner was still waiting on it."""
 
-    For a Dataflow run (or any non-local runner) it holds no workers and
-    `runner()` is the name the options give.
-    """
+
+# How long a worker may be dead before the run is stopped: Beam's runner reports a worker whose connection it loses
+# by itself ("Channel closed prematurely") at once; one that dies before it connects, it would wait for forever.
+LOST_WORKER_GRACE_S = 5.0
+
+
+@contextlib.contextmanager
+def stop_on_lost_worker(workers, grace_s: float = LOST_WORKER_GRACE_S):
+    """For the block (in the main thread), a worker of `workers` that has been dead for `grace_s` raises WorkerLost
+    in the main thread, wherever it waits."""
+    if workers is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    done = threading.Event()
+
+    def on_signal(signum, frame):
+        if not done.is_set():
+            raise WorkerLost("a worker process ended before the runner heard from it")
+
+    def watch():
+        dead_since = None
+        while not done.wait(0.5):
+            if not workers.assigned_dead():
+                continue
+            dead_since = dead_since or time.monotonic()
+            if time.monotonic() - dead_since >= grace_s:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+                return
+
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    watcher = threading.Thread(target=watch, name="lost-worker-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+class LocalRun:
+    """The local runner's machinery for one run: its worker processes, runner, logs, progress and errors."""
 
     def __init__(self, options: PipelineOptions, argv: list[str], settings: Settings) -> None:
         self.options = options
         self.argv = argv
         self.settings = settings
-        self.workers = start_workers(options, argv, settings)
+        self.workers = None
+        lean_beam.memoize_signatures()  # a third of a small run's graph building and checking
+        # The workers count into this folder for the progress line: named before they start.
+        self._progress = contextlib.ExitStack()
+        self.progress = self._progress.enter_context(progress_folder(enabled=not settings.quiet))
+        try:
+            self.workers = start_workers(options, argv, settings)
+        except BaseException:
+            self._progress.close()
+            raise
 
     def __enter__(self) -> LocalRun:
         return self
@@ -220,8 +299,11 @@ class LocalRun:
         self.close()
 
     def close(self) -> None:
-        if self.workers is not None:
-            self.workers.close()
+        try:
+            if self.workers is not None:
+                self.workers.close()
+        finally:
+            self._progress.close()
 
     def runner(self):
         """The runner to build the pipeline with (see `make_runner`)."""
@@ -234,12 +316,10 @@ class LocalRun:
             WorkerDied, TransientReadFailed, OutOfSpace: with the one line that says what happened and what to do.
         """
         settings = self.settings
-        worker_processes = (self.workers is not None
-                            or self.options.view_as(DirectOptions).direct_running_mode == "multi_processing")
         with held_beam_logs(enabled=not settings.verbose) as beam_logs:
             try:
-                with quiet_workers(enabled=worker_processes and not settings.verbose), \
-                        show_progress(pipeline.runner, enabled=not settings.quiet):
+                with quiet_workers(enabled=not settings.verbose), show_progress(self.progress), \
+                        stop_on_lost_worker(self.workers):
                     with pipeline:  # leaving the block runs the pipeline and waits for it
                         pass
             except Exception as e:
@@ -256,7 +336,10 @@ class LocalRun:
         unsafe = unsafe_path(error)
         if unsafe:
             return UserError(unsafe)
-        died = worker_died(error, self.workers.dead() if self.workers is not None else [])
+        dead = self.workers.dead() if self.workers is not None else []
+        died = worker_died(error, dead)
+        if died is None and isinstance(error, WorkerLost):
+            died = worker_died(RuntimeError("Channel closed prematurely."), dead)
         if died:
             return WorkerDied(
                 f"{died}, probably because the machine ran out of memory: lower what each worker holds with "

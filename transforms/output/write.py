@@ -44,10 +44,9 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.transforms.window import GlobalWindows
 
+from transforms.base import counters
 from transforms.base.dataset_format import (
     KAGGLE,
     SHARD_FORMATS,
@@ -112,6 +111,19 @@ def write_index(folder: str, name: str, sizes: list[int]) -> None:
 # The unit of conversion work: at most this many images, and about this many bytes of source files.
 CHUNK_IMAGES = 64
 CHUNK_SOURCE_BYTES = 64_000_000
+# With many workers, a split is cut into at least this many chunks per worker where chunks of MIN_CHUNK_IMAGES
+# allow: the runner hands each worker its share of a stage's chunks once, and with several each the shares even out
+# (4,000 images on 96 workers: 500 chunks of 8 instead of 63 of 64, which left a third of the workers idle).
+CHUNKS_PER_WORKER = 8
+MIN_CHUNK_IMAGES = 8
+
+
+def chunk_limit(split_images: int, workers: int | None, max_images: int = CHUNK_IMAGES) -> int:
+    """The most images in a chunk of a split of `split_images` images converted by `workers` processes."""
+    if not workers or workers < 1:
+        return max_images
+    wanted = -(-split_images // (workers * CHUNKS_PER_WORKER))
+    return max(min(max_images, MIN_CHUNK_IMAGES), min(max_images, wanted))
 PIECES_DIR = "pieces"  # below the run's shards folder
 
 
@@ -144,16 +156,19 @@ class PieceInfo(NamedTuple):
 
 
 def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGES,
-               max_bytes: int = CHUNK_SOURCE_BYTES):
+               max_bytes: int = CHUNK_SOURCE_BYTES, workers: int | None = None):
     """(ShardKey, [ImageRef]) -> (ChunkKey, [ImageRef]) of each chunk, in rank order.
 
     The shard's images in rank order are cut into the fewest chunks of at most
-    `max_images` images and about `max_bytes` of listed source bytes, as even
-    as their counts allow. The cut depends on the shard's images only, never on
-    the workers. An ArrayRecord shard is one chunk (its files do not concatenate).
+    `max_images` images (fewer with many `workers`: `chunk_limit`, from the
+    shard's images times its split's shards) and about `max_bytes` of listed
+    source bytes, as even as their counts allow. The cut depends on the shard's
+    images and the worker count only; the records' bytes never depend on it.
+    An ArrayRecord shard is one chunk (its files do not concatenate).
     """
     key, refs = keyed
     ordered = sorted(refs, key=rank_order)  # one shard's references: thousands, not the dataset
+    max_images = chunk_limit(len(ordered) * key[2], workers, max_images)
     if not SHARD_FORMATS[file_format].concatenates:
         chunks = 1
     else:
@@ -229,7 +244,8 @@ class _ConvertChunk(beam.DoFn):
 
     def finish_bundle(self):
         while self._started:
-            yield WindowedValue(self._write_piece(*self._started.popleft()), MIN_TIMESTAMP, [GlobalWindow()])
+            yield GlobalWindows.windowed_value(self._write_piece(*self._started.popleft()))
+        counters.flush_progress()  # the bundle's last counts reach a local run's progress line now
 
     def _drop_started(self) -> None:
         """Forget the chunks of a bundle that failed: their jobs that have not started never will."""
@@ -410,19 +426,21 @@ class _AssembleShard(beam.DoFn):
 class ConvertChunks(beam.PTransform):
     """(ShardKey, ImageRef) -> PieceInfo of every chunk: its images converted into a piece file, on any worker."""
 
-    def __init__(self, fn: _ConvertChunk, file_format: str, chunk_images: int = CHUNK_IMAGES):
+    def __init__(self, fn: _ConvertChunk, file_format: str, chunk_images: int = CHUNK_IMAGES,
+                 workers: int | None = None):
         super().__init__()
         self._fn = fn
         self._file_format = file_format
         self._chunk_images = chunk_images
+        self._workers = workers
 
     def expand(self, placed):
         return (
             placed
             # (ShardKey, [ImageRef]): references only, a shard's worth each
             | "GroupByShard" >> beam.GroupByKey()
-            # (ChunkKey, [ImageRef]): at most 64 images each, in rank order
-            | "CutChunks" >> beam.FlatMap(cut_chunks, self._file_format, self._chunk_images)
+            # (ChunkKey, [ImageRef]): at most 64 images each (8 or more chunks a worker), in rank order
+            | "CutChunks" >> beam.FlatMap(cut_chunks, self._file_format, self._chunk_images, workers=self._workers)
             # the same, spread over the workers: a shard's chunks convert in parallel
             | "SpreadChunks" >> beam.Reshuffle()
             | "Convert" >> beam.ParDo(self._fn)
@@ -455,14 +473,16 @@ class WriteShards(beam.PTransform):
     names; the dataset description publishes them into `output_dir`, under
     their final names, once every count is checked. With `index_files`, each
     shard's index file is written beside it (uncompressed TFRecord shards only).
-    `chunk_images`: the most images in one unit of conversion work. `resume` (transforms.output.resume.Resume): each
+    `chunk_images`: the most images in one unit of conversion work, fewer so that each of `workers` processes
+    gets several (`chunk_limit`). `resume` (transforms.output.resume.Resume): each
     converted chunk leaves a done record, and a chunk an interrupted run of the same plan converted is taken
     from it, checked, instead of converted again.
     """
 
     def __init__(self, output_dir: str, run_id: str, settings: ImageSettings, schema: str, threads: int,
                  compression: str, index_files: bool = False, file_format: str = TFRECORD,
-                 shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES, resume: Resume | None = None):
+                 shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES, resume: Resume | None = None,
+                 workers: int | None = None):
         super().__init__()
         if index_files and (compression != "none" or not SHARD_FORMATS[file_format].index_files):
             raise ValueError("index files hold byte offsets into uncompressed TFRecord shards: not with "
@@ -472,6 +492,7 @@ class WriteShards(beam.PTransform):
         folder = shards_dir(output_dir, run_id)
         self._file_format = file_format
         self._chunk_images = chunk_images
+        self._workers = workers
         self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format, resume)
         self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names, resume)
 
@@ -479,7 +500,7 @@ class WriteShards(beam.PTransform):
         return (
             placed
             # PieceInfo of every chunk
-            | "ConvertChunks" >> ConvertChunks(self._convert, self._file_format, self._chunk_images)
+            | "ConvertChunks" >> ConvertChunks(self._convert, self._file_format, self._chunk_images, self._workers)
             # ShardInfo of every shard, with the side outputs
             | "AssembleShards" >> AssembleShards(self._assemble)
         )
