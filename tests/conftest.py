@@ -111,16 +111,6 @@ def run_tool(module: str, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code, out.getvalue(), err.getvalue())
 
 
-@pytest.fixture(scope="session", autouse=True)
-def beam_as_the_launcher_runs_it():
-    """Beam reads each DoFn method's signature once, as every run's launcher makes it (lean_beam): the
-    TestPipeline tests of the composites run under the configuration the converter runs them under, and a third
-    faster (0.51 s -> 0.35 s of CPU for a three-step TestPipeline)."""
-    from pipeline import lean_beam
-
-    lean_beam.memoize_signatures()
-
-
 @pytest.fixture(scope="session")
 def sample_tree(tmp_path_factory):
     """A 4-class tree of 40 photo-like JPEG/PNG images per class, plus a text file."""

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
+import tokenize
 
 import pytest
 
@@ -400,3 +402,76 @@ def test_no_module_of_tests_imports_a_test_file():
                     targets = _test_files_imported(module, f.read(), is_package)
                 found += [f"{module} -> {target}" for target in sorted(targets)]
     assert not found, f"test files imported (move what they share to a helper module of tests/): {found}"
+
+
+# Beam's non-public names, as the code spells them where it touches them (issue 46): private modules, the runner's
+# and worker's internals, a module function replaced in place, a file system's private attribute.
+PRIVATE_BEAM = re.compile("|".join((
+    r"apache_beam\.(internal|utils|runners\.dataflow\.internal|runners\.worker)\b",
+    r"fn_api_runner(\.| import .*\b)(fn_runner|worker_handlers)\b",
+    r"\b(fn_runner|worker_handlers|sdk_worker_main|apiclient|auth)\.[A-Za-z_]",
+    r"core\.get_function_arg", r"gcsio\.create_storage_client", r"\"_pipeline_options\"",
+    r"\bsys\.modules\.get\(\"apache_beam",
+)))
+
+
+def code_lines(path: str) -> list[tuple[int, str]]:
+    """(number, text) of the lines of a module that hold code: comments and docstrings left out."""
+    skipped = set()
+    with open(path, encoding="utf-8") as source:
+        tokens = list(tokenize.generate_tokens(source.readline))
+    starts_statement = True
+    for token in tokens:
+        if token.type == tokenize.STRING and starts_statement:
+            skipped.update(range(token.start[0], token.end[0] + 1))  # a docstring (a string that is a statement)
+        if token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            starts_statement = token.type in (tokenize.NEWLINE,) or (token.type == tokenize.OP and token.string == ":")
+    with open(path, encoding="utf-8") as source:
+        lines = source.read().splitlines()
+    return [(n, text.split("#", 1)[0]) for n, text in enumerate(lines, 1) if n not in skipped]
+
+
+def private_beam_lines() -> list[str]:
+    """'path:line' of every line of the product's code (pipeline/, transforms/, dataflow/) that names a non-public
+    Beam name (PRIVATE_BEAM)."""
+    found = []
+    for path in [*module_files().values(), os.path.join(REPO, "dataflow", "launch.py")]:
+        for number, text in code_lines(path):
+            if PRIVATE_BEAM.search(text):
+                found.append(f"{os.path.relpath(path, REPO)}:{number}")
+    return sorted(found)
+
+
+def test_the_lines_that_touch_private_beam_names_are_the_number_architecture_md_gives():
+    with open(os.path.join(REPO, "docs", "ARCHITECTURE.md"), encoding="utf-8") as doc:
+        stated = re.search(r"Lines that touch non-public Beam names: (\d+)", doc.read())
+    assert stated, "docs/ARCHITECTURE.md states no count of the lines that touch non-public Beam names"
+    lines = private_beam_lines()
+    assert len(lines) == int(stated[1]), f"{len(lines)} lines, not {stated[1]}: {lines}"
+
+
+def test_the_private_beam_count_sees_each_form_and_skips_comments_and_docstrings(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""Uses apache_beam.runners.worker.sdk_worker_main."""\n'
+                      "from apache_beam.runners.portability.fn_api_runner import worker_handlers\n"
+                      "from apache_beam.runners.portability.fn_api_runner import FnApiRunner\n"
+                      "# fn_runner.ProgressRequester in a comment\n"
+                      "x = fn_runner.ProgressRequester\n"
+                      "def f():\n"
+                      '    """gcsio.create_storage_client in a docstring."""\n'
+                      "    core.get_function_arguments = None  # and a comment\n"
+                      "y = 'public'\n")
+    lines = [n for n, text in code_lines(str(module)) if PRIVATE_BEAM.search(text)]
+    assert lines == [2, 5, 8]
+
+
+def test_every_test_pipeline_names_its_runner():
+    """Beam's TestPipeline without a runner tries the Prism runner (a download) first: tests use tests/pipelines.py."""
+    offenders = []
+    for name in sorted(os.listdir(os.path.join(REPO, "tests"))):
+        if name.endswith(".py") and name != "pipelines.py":
+            with open(os.path.join(REPO, "tests", name), encoding="utf-8") as source:
+                if re.search(r"^\s*(from apache_beam\.testing(\.test_pipeline)? import|import apache_beam\.testing)",
+                             source.read(), re.M):
+                    offenders.append(name)
+    assert offenders == []

@@ -13,11 +13,11 @@ import fnmatch
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
 from tests.chunk_helpers import outcomes_of
+from tests.pipelines import TestPipeline
 from transforms.base.examples import Example
 from transforms.base.records import ImageRef
 from transforms.base.tfrecord import frame_record, iter_records, record_offsets

@@ -8,9 +8,9 @@ tests/test_features.py; PublishDataset: tests/test_describe.py.)"""
 from __future__ import annotations
 
 import apache_beam as beam
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from tests.pipelines import TestPipeline
 from transforms.base.records import FileRef
 from transforms.inputs.listing import FOUND, SKIPPED, ListImages
 from transforms.labels.assign import UNLABELED, AssignLabels

@@ -259,3 +259,23 @@ def test_an_append_through_dataflow_converts_only_the_new_images(gcs_emulator, d
             paths += [Example.FromString(raw).features.feature["source_path"].bytes_list.value[0].decode()
                       for raw in iter_records(str(local))]
     assert sorted(paths) == sorted(f"{c}/img_{i:05d}.jpg" for c in ("cat", "dog") for i in range(6))
+
+
+@pytest.mark.timeout(300)
+def test_a_dataflow_launch_imports_nothing_of_the_local_machinery(gcs_emulator, dataflow_api, photos):
+    """pipeline.local (the worker pool, the progress files, the one-line failures of local runs) and the hook that
+    memoizes DoFn signatures belong to local runs: a submission loads none of them."""
+    output = f"gs://{BUCKET}/no-local"
+    code = ("import sys\n"
+            "from pipeline.main import main\n"
+            "code = main(sys.argv[1:])\n"
+            "from apache_beam.transforms import core\n"
+            "print('LOCAL', sorted(m for m in sys.modules if m.startswith('pipeline.local')),\n"
+            "      getattr(core.get_function_arguments, 'memoized', False), file=sys.stderr)\n"
+            "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", code, *dataflow_args(dataflow_api, photos, output, "--no_wait")],
+                            cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, **gcs_emulator.env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    job_id_of(result)
+    assert result.stderr.splitlines()[-1] == "LOCAL [] False"

@@ -8,9 +8,9 @@ import re
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from tests.pipelines import TestPipeline
 from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LABELS_FILE
 from transforms.base.records import Rejection
 from transforms.output.describe import (

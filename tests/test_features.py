@@ -462,9 +462,9 @@ def test_verify_reads_the_features_with_their_recorded_types(csv_dataset, tmp_pa
 def test_join_counts_every_image_it_does_not_pass_on_as_done_for_the_progress(tmp_path):
     import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
-    from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that, equal_to
 
+    from tests.pipelines import TestPipeline
     from transforms.base.records import ImageRef
     from transforms.inputs.metadata import SKIPPED, STATS, JoinMetadata
 

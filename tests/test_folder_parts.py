@@ -85,10 +85,10 @@ def test_a_large_folder_is_listed_in_parts_through_the_gcs_client_and_the_graph(
     """gs://b/in/ with 2 class folders of 9,000 images: the first page of each on the worker that got it, the rest
     in parts (startOffset/endOffset on the fake), every image found once by ListImages on the local runner."""
     import apache_beam as beam
-    from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that, equal_to
 
     from pipeline.cloud import skip_credential_lookup
+    from tests.pipelines import TestPipeline
     from transforms.inputs.listing import ListImages
 
     monkeypatch.setattr(fp, "PART_NAMES", 1500)

@@ -14,7 +14,6 @@ import os
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
@@ -22,6 +21,7 @@ from pipeline.errors import UserError
 from pipeline.launcher import run
 from tests import hostile_files as hostile
 from tests.conftest import FAST
+from tests.pipelines import TestPipeline as BeamTestPipeline
 from transforms.inputs import manifest as m
 from transforms.inputs import rows as reading
 

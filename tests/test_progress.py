@@ -134,6 +134,9 @@ class _HeldCount(beam.DoFn):
             time.sleep(0.01)
         yield element
 
+    def finish_bundle(self):
+        counters.flush_progress()  # as the conversion does: a bundle's last counts are written at its end
+
 
 @pytest.mark.timeout(300)  # no count mid-bundle: the bundles are held until then
 def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run(tmp_path):
@@ -163,7 +166,6 @@ def test_live_counts_arrive_from_worker_subprocesses_while_bundles_run(tmp_path)
         finally:
             stop.set()
             watcher.join()
-        time.sleep(2 * counters.PROGRESS_SECONDS)  # the workers' last writes
         assert counts.processed == 200
     assert any(0 < n < 200 for n in reports), reports  # seen mid-bundle, not only at the end
 

@@ -175,7 +175,7 @@ def test_a_run_stopped_while_it_assembled_shards_takes_their_chunks_from_the_sha
     and converts none. Chunks of 2 images: each shard is 2 to 4 pieces, concatenated."""
     out = tmp_path / "out"
     cut = write.cut_chunks
-    monkeypatch.setattr(write, "cut_chunks", lambda keyed, file_format, *_: cut(keyed, file_format, 2))
+    monkeypatch.setattr(write, "cut_chunks", lambda keyed, file_format, *_, **__: cut(keyed, file_format, 2))
     real, assembled = resume.Resume.assembled, []
 
     def stop_after_three(self, *args):

@@ -8,9 +8,9 @@ import os
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 
 from tests.chunk_helpers import outcomes_of
+from tests.pipelines import TestPipeline
 from transforms.base.dataset_format import INFO_FILE
 from transforms.base.records import ImageRef, Rejection
 from transforms.base.tfrecord import iter_records

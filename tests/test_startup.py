@@ -62,15 +62,14 @@ def test_the_local_graph_has_few_steps_each_a_stage_round_trip_or_a_dofn_to_insp
     assert convert(sample_tree, tmp_path / "out") == 0
     proto = jobs[0].to_runner_api()
     leaves = [t for t in proto.components.transforms.values() if not t.subtransforms]
-    urns = [t.spec.urn for t in leaves]
-    # 34 ParDos, 11 GroupByKeys and 2 Impulses, and the sources list that --if_exists=append reads (issue 32),
-    # written by Beam's WriteToText: 9 ParDos, a GroupByKey and an Impulse of its own; and one ParDo that tallies
-    # the chunks resumed from an interrupted run (transforms/output/resume.py)
-    sources = [t.spec.urn for t in leaves if t.unique_name.startswith("WriteSources/")]
-    assert (sources.count(common_urns.primitives.PAR_DO.urn), sources.count(common_urns.primitives.GROUP_BY_KEY.urn),
-            sources.count(common_urns.primitives.IMPULSE.urn)) == (9, 1, 1)
-    assert urns.count(common_urns.primitives.PAR_DO.urn) == 34 + 9 + 1
+    # A budget, not Beam's shape: Beam's own composites (the sources list's WriteToText) may take more or fewer
+    # primitives in another Beam; what is ours is counted apart, and both stay within their budgets.
+    ours = [t.spec.urn for t in leaves if not t.unique_name.startswith("WriteSources/Write")]
+    every = [t.spec.urn for t in leaves]
+    boundaries = (common_urns.primitives.GROUP_BY_KEY.urn, common_urns.primitives.IMPULSE.urn)
+    assert sum(urn in boundaries for urn in ours) <= 14, "more stages than the budget: each is a round trip"
+    assert ours.count(common_urns.primitives.PAR_DO.urn) <= 40, "more DoFns than the budget"
+    assert sum(urn in boundaries for urn in every) <= 18
+    assert every.count(common_urns.primitives.PAR_DO.urn) <= 56
     assert [t.unique_name for t in leaves if "TallyResumed" in t.unique_name]
-    assert urns.count(common_urns.primitives.GROUP_BY_KEY.urn) == 11 + 1
-    assert urns.count(common_urns.primitives.IMPULSE.urn) == 2 + 1  # the listing's top, the description, the sink
     assert not [t.unique_name for t in leaves if "SpreadParts" in t.unique_name]  # a local folder has no parts

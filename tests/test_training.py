@@ -64,7 +64,7 @@ def test_default_run_uses_worker_processes_offline(tmp_path):
 
 def test_make_runner_defaults_to_all_cores():
     from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
-    from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     from pipeline.local.runner import make_runner
 
@@ -75,4 +75,3 @@ def test_make_runner_defaults_to_all_cores():
     explicit = PipelineOptions(["--direct_num_workers=3", "--runner=DirectRunner"])
     make_runner(explicit, ["--direct_num_workers=3", "--runner=DirectRunner"])
     assert explicit.view_as(DirectOptions).direct_num_workers == 3
-    assert make_runner(PipelineOptions(["--runner=DataflowRunner"]), []) == "DataflowRunner"

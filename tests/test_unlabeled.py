@@ -10,13 +10,13 @@ import shutil
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from pipeline.errors import UserError
 from tests.conftest import convert, doc_example, run_tool
 from tests.datasets import count_data_items, write_tiny_tree
+from tests.pipelines import TestPipeline
 from transforms.base.dataset_format import SCHEMAS, record_fields
 from transforms.base.examples import Example, build_example
 from transforms.base.records import FileRef

@@ -9,10 +9,10 @@ import struct
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests import image_cases as cases
+from tests.pipelines import TestPipeline
 from transforms.base.examples import Example
 from transforms.base.records import ImageRef
 from transforms.base.tfrecord import frame_record, iter_records, masked_crc, record_offsets
