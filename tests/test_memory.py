@@ -412,9 +412,11 @@ def test_four_large_pngs_on_four_threads_stay_within_the_worker_budget(big_pngs)
     result = convert_many(big_pngs, 1500, "--threads=4", "--worker_memory_mb=600")
     assert result["outcomes"] == ["ok"] * 4
     # The process's growth over its memory before the first image: the budget plus a margin
-    # (Pillow's and zlib's buffers, the encoded outputs), far below the 1,150 MB of four at once.
-    # Measured: 592 MB; without the budget (--worker_memory_mb=0) 1,144 MB.
-    assert result["peak_rss_mb"] - result["base_rss_mb"] < 600 + 120, result
+    # (Pillow's and zlib's buffers, the encoded outputs, memory the allocator has not yet handed
+    # back), below the 864 MB of three conversions at once and far below the 1,150 MB of four.
+    # Measured: 585-592 MB on an idle machine, 733 MB once in CI under load; without the budget
+    # (--worker_memory_mb=0) 1,144 MB.
+    assert result["peak_rss_mb"] - result["base_rss_mb"] < 3 * 288 - 20, result
     assert result["budget_peak_mb"] <= 600
 
 
