@@ -102,7 +102,7 @@ def chunk_counts(images: int, workers: int, validation: float = 0.2, shard_image
         shards = max(1, -(-split_images // shard_images))
         for shard in range(shards):
             n = split_images * (shard + 1) // shards - split_images * shard // shards
-            limit = chunk_limit(n * shards, workers)
+            limit = chunk_limit(images, workers)  # from every split's images together (AssignShards' layouts)
             chunks = max(1, -(-n // limit))
             sizes += [n * (c + 1) // chunks - n * c // chunks for c in range(chunks)]
     return sizes

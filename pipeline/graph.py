@@ -97,7 +97,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
                                                                settings.image.reads_per_s_at_start)
         images, dropped, source_hashes = deduped["kept"], [deduped[DROPPED]], deduped[DUP_HASHES]
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
-    placed = images | "AssignShards" >> AssignShards(plan.sizing)
+    assign = AssignShards(plan.sizing)
+    placed = images | "AssignShards" >> assign
     resume = None
     if plan.record is not None:  # done records of the chunks converted; an interrupted run's taken instead
         resume = Resume(fingerprint(plan.record), run_id, run_dir(settings.output_dir, run_id), plan.resume_from,
@@ -107,7 +108,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     written = placed | "WriteShards" >> WriteShards(
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
         settings.compression, settings.index_files, settings.file_format, settings.shard_names, resume=resume,
-        workers=worker_processes(p.options),  # chunks sized so that every worker gets several
+        workers=worker_processes(p.options), layouts=assign.layouts,  # chunks sized so that every worker gets several
     )
     rejections = (*not_listed, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
     # every written image's source hash; with drop, every hashed source's (the report covers the input)

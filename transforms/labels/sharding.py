@@ -155,11 +155,15 @@ def rank_bucket(keyed, layouts: dict[str, SplitLayout]):
 
 
 class AssignShards(beam.PTransform):
-    """ImageRef -> ((split, index, count) of a ShardKey, ImageRef): shards exactly balanced, the same on every run."""
+    """ImageRef -> ((split, index, count) of a ShardKey, ImageRef): shards exactly balanced, the same on every run.
+
+    Once applied, `layouts` is its side input of {split: SplitLayout} (the image totals), for steps after it.
+    """
 
     def __init__(self, sizing: ShardSizing):
         super().__init__()
         self._sizing = sizing
+        self.layouts = None
 
     def expand(self, refs):
         counts = (
@@ -172,6 +176,7 @@ class AssignShards(beam.PTransform):
         # {split: SplitLayout}, one element: the counts gathered in one place and laid out there ({} if none)
         layouts = beam.pvalue.AsSingleton(
             counts | "LayOut" >> beam.CombineGlobally(_LayOut(self._sizing)).without_defaults(), default_value={})
+        self.layouts = layouts
         placed = refs | "PlaceImages" >> beam.ParDo(_PlaceImage(), layouts).with_outputs(STRADDLING, main="placed")
         ranked = (
             placed[STRADDLING]

@@ -111,19 +111,22 @@ def write_index(folder: str, name: str, sizes: list[int]) -> None:
 # The unit of conversion work: at most this many images, and about this many bytes of source files.
 CHUNK_IMAGES = 64
 CHUNK_SOURCE_BYTES = 64_000_000
-# With many workers, a split is cut into at least this many chunks per worker where chunks of MIN_CHUNK_IMAGES
-# allow: the runner hands each worker its share of a stage's chunks once, and with several each the shares even out
-# (4,000 images on 96 workers: 500 chunks of 8 instead of 63 of 64, which left a third of the workers idle).
+# With many workers, the images are cut into at least this many chunks per worker where chunks of MIN_CHUNK_IMAGES
+# allow: the runner hands each worker its share of a stage's chunks by count, and with several each, all of about
+# one size (the limit comes from the images of every split together), the shares even out (4,000 images on 96
+# workers: 500 chunks of 8 instead of 63 of 64, which left a third of the workers idle).
 CHUNKS_PER_WORKER = 8
 MIN_CHUNK_IMAGES = 8
 
 
-def chunk_limit(split_images: int, workers: int | None, max_images: int = CHUNK_IMAGES) -> int:
-    """The most images in a chunk of a split of `split_images` images converted by `workers` processes."""
+def chunk_limit(images: int, workers: int | None, max_images: int = CHUNK_IMAGES) -> int:
+    """The most images in a chunk when `images` images in all are converted by `workers` processes."""
     if not workers or workers < 1:
         return max_images
-    wanted = -(-split_images // (workers * CHUNKS_PER_WORKER))
+    wanted = -(-images // (workers * CHUNKS_PER_WORKER))
     return max(min(max_images, MIN_CHUNK_IMAGES), min(max_images, wanted))
+
+
 PIECES_DIR = "pieces"  # below the run's shards folder
 
 
@@ -156,19 +159,21 @@ class PieceInfo(NamedTuple):
 
 
 def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGES,
-               max_bytes: int = CHUNK_SOURCE_BYTES, workers: int | None = None):
+               max_bytes: int = CHUNK_SOURCE_BYTES, workers: int | None = None, layouts: dict | None = None):
     """(ShardKey, [ImageRef]) -> (ChunkKey, [ImageRef]) of each chunk, in rank order.
 
     The shard's images in rank order are cut into the fewest chunks of at most
     `max_images` images (fewer with many `workers`: `chunk_limit`, from the
-    shard's images times its split's shards) and about `max_bytes` of listed
-    source bytes, as even as their counts allow. The cut depends on the shard's
-    images and the worker count only; the records' bytes never depend on it.
+    images of every split in `layouts`, {split: SplitLayout}, or without them
+    the shard's images times its split's shards) and about `max_bytes` of listed
+    source bytes, as even as their counts allow. The cut depends on the images
+    and the worker count only; the records' bytes never depend on it.
     An ArrayRecord shard is one chunk (its files do not concatenate).
     """
     key, refs = keyed
     ordered = sorted(refs, key=rank_order)  # one shard's references: thousands, not the dataset
-    max_images = chunk_limit(len(ordered) * key[2], workers, max_images)
+    images = sum(layout.images for layout in layouts.values()) if layouts else len(ordered) * key[2]
+    max_images = chunk_limit(images, workers, max_images)
     if not SHARD_FORMATS[file_format].concatenates:
         chunks = 1
     else:
@@ -427,20 +432,23 @@ class ConvertChunks(beam.PTransform):
     """(ShardKey, ImageRef) -> PieceInfo of every chunk: its images converted into a piece file, on any worker."""
 
     def __init__(self, fn: _ConvertChunk, file_format: str, chunk_images: int = CHUNK_IMAGES,
-                 workers: int | None = None):
+                 workers: int | None = None, layouts=None):
         super().__init__()
         self._fn = fn
         self._file_format = file_format
         self._chunk_images = chunk_images
         self._workers = workers
+        self._layouts = layouts
 
     def expand(self, placed):
         return (
             placed
             # (ShardKey, [ImageRef]): references only, a shard's worth each
             | "GroupByShard" >> beam.GroupByKey()
-            # (ChunkKey, [ImageRef]): at most 64 images each (8 or more chunks a worker), in rank order
-            | "CutChunks" >> beam.FlatMap(cut_chunks, self._file_format, self._chunk_images, workers=self._workers)
+            # (ChunkKey, [ImageRef]): at most 64 images each (8 or more chunks a worker, all of about one size),
+            # in rank order
+            | "CutChunks" >> beam.FlatMap(cut_chunks, self._file_format, self._chunk_images, workers=self._workers,
+                                          **({} if self._layouts is None else {"layouts": self._layouts}))
             # the same, spread over the workers: a shard's chunks convert in parallel
             | "SpreadChunks" >> beam.Reshuffle()
             | "Convert" >> beam.ParDo(self._fn)
@@ -474,7 +482,8 @@ class WriteShards(beam.PTransform):
     their final names, once every count is checked. With `index_files`, each
     shard's index file is written beside it (uncompressed TFRecord shards only).
     `chunk_images`: the most images in one unit of conversion work, fewer so that each of `workers` processes
-    gets several (`chunk_limit`). `resume` (transforms.output.resume.Resume): each
+    gets several (`chunk_limit`; `layouts`, AssignShards' side input of {split: SplitLayout}, gives the total).
+    `resume` (transforms.output.resume.Resume): each
     converted chunk leaves a done record, and a chunk an interrupted run of the same plan converted is taken
     from it, checked, instead of converted again.
     """
@@ -482,7 +491,7 @@ class WriteShards(beam.PTransform):
     def __init__(self, output_dir: str, run_id: str, settings: ImageSettings, schema: str, threads: int,
                  compression: str, index_files: bool = False, file_format: str = TFRECORD,
                  shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES, resume: Resume | None = None,
-                 workers: int | None = None):
+                 workers: int | None = None, layouts=None):
         super().__init__()
         if index_files and (compression != "none" or not SHARD_FORMATS[file_format].index_files):
             raise ValueError("index files hold byte offsets into uncompressed TFRecord shards: not with "
@@ -493,6 +502,7 @@ class WriteShards(beam.PTransform):
         self._file_format = file_format
         self._chunk_images = chunk_images
         self._workers = workers
+        self._layouts = layouts
         self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format, resume)
         self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names, resume)
 
@@ -500,7 +510,8 @@ class WriteShards(beam.PTransform):
         return (
             placed
             # PieceInfo of every chunk
-            | "ConvertChunks" >> ConvertChunks(self._convert, self._file_format, self._chunk_images, self._workers)
+            | "ConvertChunks" >> ConvertChunks(self._convert, self._file_format, self._chunk_images, self._workers,
+                                                 self._layouts)
             # ShardInfo of every shard, with the side outputs
             | "AssembleShards" >> AssembleShards(self._assemble)
         )
