@@ -91,7 +91,7 @@ def check_held(held: dict, splits: dict) -> None:
             raise TruncatedFile(
                 f"the dataset's list of its records is damaged: its sources files list {lines} images of split "
                 f"{split!r}, but it holds {records} records there (a sources file missing, emptied or cut short), "
-                f"so an append would write images it already holds a second time; nothing was changed: {REBUILD}")
+                f"so an append would write images it already holds a second time: {REBUILD}")
 
 
 class WriteSources(beam.PTransform):
@@ -148,7 +148,7 @@ class _Judge(beam.DoFn):
         old = list(joined["old"])
         if len(old) > 1:  # one path is one record: a line twice hides a line lost (the counts would still agree)
             raise TruncatedFile(f"the dataset's list of its records is damaged: its sources files list {relpath!r} "
-                                f"{len(old)} times, and a path is one record; nothing was changed: {REBUILD}")
+                                f"{len(old)} times, and a path is one record: {REBUILD}")
         for ref in joined["new"]:
             if not old:
                 yield ref
