@@ -43,6 +43,7 @@ class Terminated(KeyboardInterrupt):
 
 
 class InputDamaged(UserError):
-    """A compressed manifest or metadata file found cut short or damaged during a run."""
+    """An input found cut short or damaged during a run (a compressed manifest or metadata file, a dataset's sources
+    files), or a run whose records do not add up: nothing was published."""
 
     exit_code = 1

@@ -78,7 +78,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
                                                              settings.input_dir, plan.features)
             images, metadata_stats = joined["images"], joined[metadata.STATS]
             not_listed.append(joined[metadata.SKIPPED])
-    present = old_records = None
+    present = old_records = sources = None
     if plan.base is not None:
         # --if_exists=append: (relpath, (sha256, split, label)) of every record the dataset holds, from its sources
         # files; ImageRef -> the ImageRefs it does not hold yet (a changed file is rejected, one there is counted)
@@ -91,10 +91,12 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         old_records = sources | "OldHashes" >> beam.Map(old_hashes)  # the duplicate report covers the dataset
     dropped, source_hashes = [], None
     if settings.duplicates == "drop":
-        # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept
+        # ImageRef -> the ImageRefs to write: every file hashed first (a read of its own), one copy per group kept;
+        # on an append, no copy of a record the dataset holds (a copy an earlier run dropped stays dropped)
         deduped = images | "DropDuplicates" >> DropDuplicates(settings.image.max_file_bytes,
                                                                settings.image.throttled_retry_s,
-                                                               settings.image.reads_per_s_at_start)
+                                                               settings.image.reads_per_s_at_start,
+                                                               held=old_records)
         images, dropped, source_hashes = deduped["kept"], [deduped[DROPPED]], deduped[DUP_HASHES]
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
     assign = AssignShards(plan.sizing)
@@ -124,9 +126,11 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         "stats": written[STATS],  # (split, SplitStats) per shard: pixel sums, source sizes, upscaled
         # the paths of this run's sources files, [relpath, sha256, split, label] per written image, beside its shards
         "sources": written[HASHES] | "WriteSources" >> WriteSources(shards_dir(settings.output_dir, run_id), run_id),
+        "lines": written[HASHES],  # the sources lines, counted per split against the records
     }
     if present is not None:
         inputs["present"] = present
+        inputs["held"] = sources  # the dataset's sources lines, counted per split against its description
     if resume is not None:
         inputs["resumed"] = written[RESUMED]
     grouped = (bool(settings.group_by) and not settings.unlabeled) or plan.manifest_groups

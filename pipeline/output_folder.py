@@ -35,7 +35,7 @@ from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms.base import bounded, gcs
-from transforms.base.dataset_format import FORMAT_VERSION, TEMP_DIR
+from transforms.base.dataset_format import FORMAT_VERSION, SOURCES_NAME, TEMP_DIR
 from transforms.base.paths import is_gcs, is_local
 from transforms.inputs.append import FREE_OPTIONS
 from transforms.output.files import delete_files
@@ -147,6 +147,10 @@ def check_appendable(settings: Settings, info: dict) -> None:
     if not isinstance(sources, dict) or not isinstance(sources.get("files"), list):
         raise UserError(f"{where} was made by an earlier version, which recorded no sources files (the paths and "
                         f"SHA-256 of its records), so which images it holds is not known: {rebuild}")
+    if (info.get("options") or {}).get("duplicates") == "drop" and settings.duplicates != "drop":
+        raise UserError(f"{where} was made with --duplicates=drop, and an append with --duplicates="
+                        f"{settings.duplicates} would write the copies it dropped: pass --duplicates=drop, or "
+                        f"{rebuild}")
     differences = [d for d in option_differences(info.get("options") or {}, settings)
                    if d.split(":", 1)[0] not in FREE_OPTIONS]
     if differences:
@@ -176,7 +180,30 @@ def append_base(settings: Settings, plan: Plan) -> None:
                         "move those folders out of --input_dir")
     plan.class_names = names
     plan.base = info
-    plan.base_sources = [FileSystems.join(settings.output_dir, name) for name in info["sources"]["files"]]
+    plan.base_sources = held_sources(settings.output_dir, info["sources"]["files"])
+
+
+def held_sources(output_dir: str, names: list) -> list[str]:
+    """The paths of the sources files a dataset's description lists, each checked to be there (one listing of
+    each; they are read in the job, where their lines are counted against the records per split).
+
+    Raises:
+        UserError: a name that is not a sources file's, or a file that is missing: the dataset cannot say which
+            images it holds, and an append would write those of the file a second time.
+    """
+    where = f"--if_exists=append: the dataset in {output_dir}"
+    rebuild = "nothing was changed; convert the folder again with --if_exists=overwrite"
+    odd = [name for name in names if not isinstance(name, str) or not SOURCES_NAME.fullmatch(name)]
+    if odd:
+        raise UserError(f"{where} lists {odd[0]!r} among its sources files, which is no name of one: its "
+                        f"description is damaged; {rebuild}")
+    paths = [FileSystems.join(output_dir, name) for name in names]
+    for path, found in zip(paths, FileSystems.match(paths), strict=True):
+        if not found.metadata_list:
+            raise UserError(f"{where} lists the sources file {path}, which is missing: without its lines the "
+                            f"dataset cannot say which images it holds, and an append would write them a second "
+                            f"time; {rebuild}")
+    return paths
 
 
 def _older_format(info: dict) -> str:

@@ -53,11 +53,13 @@ from transforms.base.dataset_format import (
     KAGGLE_NAME,
     LABELS_FILE,
     SHARD_NAME,
+    SOURCES_NAME,
     SPLITS,
     TFDS_INFO_FILE,
     TFDS_LABELS_SUFFIX,
     index_name,
     join,
+    parse_source_line,
     shard_globs,
 )
 from transforms.base.examples import record_id
@@ -644,6 +646,96 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
                                        f"{INFO_FILE} says {listed_reasons[stage][reason]}")
 
 
+_SOURCES_SHOWN = 10  # problem lines of the sources files per kind, then one line counting the rest
+
+
+def _check_sources(dataset_dir: str, info: dict, results: list[tuple[dict, _ShardResult]], report: Report) -> None:
+    """The sources files (what an append reads to know which images the dataset holds) against the records: one
+    line per record, of its path, SHA-256, split and label, per split as many lines as records. A line lost, a
+    path changed or a file missing would let the next --if_exists=append write an image a second time.
+
+    A dataset written before sources files were has none to check."""
+    sources = info.get("sources")
+    if not isinstance(sources, dict):
+        return
+    redo = "an append would write images it holds a second time; convert again with --if_exists=overwrite"
+    found: list[str] = []
+    shown: Counter = Counter()
+
+    def problem(kind: str, text: str) -> None:
+        shown[kind] += 1
+        if shown[kind] <= _SOURCES_SHOWN:
+            found.append(text)
+
+    lines: dict[str, tuple] = {}  # relpath -> (sha256, split, label)
+    per_split: Counter = Counter()
+    names = sources.get("files")
+    for name in names if isinstance(names, list) else ():
+        if not isinstance(name, str) or not SOURCES_NAME.fullmatch(name):
+            problem("name", f"{INFO_FILE}: {name!r} is listed among the sources files but is no name of one")
+            continue
+        text = _read_text(join(dataset_dir, name))
+        if text is None:
+            problem("missing", f"{name}: missing, but {INFO_FILE} lists it among the sources files; {redo}")
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            parsed = parse_source_line(line)
+            if parsed is None:
+                problem("line", f"{name} line {number}: not a sources line [relpath, sha256, split, label]; {redo}")
+                continue
+            relpath, entry = parsed
+            if relpath in lines:
+                problem("twice", f"{name} line {number}: {relpath!r} is listed twice among the sources; {redo}")
+                continue
+            lines[relpath] = entry
+            per_split[entry[1]] += 1
+    for split, split_info in info["splits"].items():
+        if per_split[split] != split_info.get("records"):
+            problem("count", f"sources files: they list {per_split[split]} images of split {split!r}, but it holds "
+                             f"{split_info.get('records')} records; {redo}")
+    names_of = info.get("class_names") or []
+    for _, result in results:
+        for index, source_path, _, class_name, sha256 in result.entries:
+            where = f"{result.name} record {index}"
+            entry = lines.pop(source_path, None)
+            if entry is None:
+                problem("unlisted", f"{where}: source path {source_path!r} is in no sources file; {redo}")
+                continue
+            listed_sha, listed_split, label = entry
+            if sha256 and listed_sha != sha256:
+                problem("sha", f"{where}: the sources files give {source_path!r} SHA-256 {listed_sha}, the record "
+                               f"{sha256}; {redo}")
+            if listed_split != result.split:
+                problem("split", f"{where}: the sources files put {source_path!r} in split {listed_split!r}, the "
+                                 f"record is in {result.split!r}")
+            if not _same_label(label, class_name, names_of):
+                problem("label", f"{where}: the sources files give {source_path!r} label {label!r}, the record "
+                                 f"{class_name!r}")
+    listed_shards = sum(len(split_info.get("shards", [])) for split_info in info["splits"].values())
+    if len(results) == listed_shards and all(r.readable and not r.unread for _, r in results):
+        for relpath in sorted(lines):  # every record was read: a line left names none (else the damage is named)
+            problem("unrecorded", f"sources files: {relpath!r} is listed, but no record has that source path; "
+                                  f"{redo}")
+    report.problems.extend(found)
+    for kind, count in sorted(shown.items()):
+        if count > _SOURCES_SHOWN:
+            report.problems.append(f"sources files: ... and {count - _SOURCES_SHOWN} more problems of this kind "
+                                   f"({kind})")
+
+
+def _same_label(label, class_name, class_names: list) -> bool:
+    """Whether a sources line's label (a class id, a tuple of them, or None) names a record's class (its name, or
+    with --multi_label the list of names; '' in an unlabeled set)."""
+    def name(i):
+        return class_names[i] if isinstance(i, int) and 0 <= i < len(class_names) else f"<label {i}>"
+
+    if label is None:
+        return class_name == ""
+    if isinstance(label, tuple):
+        return isinstance(class_name, list) and sorted(map(name, label)) == sorted(class_name)
+    return name(label) == class_name
+
+
 def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
     """TFDS's files (dataset_info.json, features.json, <label>.labels.txt) must say what image_tfrecords.json says.
 
@@ -718,6 +810,7 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     if not any(split_info["records"] for split_info in info["splits"].values()):
         report.problems.insert(0, _nothing_written(info))
     written_paths = _check_duplicates(info, results, report, fail_on_duplicates)
+    _check_sources(dataset_dir, info, results, report)
     _check_accounting(dataset_dir, info, written_paths, report)
     return report
 

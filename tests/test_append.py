@@ -271,3 +271,113 @@ def test_a_manifest_grows_with_the_datasets_classes(tmp_path):
     assert len(after) == 12 and all(after[path] == record for path, record in before.items())
     assert [r["relpath"] for r in error_rows(out) if r["reason"] == "unknown_class"] == ["eel/img_00004.jpg"]
     assert main_of(verify.run, [str(out)]) == 0
+
+
+def _largest_sources_file(out):
+    """The dataset's sources file of the most lines (an empty one lists nothing to lose)."""
+    names = _info(out)["sources"]["files"]
+    return max((out / name for name in names), key=lambda path: len(path.read_text().splitlines()))
+
+
+def _damage_sources(path, how: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    if how == "missing":
+        path.unlink()
+    elif how == "empty":
+        path.write_text("")
+    elif how == "lines":  # the last lines gone, cut at a line boundary: every line left is a sound record
+        path.write_text("".join(lines[:-3]))
+    elif how == "twice":  # a line lost and another doubled: as many lines as records, one path listed twice
+        path.write_text("".join([lines[0], *lines[:-1]]))
+
+
+@pytest.mark.parametrize("how", ["missing", "empty", "lines", "twice"])
+def test_an_append_that_cannot_account_for_every_record_stops_in_one_line_and_changes_nothing(grown, capsys, how):
+    """A sources file missing, emptied, cut at a newline, or with a line doubled: its images would be written a
+    second time (once beside their records). The append stops with one line naming the damage, and the folder is
+    left byte for byte as it was."""
+    src, out, _ = grown
+    _damage_sources(_largest_sources_file(out), how)
+    files = _folder(out)
+    code, err = main_in_process(capsys, f"--input_dir={src}", f"--output_dir={out}", "--quiet", *OPTIONS,
+                                "--if_exists=append", *FAST)
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert code != 0 and len(lines) == 1, err
+    if how == "missing":  # found by the launcher, before the job: a one-line user error
+        assert code == 2 and "which is missing" in lines[0] and "--if_exists=overwrite" in lines[0]
+    else:  # counted in the job, before its last step writes anything
+        assert code == 1 and lines[0].startswith("error: the dataset's list of its records is damaged"), lines[0]
+        assert "--if_exists=overwrite" in lines[0] and "the dataset already in --output_dir is unchanged" in lines[0]
+    assert _folder(out) == files
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["missing", "empty"])
+def test_a_damaged_sources_file_on_gcs_stops_the_append(gcs_emulator, tmp_path, how):
+    from apache_beam.io.filesystems import FileSystems
+
+    from tests.gcs_fixtures import NO_AUTH
+
+    bucket = gcs_emulator.create_bucket(f"append-sources-{how}")
+    src, out = tmp_path / "in", f"{bucket}/out"
+    write_tiny_tree(src, {"cat": 6, "dog": 6})
+    assert convert(src, out, *OPTIONS, NO_AUTH) == 0
+    described = gcs_emulator.read(f"{out}/{INFO_FILE}")
+    info = json.loads(described)
+    name = max(info["sources"]["files"], key=lambda n: gcs_emulator.read(f"{out}/{n}").count(b"\n"))
+    if how == "missing":
+        FileSystems.delete([f"{out}/{name}"])
+    else:
+        gcs_emulator.write(f"{out}/{name}", b"")
+    names = gcs_emulator.list_names(out)
+    with pytest.raises(UserError, match="which is missing" if how == "missing" else "list of its records is damaged"):
+        convert(src, out, *OPTIONS, NO_AUTH, "--if_exists=append")
+    assert gcs_emulator.read(f"{out}/{INFO_FILE}") == described
+    assert [n for n in gcs_emulator.list_names(out) if not n.startswith(TEMP_DIR)] == \
+        [n for n in names if not n.startswith(TEMP_DIR)]
+
+
+def _with_a_copy(src) -> str:
+    """A byte-identical copy of cat/img_00000.jpg, in the same class, named after it (so it is the copy dropped)."""
+    copy = src / "cat" / "img_00000_copy.jpg"
+    copy.write_bytes((src / "cat" / "img_00000.jpg").read_bytes())
+    return "cat/img_00000_copy.jpg"
+
+
+def test_a_copy_that_drop_left_out_stays_out_when_the_same_input_is_appended(tmp_path):
+    """--duplicates=drop, then the same command with --if_exists=append and no change: nothing is new (the copy is
+    the dataset's record, by its bytes), so the folder is left byte for byte as it was."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    write_tiny_tree(src, {"cat": 6, "dog": 6})
+    copy = _with_a_copy(src)
+    assert convert(src, out, *OPTIONS, "--duplicates=drop") == 0
+    assert [r["relpath"] for r in error_rows(out) if r["reason"] == "duplicate"] == [copy]
+    files = _folder(out)
+    assert convert(src, out, *OPTIONS, "--duplicates=drop", "--if_exists=append") == 0
+    assert _folder(out) == files and copy not in _records(out)
+    # a new image and a new copy of a record: the image is written, the copy is not
+    write_tiny_tree(src, {"dog": 1}, start=6)
+    (src / "dog" / "img_00000_again.jpg").write_bytes((src / "dog" / "img_00000.jpg").read_bytes())
+    assert convert(src, out, *OPTIONS, "--duplicates=drop", "--if_exists=append") == 0
+    records = _records(out)
+    assert "dog/img_00006.jpg" in records and copy not in records and "dog/img_00000_again.jpg" not in records
+    rows = {r["relpath"]: r for r in error_rows(out)}
+    assert rows["dog/img_00000_again.jpg"]["reason"] == "duplicate"
+    assert "'dog/img_00000.jpg', a record of the dataset" in rows["dog/img_00000_again.jpg"]["detail"]
+    assert len(records) == _info(out)["files"]["written"] == 13
+    assert main_of(verify.run, [str(out)]) == 0
+
+
+def test_an_append_of_a_dropped_dataset_must_drop(tmp_path, capsys):
+    """An append with --duplicates=keep would write the copies the dataset dropped: one line, nothing changed."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    write_tiny_tree(src, {"cat": 4, "dog": 4})
+    _with_a_copy(src)
+    assert convert(src, out, *OPTIONS, "--duplicates=drop") == 0
+    files = _folder(out)
+    code, err = main_in_process(capsys, f"--input_dir={src}", f"--output_dir={out}", "--quiet", *OPTIONS,
+                                "--if_exists=append", *FAST)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "made with --duplicates=drop" in lines[0], err
+    assert "pass --duplicates=drop" in lines[0]
+    assert _folder(out) == files

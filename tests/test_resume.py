@@ -395,3 +395,27 @@ def test_other_formats_and_labels_resume_byte_for_byte(monkeypatch, tmp_path, ki
         assert info["files"]["rejected"] == 1 and info["rejected_by_reason"]
     assert not (out / TEMP_DIR).exists()
     assert main_of(verify.run, [str(out)]) == 0
+
+
+def test_a_done_record_that_names_another_path_is_converted_again(monkeypatch, photos, fresh, tmp_path):
+    """A done record whose hash entry names a path that is not its image's (edited by hand, or damaged to a valid
+    record) would put that path into the sources files, and the next append would write the image twice: the
+    chunk is converted again, the dataset is the fresh one, and an append of the same input changes nothing."""
+    out = tmp_path / "out"
+    done = _interrupt(monkeypatch, photos, out, 3)
+    (interrupted,) = os.listdir(out / TEMP_DIR)
+    edited, *whole = done
+    real_path = edited["hashes"][0][3]
+    edited["hashes"][0][3] = real_path.rsplit("/", 1)[0] + "/NOT-THIS-FILE.jpg"
+    (out / TEMP_DIR / interrupted / resume.DONE_DIR / f"{edited['digest']}.json").write_text(json.dumps(edited))
+
+    converted = _count_conversions(monkeypatch)
+    assert convert(photos, out, *OPTIONS) == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["resumed"]["images"] == sum(len(r["sizes"]) for r in whole)  # the edited chunk was not taken
+    assert sum(converted) == IMAGES - info["resumed"]["images"]
+    assert not any("NOT-THIS-FILE" in line for line in _sources(out))
+    assert_same_dataset(out, fresh)
+    files = _files(out)
+    assert convert(photos, out, *OPTIONS, "--if_exists=append") == 0
+    assert _files(out) == files and len(_records(out)) == IMAGES

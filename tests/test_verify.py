@@ -512,3 +512,49 @@ def test_a_re_serialised_or_crlf_features_json_still_verifies(damaged):
     assert _problems(damaged, decode=False) == [
         "features.json: TFDS's features differ from the keys and image size in image_tfrecords.json; "
         "tfds.builder_from_directory would not load the folder as it is; convert again"]
+
+
+# --- the sources files: what an append reads to know which images the dataset holds -----------------------------
+
+
+def _sources_file(path):
+    """The dataset's sources file of the most lines, and its lines (JSON lists)."""
+    names = _info(path)["sources"]["files"]
+    largest = max((path / name for name in names), key=lambda p: len(p.read_text().splitlines()))
+    return largest, [json.loads(line) for line in largest.read_text().splitlines()]
+
+
+def _write_lines(path, lines) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_a_missing_sources_file_is_caught(damaged):
+    path, _ = _sources_file(damaged)
+    path.unlink()
+    problems = _problems(damaged, decode=False)
+    assert f"{path.name}: missing, but image_tfrecords.json lists it among the sources files; an append would " \
+           "write images it holds a second time; convert again with --if_exists=overwrite" in problems
+    assert any(p.startswith("sources files: they list ") for p in problems)
+
+
+def test_sources_lines_cut_at_a_newline_are_caught(damaged):
+    path, lines = _sources_file(damaged)
+    _write_lines(path, lines[:-2])
+    problems = _problems(damaged, decode=False)
+    split = lines[-1][2]
+    assert any(p.startswith("sources files: they list ") and f"of split {split!r}" in p for p in problems)
+    assert sum(f"source path {lines[-1][0]!r} is in no sources file" in p for p in problems) == 1
+
+
+def test_a_sources_line_of_another_path_or_hash_is_caught(damaged):
+    """A hand-edited sources line (or a run that listed a wrong one): verify names the record and the line."""
+    path, lines = _sources_file(damaged)
+    moved, rehashed = lines[0][0], lines[1][0]
+    lines[0][0] = moved.rsplit("/", 1)[0] + "/NOT-THIS-FILE.jpg"
+    lines[1][1] = "0" * 64
+    _write_lines(path, lines)
+    problems = _problems(damaged, decode=False)
+    assert sum(f"source path {moved!r} is in no sources file" in p for p in problems) == 1
+    assert any("NOT-THIS-FILE.jpg' is listed, but no record has that source path" in p for p in problems)
+    assert sum(f"the sources files give {rehashed!r} SHA-256 {'0' * 64}" in p for p in problems) == 1
+    assert main_of(verify.run, [str(damaged), "--no_decode"]) == 1

@@ -30,6 +30,7 @@ from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.options import Settings
 from transforms.base.transient import TransientReadError
 from transforms.inputs.rows import TruncatedFile
+from transforms.output.describe import DatasetIncomplete
 from transforms.output.ownership import UnsafePath, completion_marker
 from transforms.output.publishing import ShardSizeMismatch, interrupted_publish
 
@@ -202,6 +203,10 @@ def truncated_file(error: BaseException) -> str | None:
     return _reported(error, TruncatedFile, _TRUNCATED)
 
 
+# transforms.output.describe.DatasetIncomplete's message, up to the end of its line.
+_INCOMPLETE = re.compile(r"DatasetIncomplete: (.+?)(?:\\n|\n|$)")
+
+
 # transforms.output.ownership.UnsafePath's message, as the text of a worker's traceback shows it.
 _UNSAFE_PATH = re.compile(r"UnsafePath: (.+? and run again)")
 
@@ -353,7 +358,10 @@ class LocalRun:
             return UserError(mismatch)
         truncated = truncated_file(error)
         if truncated:
-            return InputDamaged(f"{truncated.rstrip('.')}; no dataset was written")
+            return InputDamaged(f"{truncated.rstrip('.')}; {output_state(settings.output_dir)}")
+        incomplete = _reported(error, DatasetIncomplete, _INCOMPLETE)
+        if incomplete:  # the records, the sources lines or the files found do not add up: nothing was published
+            return InputDamaged(incomplete)
         transient = transient_read_failed(error)
         if transient:
             return TransientReadFailed(

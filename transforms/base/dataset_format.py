@@ -237,6 +237,17 @@ SOURCES_NAME = re.compile(r"sources-[\w.-]+-\d{5}-of-\d{5}\.jsonl")
 CHANGED_SINCE_DATASET = "changed_since_dataset"
 
 
+def parse_source_line(line: str):
+    """A sources line -> (relpath, (sha256, split, label)); None for a line that is not one (never trusted)."""
+    try:
+        relpath, sha256, split, label = bounded.loads(line)
+    except (ValueError, TypeError):
+        return None
+    if not (isinstance(relpath, str) and isinstance(sha256, str) and isinstance(split, str)):
+        return None
+    return relpath, (sha256, split, tuple(label) if isinstance(label, list) else label)
+
+
 def sources_prefix(run_id: str) -> str:
     """The start of a run's sources files' names (Beam adds -00000-of-00002.jsonl)."""
     return f"{SOURCES_PREFIX}{run_id}"

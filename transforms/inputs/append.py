@@ -11,10 +11,14 @@ CoGroupByKey): an image whose path is recorded is hashed, and
   the dataset keeps its record, and `--if_exists=overwrite` rebuilds it with the new bytes;
 * a path not recorded: a new image, converted into new shards.
 
-No shard is read. The new shards of a split take the indices after the old ones
-(`appended_shards`), and the old ones the new total in their names
-(train-00000-of-00004 -> train-00000-of-00006): the globs the docs recommend, TFDS's
-shard template, Kaggle's names and the index files see every shard exactly once.
+The sources files must account for every record the dataset holds: a path listed twice stops the run here, and
+PublishDataset, before it writes anything, compares the lines per split with the description's records
+(`check_held`): a sources file that went missing, empty or lost lines at a line boundary would otherwise let
+the append write the images it listed a second time. No shard is read.
+
+The new shards of a split take the indices after the old ones (`appended_shards`), and the old ones the new total
+in their names (train-00000-of-00004 -> train-00000-of-00006): the globs the docs recommend, TFDS's shard
+template, Kaggle's names and the index files see every shard exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 
 import apache_beam as beam
 
-from transforms.base import bounded, counters
+from transforms.base import counters
 from transforms.base.dataset_format import (
     CHANGED_SINCE_DATASET,
     KAGGLE,
@@ -32,6 +36,7 @@ from transforms.base.dataset_format import (
     SOURCES_SUFFIX,
     index_name,
     kaggle_name,
+    parse_source_line,
     shard_name,
     sources_prefix,
 )
@@ -55,17 +60,6 @@ def source_line(hashed) -> str:
     return json.dumps([relpath, sha256, split, list(label) if isinstance(label, tuple | list) else label])
 
 
-def parse_source_line(line: str):
-    """A sources line -> (relpath, (sha256, split, label)); None for a line that is not one (never trusted)."""
-    try:
-        relpath, sha256, split, label = bounded.loads(line)
-    except (ValueError, TypeError):
-        return None
-    if not (isinstance(relpath, str) and isinstance(sha256, str) and isinstance(split, str)):
-        return None
-    return relpath, (sha256, split, tuple(label) if isinstance(label, list) else label)
-
-
 def checked_source_line(path: str, line: str):
     """`parse_source_line` of a line of the sources file `path`.
 
@@ -79,6 +73,25 @@ def checked_source_line(path: str, line: str):
                             f"split, label]: {line[:80]!r}): appending would write its image twice; convert the "
                             "folder again with --if_exists=overwrite")
     return parsed
+
+
+REBUILD = "convert the folder again with --if_exists=overwrite"
+
+
+def check_held(held: dict, splits: dict) -> None:
+    """The dataset's sources lines per split (`held`, from ReadSources) against its description's `splits`.
+
+    Raises:
+        TruncatedFile: they differ: the dataset's own list of what it holds is damaged (a sources file missing,
+            emptied or cut at a line boundary), and appending would write the images it lost a second time.
+    """
+    for split in sorted(set(held) | set(splits)):
+        lines, records = held.get(split, 0), (splits.get(split) or {}).get("records", 0)
+        if lines != records:
+            raise TruncatedFile(
+                f"the dataset's list of its records is damaged: its sources files list {lines} images of split "
+                f"{split!r}, but it holds {records} records there (a sources file missing, emptied or cut short), "
+                f"so an append would write images it already holds a second time: {REBUILD}")
 
 
 class WriteSources(beam.PTransform):
@@ -131,8 +144,11 @@ class _Judge(beam.DoFn):
         self._start_rate = start_rate  # a process's first read rate (None: transient.INITIAL_READS_PER_S)
 
     def process(self, element):
-        _, joined = element
+        relpath, joined = element
         old = list(joined["old"])
+        if len(old) > 1:  # one path is one record: a line twice hides a line lost (the counts would still agree)
+            raise TruncatedFile(f"the dataset's list of its records is damaged: its sources files list {relpath!r} "
+                                f"{len(old)} times, and a path is one record: {REBUILD}")
         for ref in joined["new"]:
             if not old:
                 yield ref

@@ -179,6 +179,30 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
             f"(--duplicates=drop; SHA-256 {sha256})"))
 
 
+def resolve_held(sha256: str, joined: dict) -> Iterable:
+    """One group of byte-identical files on an append, {"new": [ImageRef], "held": [(split, label, relpath)] of the
+    dataset's records}: with no record of these bytes, `resolve`; with one, every new copy is rejected, DUPLICATE
+    under the record's label, DUPLICATE_CONFLICT under another (the record stays: an append never removes one), so
+    that a copy an earlier run dropped is not written now."""
+    from transforms.base import counters
+    from transforms.base.records import Rejection, label_of
+
+    refs, held = sorted(joined["new"], key=lambda r: r.relpath), sorted(joined["held"], key=lambda h: h[2])
+    if not held:
+        yield from resolve(sha256, refs)
+        return
+    labels = {label_value(label) for _, label, _ in held}
+    for ref in refs:
+        same = [path for _, label, path in held if label_value(label) == label_value(label_of(ref))]
+        reason = DUPLICATE if same else DUPLICATE_CONFLICT
+        counters.inc(counters.rejected(reason))
+        yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+            ref.relpath, "rejected", reason,
+            f"the same bytes as {(same or [held[0][2]])[0]!r}, a record of the dataset"
+            f"{'' if same else ' under another class' + ('es' if len(labels) > 1 else '')}: this copy is not "
+            f"written (--duplicates=drop; SHA-256 {sha256})"))
+
+
 class _Hash(beam.DoFn):
     """ImageRef -> (sha256, ImageRef); one that is not hashed here on UNHASHED; (sha256, (split, label, relpath))
     on HASHES for the duplicate report."""
@@ -203,27 +227,38 @@ HASHES = "hashes"
 
 class DropDuplicates(beam.PTransform):
     """ImageRef -> the ImageRefs to write ('kept'); DROPPED: Rejection of each copy not written; HASHES:
-    (sha256, (split, label, relpath)) of every hashed image, for the duplicate report.
+    (sha256, (split, label, relpath)) of every hashed image, for the duplicate report. `held` (an append): the
+    dataset's records as (sha256, (split, label, relpath)): no copy of one is written (`resolve_held`).
 
     Every file is read once here, before the shards are assigned (the shards are counted from the kept
     images), and again when it is converted: that second read is the price of --duplicates=drop.
     """
 
-    def __init__(self, max_file_bytes: int, throttled_s: float | None = None, start_rate: float | None = None):
+    def __init__(self, max_file_bytes: int, throttled_s: float | None = None, start_rate: float | None = None,
+                 held=None):
         super().__init__()
         self._max_bytes = max_file_bytes
         self._throttled_s = throttled_s  # --throttled_retry_s (None: transient.THROTTLED_RETRY_S)
         self._start_rate = start_rate  # a process's first read rate (None: transient.INITIAL_READS_PER_S)
+        self._held = held  # an append: (sha256, (split, label, relpath)) of the dataset's records, a PCollection
 
     def expand(self, refs):
         hash_step = _Hash(self._max_bytes, self._throttled_s, self._start_rate)
         hashed = refs | "HashSources" >> beam.ParDo(hash_step).with_output_types(
             tuple[str, typing.Any]).with_outputs(UNHASHED, HASHES, main="hashed")
-        resolved = (
-            hashed.hashed
-            # (sha256, [ImageRef]): spread over the workers by hash
-            | "GroupByHash" >> beam.GroupByKey()
-            | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve).with_outputs(DROPPED, main="kept")
-        )
+        if self._held is None:
+            resolved = (
+                hashed.hashed
+                # (sha256, [ImageRef]): spread over the workers by hash
+                | "GroupByHash" >> beam.GroupByKey()
+                | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve).with_outputs(DROPPED, main="kept")
+            )
+        else:
+            resolved = (
+                {"new": hashed.hashed, "held": self._held}
+                # (sha256, {"new": [ImageRef], "held": [(split, label, relpath)]}): spread over the workers by hash
+                | "GroupByHash" >> beam.CoGroupByKey()
+                | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve_held).with_outputs(DROPPED, main="kept")
+            )
         kept = (resolved.kept, hashed[UNHASHED]) | "KeptAndUnhashed" >> beam.Flatten()
         return {"kept": kept, DROPPED: resolved[DROPPED], HASHES: hashed[HASHES]}

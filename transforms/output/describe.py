@@ -162,6 +162,22 @@ def check_accounting(counts: Accounting) -> None:
         )
 
 
+def check_lines(lines: dict, splits: dict) -> None:
+    """This run's sources lines per split (one per record it wrote, resumed ones from their done records) against
+    its records per split.
+
+    Raises:
+        DatasetIncomplete: they differ: the dataset would not know which images it holds (an append would write
+            them again).
+    """
+    for split in sorted(set(lines) | set(splits)):
+        listed, records = lines.get(split, 0), (splits.get(split) or {}).get("records", 0)
+        if listed != records:
+            raise DatasetIncomplete(
+                f"split {split!r}: the run wrote {records} records but lists {listed} in its sources files, which "
+                f"say what the dataset holds; nothing was published ({INFO_FILE} was not written). Run again.")
+
+
 def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
                  tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
                  duplicates: dict | None = None, statistics: dict | None = None, extra_features: tuple = (),
@@ -233,12 +249,16 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
-                metadata=None, class_names=None, manifest=None, sources=(), present=None):
+                metadata=None, class_names=None, manifest=None, sources=(), present=None, lines=None, held=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
         resumed = {key[1]: count for key, count in tallies if key[0] == RESUMED}
         tallies = [(key, count) for key, count in tallies if key[0] != RESUMED]
         counts = summarise(tallies, shard_stats, self._class_names)
+        if self._base is not None and held is not None:  # before anything is written: the dataset's own account
+            append.check_held(dict(held), self._base["splits"])
+        if lines is not None:
+            check_lines(dict(lines), counts.splits)
         sources = sorted(FileSystems.split(path)[1] for path in sources)  # this run's, in its shards folder
         grown = None
         if self._base is not None:
@@ -408,6 +428,20 @@ class MergeStats(beam.CombineFn):
         return accumulator
 
 
+class _PerSplit(beam.PTransform):
+    """Elements whose split is at `split_at` (indices into the element) -> (split, count)."""
+
+    def __init__(self, split_at: tuple = (1, 0)):
+        super().__init__()
+        self._at = split_at
+
+    def expand(self, elements):
+        first, second = self._at
+        return (elements
+                | "Split" >> beam.Map(lambda element: (element[first][second], 1))
+                | "Count" >> beam.CombinePerKey(sum))
+
+
 class PublishDataset(beam.PTransform):
     """Write the error report and the dataset description, then publish the run's files; outputs the info dict.
 
@@ -417,8 +451,10 @@ class PublishDataset(beam.PTransform):
     of every written image, from WriteShards) for the duplicate report, and 'groups' ((group, split,
     relpath) of every labelled image, from AssignLabels with --group_by), and 'stats' ((split, SplitStats)
     per shard, from WriteShards) for the pixel and size statistics, 'sources' (the paths of the run's
-    sources files, from transforms.inputs.append.WriteSources) and, with `base` (the description of the dataset
-    an --if_exists=append grows), 'present' (1 per image already in it, from SkipPresent). `split_by` says
+    sources files, from transforms.inputs.append.WriteSources) and 'lines' (the hashes WriteSources wrote, counted
+    per split against the records), and, with `base` (the description of the dataset an --if_exists=append grows),
+    'present' (1 per image already in it, from SkipPresent) and 'held' (its sources lines, from ReadSources, counted
+    per split against its description before anything is written). `split_by` says
     how the splits were made: split_folders, path_hash or group_hash.
     """
 
@@ -469,6 +505,10 @@ class PublishDataset(beam.PTransform):
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         if "sources" in inputs:  # the paths of this run's sources files (transforms.inputs.append.WriteSources)
             side["sources"] = beam.pvalue.AsList(inputs["sources"])
+        if "lines" in inputs:  # this run's sources lines, (sha256, (split, label, relpath)): counted per split
+            side["lines"] = beam.pvalue.AsList(inputs["lines"] | "LinesPerSplit" >> _PerSplit())
+        if "held" in inputs:  # --if_exists=append: the dataset's sources lines, (relpath, (sha256, split, label))
+            side["held"] = beam.pvalue.AsList(inputs["held"] | "HeldPerSplit" >> _PerSplit(split_at=(1, 1)))
         if "present" in inputs:  # --if_exists=append: 1 per image already in the dataset
             side["present"] = beam.pvalue.AsList(inputs["present"] | "CountPresent" >> beam.CombineGlobally(sum))
         return (

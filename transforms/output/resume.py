@@ -16,7 +16,10 @@ them. It takes the earlier piece when its done record is there, the piece file
 holds the recorded bytes (size and SHA-256, checked while it is copied into the
 new run's folder) and each image's source file still has the SHA-256 recorded
 when it was converted (read and hashed, never decoded): a file changed in
-place, even to the same size, is converted again. Everything the rest of the job
+place, even to the same size, is converted again. The record must also say of
+each image what the chunk is: its path, split, label and that SHA-256 in its
+hash entry (which becomes its sources line), or a rejection of its path; a
+record that does not (edited, or another chunk's) is converted again. Everything the rest of the job
 takes from a piece (record sizes, tallies, statistics, rejections, hashes) comes
 from the done record, so the dataset is the one a fresh run makes, byte for byte.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -221,6 +225,31 @@ def _consistent(record: dict, key: tuple, images: int) -> bool:
         return False
 
 
+def _accounts(record: dict, refs) -> bool:
+    """Whether a done record says of each of the chunk's images what the chunk is: a rejection of its path, or a
+    record whose hash entry (what becomes its sources line) holds its SHA-256 as hashed here, its split, label and
+    path, in chunk order, and tallies that count those entries (never trusted: a hand-edited path would otherwise
+    reach the sources files, and the next append would write that image twice)."""
+    from transforms.base.paths import display_path
+    from transforms.base.records import label_of
+
+    try:
+        rejected = [rejection[0] for rejection in record["rejections"]]
+        paths = [ref.relpath for ref in refs]
+        if len(set(rejected)) != len(rejected) or not set(rejected) <= set(paths):
+            return False
+        expected = [[member, ref.split, _jsonable(label_of(ref)), display_path(ref.relpath)]
+                    for ref, member in zip(refs, record["members"], strict=True) if ref.relpath not in rejected]
+        if [list(entry) for entry in record["hashes"]] != expected:
+            return False
+        tallied = Counter()
+        for split, label, _upscaled, count in record["written"]:
+            tallied[(split, repr(_label(label)))] += count
+        return +tallied == Counter((split, repr(_label(label))) for _, split, label, _ in expected)
+    except (TypeError, ValueError, IndexError):
+        return False
+
+
 class Earlier(NamedTuple):
     """An interrupted run whose plan is this run's: its id, its temporary folder and its shards folder."""
 
@@ -282,6 +311,8 @@ class Resume:
                 continue
             if any(not old or old != self.member_hash(ref) for ref, old in zip(refs, record["members"], strict=True)):
                 return None  # a file changed in place (the same name and size, other bytes): converted again
+            if not _accounts(record, refs):
+                continue  # its hashes, rejections or tallies are not this chunk's images: converted again
             dest = FileSystems.join(shards_folder, piece_name)
             places = [(record["file"], None)]  # its piece file, else its bytes in its shard's file
             located = read_location(earlier.folder, digest, record["file"])
