@@ -131,7 +131,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "everything else through Pillow; pillow: every image through Pillow. Default: auto.")
     add("--reencode", **ON_OFF,
         help="Re-encode images already at the output size too; without it an upright baseline JPEG of exactly "
-             "--image_size is stored as it is, byte for byte. Default: false.")
+             "--image_size is stored as it is: its image data, without metadata. Default: false.")
     add("--background", default="white",
         help="Colour that transparent pixels are composited onto and that pads letterboxed images: "
              "white, black, grey, #rrggbb or r,g,b. Default: white.")

@@ -219,8 +219,8 @@ def kept_line(info: dict) -> str:
     kept = sum(s.get("kept", 0) for s in splits.values())
     if not kept:
         return ""
-    return (f"Stored as they were: {kept} images already at the output size (upright baseline JPEGs), byte for "
-            "byte, without a second JPEG generation; --reencode re-encodes them.")
+    return (f"Stored as they were: {kept} images already at the output size (upright baseline JPEGs), their image "
+            "data as it was (no metadata), without a second JPEG generation; --reencode re-encodes them.")
 
 
 def format_summary(info: dict) -> str:

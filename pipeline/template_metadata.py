@@ -131,7 +131,7 @@ PARAMETERS = {
     "reencode": Parameter(
         "Re-encode images already at the output size",
         "true also re-encodes images already at the output size; without it an upright baseline JPEG of exactly "
-        "image_size is stored as it is, byte for byte."),
+        "image_size is stored as it is: its image data, without metadata."),
     "background": Parameter(
         "Background colour",
         "Colour under transparent pixels and around letterboxed images: white, black, grey, #rrggbb or r,g,b.",

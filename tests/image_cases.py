@@ -134,6 +134,21 @@ def ycck_jpeg(cmyk: tuple[int, int, int, int], size=(16, 16)) -> bytes:
     raise AssertionError("Pillow wrote no Adobe marker")
 
 
+def damaged_scan(data: bytes, damage: str = "flipped") -> bytes:
+    """A JPEG with bytes of its entropy-coded data flipped (every 10th of its last 200: a bad disk or transfer) or
+    lost (37 bytes of its middle), as libjpeg still decodes it, with a warning. (Flips far from the end of a scan
+    may be silent: the Huffman code falls back into step and the scan ends where it should; no decoder can tell.)"""
+    d = bytearray(data)
+    if damage == "flipped":
+        for k in range(len(d) - 200, len(d) - 2, 10):
+            if d[k] != 0xFF and d[k - 1] != 0xFF and d[k] ^ 0x5A != 0xFF:
+                d[k] ^= 0x5A
+    else:
+        middle = (d.find(b"\xff\xda") + len(d)) // 2
+        del d[middle:middle + 37]
+    return bytes(d)
+
+
 # --- PNG at any bit depth -------------------------------------------------------------------------
 
 

@@ -271,11 +271,17 @@ def test_one_axis_shrinking_and_the_other_enlarging_is_two_separable_resizes(res
     assert cases.psnr(Image.fromarray(out), Image.fromarray(reference)) >= 40.0
 
 
+# Stored as it is in every mode (its image data only: no EXIF, no comment, nothing after its end).
+AT_SIZE_WITH_METADATA = cases.jpeg(photo(224, 160, seed=6), quality=90, exif=cases.exif_orientation(1),
+                                   comment=b"a note") + b"trailing bytes"
+
+
 def records() -> dict:
     """Each record's image bytes by (source, resize mode, filter, format): every mode and filter, shrinking
     (the photos) and enlarging (the 40 x 30 JPEGs)."""
     sources = {"small photo": SMALL, "large photo": LARGE, "PNG photo": MIDDLE_PNG, "wide photo": WIDE,
-               "40 x 30 RGB JPEG": FAST["baseline RGB JPEG"], "40 x 30 greyscale JPEG": FAST["greyscale JPEG"]}
+               "40 x 30 RGB JPEG": FAST["baseline RGB JPEG"], "40 x 30 greyscale JPEG": FAST["greyscale JPEG"],
+               "JPEG at the output size, with metadata": AT_SIZE_WITH_METADATA}
     out = {}
     for (name, data), mode, resample, image_format in itertools.product(
             sources.items(), RESIZE_MODES, sorted(RESAMPLE_FILTERS), ("jpeg", "png")):
@@ -305,7 +311,7 @@ def test_records_are_byte_identical_in_a_worker_thread():
         in_pool = pool.result(pool.submit(lambda _deadline: records()))
     finally:
         pool.close()
-    assert len(in_thread) == len(in_pool) == len(here) == 6 * len(RESIZE_MODES) * len(RESAMPLE_FILTERS) * 2
+    assert len(in_thread) == len(in_pool) == len(here) == 7 * len(RESIZE_MODES) * len(RESAMPLE_FILTERS) * 2
     assert [key for key in here if in_thread[key] != here[key]] == []
     assert [key for key in here if in_pool[key] != here[key]] == []
 

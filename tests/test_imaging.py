@@ -730,7 +730,7 @@ def test_no_mangled_file_escapes_as_anything_but_a_rejection():
                 convert_image(bytes(data), ImageSettings(width=32, height=32))
                 outcomes.add("converted")
             except ImageRejected as e:
-                assert e.reason in {"truncated", "decode_error", "not_an_image", "unsupported_format",
+                assert e.reason in {"truncated", "decode_error", "corrupt_data", "not_an_image", "unsupported_format",
                                     "decompression_bomb"}
                 outcomes.add(e.reason)
     assert "converted" in outcomes and len(outcomes) > 2

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pipeline.sample_data import photo_like
 from tests import image_cases as cases
 from tests.conftest import convert
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
@@ -61,6 +62,7 @@ def _bad_files() -> dict[str, tuple[bytes, str]]:
     png = cases.encode(NOISE, "PNG")
     corrupt = bytearray(png)
     corrupt[100] ^= 0xFF
+    photo = cases.jpeg(photo_like(120, 90, np.random.default_rng(3)), quality=90)
     files = {
         "odd/empty.jpg": (b"", "empty_file"),
         "odd/text.jpg": (b"this is a text file, not a photo\n", "not_an_image"),
@@ -68,6 +70,8 @@ def _bad_files() -> dict[str, tuple[bytes, str]]:
         "odd/bomb.png": (cases.png_bomb(), "decompression_bomb"),
         "odd/jpeg2000.jpg": (cases.encode(Image.new("RGB", (8, 8)), "JPEG2000"), "unsupported_format"),
         "odd/corrupt.png": (bytes(corrupt), "decode_error"),
+        "odd/flipped_scan.jpg": (cases.damaged_scan(photo), "corrupt_data"),  # libjpeg warns, Pillow does not
+        "odd/lost_bytes.jpg": (cases.damaged_scan(photo, "lost"), "corrupt_data"),
     }
     for name, data in {"jpg": jpeg, "png": png, "gif": cases.encode(NOISE, "GIF"),
                        "webp": cases.encode(NOISE, "WEBP"), "tif": cases.encode(NOISE, "TIFF"),

@@ -59,8 +59,9 @@ def test_jpegs_already_at_the_output_size_are_stored_byte_for_byte(tmp_path):
     assert info["statistics"]["splits"]["train"]["kept"] == 2
     from pipeline.report import format_summary
 
-    assert ("Stored as they were: 2 images already at the output size (upright baseline JPEGs), byte for byte, "
-            "without a second JPEG generation; --reencode re-encodes them.") in format_summary(info)
+    assert ("Stored as they were: 2 images already at the output size (upright baseline JPEGs), their image data "
+            "as it was (no metadata), without a second JPEG generation; --reencode re-encodes them."
+            ) in format_summary(info)
 
 
 def test_reencode_re_encodes_them(tmp_path):
@@ -72,3 +73,33 @@ def test_reencode_re_encodes_them(tmp_path):
     info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["statistics"]["splits"]["train"]["kept"] == 0
     assert info["options"]["reencode"] is True
+
+
+def test_images_stored_as_they_are_carry_no_metadata_and_nothing_after_them(tmp_path):
+    # Issue 47: they kept EXIF GPS and the camera's serial, ICC, comments, a payload after the end and a second JPEG.
+    from PIL import ImageCms
+
+    exif = Image.Exif()
+    exif[0x010F], exif[0xA431] = "SecretCam", "SERIAL-12345"
+    exif[0x8825] = {1: "N", 2: (52.0, 22.0, 1.5), 3: "E", 4: (4.0, 53.0, 2.0)}
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    files = {
+        "a/gps.jpg": _jpeg(_photo((64, 48), 1), exif=exif.tobytes()),
+        "a/trailing.jpg": _jpeg(_photo((64, 48), 2)) + b"PK\x03\x04SECRET-PAYLOAD" * 100,
+        "b/icc.jpg": _jpeg(_photo((64, 48), 3), icc_profile=icc, comment=b"patient John Doe"),
+        "b/concat.jpg": _jpeg(_photo((64, 48), 4)) + _jpeg(Image.new("RGB", (64, 48), "red")),
+    }
+    for relpath, data in files.items():
+        (tmp_path / "in" / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / relpath).write_bytes(data)
+    out = tmp_path / "out"
+    assert convert(tmp_path / "in", out, "--image_size=64x48", "--validation_split=0") == 0
+    stored = {r["source_path"]: r["image"] for r in read_records(out)["train"]}
+    assert sorted(stored) == sorted(files)
+    for relpath, image in stored.items():
+        found = [s for s in (b"Exif", b"SERIAL-12345", b"ICC_PROFILE", b"John Doe", b"SECRET-PAYLOAD") if s in image]
+        assert found == [] and image.count(b"\xff\xd8") == 1 and image.endswith(b"\xff\xd9"), relpath
+        assert (Image.open(io.BytesIO(image)).tobytes()
+                == Image.open(io.BytesIO(files[relpath])).convert("RGB").tobytes())  # the same pixels
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["statistics"]["splits"]["train"]["kept"] == 4

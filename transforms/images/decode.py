@@ -10,7 +10,8 @@ The steps, in the order the conversion takes them:
      `max_image_mb` (`check_memory`);
   3. decode the first frame: through the fast core (`transforms.images.fast`)
      for the common case (`fast_kind`, `fast_pixels`), else through Pillow
-     (`load`); a short or corrupt stream is rejected, never padded;
+     (`load`); a short or corrupt stream is rejected, never padded, and so is
+     a JPEG whose decode warns (`corrupt_data`);
   4. scale 16-bit and float samples to 8 bits, fix CMYK polarity, composite
      alpha onto the background, giving RGB (`to_rgb`).
 """
@@ -250,13 +251,22 @@ def fast_pixels(image: Image.Image, data: bytes, kind: str, stored_size: tuple[i
 
 
 def load(image: Image.Image, data: bytes) -> Image.Image:
-    """Decode the pixels of the first frame, mapping decoder failures to rejection reasons."""
+    """Decode the pixels of the first frame, mapping decoder failures to rejection reasons.
+
+    Pillow lets libjpeg's warnings pass without a word (it fills in what it could not read): a JPEG it decoded is
+    checked by libjpeg-turbo too (`fast.jpeg_warning`), and a warning is a rejection (`diagnosis.warned`). The fast
+    core's own decodes are strict already; this is the Pillow path's, on either backend.
+    """
     try:
         image.load()
     except MemoryError:
         raise ImageRejected(DECOMPRESSION_BOMB, "out of memory while decoding the pixels") from None
     except Exception as e:
         raise diagnosis.classify(e, "pixels", data) from None
+    if image.format in ("JPEG", "MPO"):
+        warning = fast_imaging.jpeg_warning(data)
+        if warning:
+            raise diagnosis.warned(warning, data)
     return image
 
 

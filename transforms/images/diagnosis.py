@@ -7,7 +7,8 @@ reason than not_an_image. Before Pillow reads a TIFF, its strip count and
 directory size are checked (`check_layout`), since Pillow would make each entry a
 Python object. After a decoder failed, `classify` maps its exception to a
 reason, telling a file cut short (`truncated`, from the file's own structure)
-from a corrupt one (`decode_error`), and keeps the decoder's message.
+from a corrupt one (`decode_error`), and keeps the decoder's message. A decode that only warns is a rejection
+too (`corrupt_data`, `warned`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ UNSUPPORTED_FORMAT = "unsupported_format"
 TRUNCATED = "truncated"
 DECOMPRESSION_BOMB = "decompression_bomb"
 DECODE_ERROR = "decode_error"
+CORRUPT_DATA = "corrupt_data"  # the decoder warned (and would fill in or guess what it could not read)
 READ_ERROR = "read_error"
 TIMEOUT = "timeout"
 INTERNAL_ERROR = "internal_error"  # a bug here, not a problem of the file: report it
@@ -175,6 +177,15 @@ def classify(error: BaseException, stage: str, data: bytes) -> ImageRejected:
     if "cannot handle" in lower or "unsupported" in lower or "not supported" in lower:
         return ImageRejected(UNSUPPORTED_FORMAT, detail)
     return ImageRejected(DECODE_ERROR, detail)
+
+
+def warned(warning: str, data: bytes) -> ImageRejected:
+    """The rejection of a file that decoded, but with a decoder's warning: `truncated` when the file itself shows
+    that it was cut short, else `corrupt_data`."""
+    detail = (f"the decoder warns: {warning}; it would fill in or guess what it could not read, so the image is "
+              "not stored (a decode that warns is a rejection)")
+    evidence = _truncation(data)
+    return ImageRejected(TRUNCATED, f"{evidence}; {detail}") if evidence else ImageRejected(CORRUPT_DATA, detail)
 
 
 def header_error(data: bytes, claimed: str) -> Exception | None:

@@ -1,13 +1,14 @@
-"""Encoding: the stored bytes of the output image, or the source's own bytes when they can be stored as they are.
+"""Encoding: the stored bytes of the output image, or the source's own image data when it can be stored as it is.
 
 The output is encoded as JPEG or PNG, with no metadata (so no orientation tag);
 an upright RGB baseline JPEG that needs no resizing is stored as it is
-(`passes_through`).
+(`passes_through`), its image data only (`image_data_only`): no metadata either.
 """
 
 from __future__ import annotations
 
 import io
+import re
 
 from PIL import Image
 
@@ -35,6 +36,55 @@ def passes_through(image: Image.Image, data: bytes, orientation: int, settings: 
         and image.info.get("adobe_transform", 1) == 1  # YCbCr, the colour space every decoder assumes
         and decode.jpeg_frame_type(data) == 0xC0
     )
+
+
+# In a scan's entropy-coded data a 0xFF byte is followed by 0x00 (a stuffed byte), a restart marker (0xD0-0xD7) or
+# another 0xFF (fill); anything else is the marker that ends the scan.
+_SCAN_END = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
+_APP0, _APP14, _COM, _SOS, _EOI = 0xE0, 0xEE, 0xFE, 0xDA, 0xD9
+
+
+def image_data_only(data: bytes) -> bytes | None:
+    """A JPEG's bytes without its metadata: its tables, frame and scans, from its start to its end-of-image marker.
+
+    Left out: every APPn segment (EXIF with its GPS position and camera serial number, XMP, ICC profiles,
+    Photoshop's, JFIF's thumbnails) and every comment, and whatever follows the end of the image (a payload, a
+    second JPEG). Two say how the colours are coded, and so stay, cut to the fields that say it: JFIF's APP0
+    (YCbCr; its version and pixel density, without a thumbnail: 16 bytes) and Adobe's APP14 (its colour transform:
+    14 bytes); without either a decoder guesses from the components' ids, as it would for the source. The pixels
+    decode as the source's, bit for bit; a Pillow JPEG, which holds nothing else, comes out byte for byte.
+
+    None when the segments cannot be followed to an end-of-image marker (then the image is re-encoded).
+    """
+    out, pos, jfif, adobe = [data[:2]], 2, False, False
+    while True:
+        while data[pos:pos + 2] == b"\xff\xff":  # fill bytes before a marker
+            pos += 1
+        if pos + 2 > len(data) or data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == _EOI:
+            out.append(b"\xff\xd9")
+            return b"".join(out)
+        end = pos + 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        if pos + 4 > len(data) or end > len(data):
+            return None
+        segment = data[pos:end]
+        if marker == _APP0 and segment[4:9] == b"JFIF\x00" and len(segment) >= 16 and not jfif:
+            out.append(b"\xff\xe0\x00\x10" + segment[4:16] + b"\x00\x00")  # no thumbnail
+            jfif = True
+        elif marker == _APP14 and segment[4:9] == b"Adobe" and len(segment) >= 16 and not adobe:
+            out.append(b"\xff\xee\x00\x0e" + segment[4:16])
+            adobe = True
+        elif not (0xE0 <= marker <= 0xEF or marker == _COM):
+            out.append(segment)
+        pos = end
+        if marker == _SOS:
+            scan_end = _SCAN_END.search(data, pos)
+            if scan_end is None:
+                return None
+            out.append(data[pos:scan_end.start()])
+            pos = scan_end.start()
 
 
 def _check_jpeg_side(width: int, height: int, settings: ImageSettings) -> None:

@@ -16,7 +16,7 @@ The steps, in order, each in its module of `transforms.images`:
   4. to 8-bit RGB (`decode.to_rgb`);
   5. apply the EXIF orientation (`pixels`);
   6. resize (`pixels`);
-  7. encode, or store the source's own bytes as they are (`encode`).
+  7. encode, or store the source's own image data as it is, without its metadata (`encode`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class EncodedImage(NamedTuple):
     upscaled: bool
     sha256: str = ""  # hex SHA-256 of the source file's bytes, set by transforms.images.convert.read_and_convert
     stats: ImageStats | None = None  # the source's upright size and the stored pixels' sums (transforms.images.stats)
-    kept: bool = False  # the source's own bytes are stored (`encode.passes_through`): no decode-encode loss
+    kept: bool = False  # the source's own image data is stored (`encode.passes_through`): no decode-encode loss
 
 
 def _check_deadline(deadline: float | None, stage: str) -> None:
@@ -140,8 +140,9 @@ def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored
     _check_deadline(deadline, "decoding")
     if image.format not in ("JPEG", "MPO"):
         orientation = decode.exif_orientation(image)  # PNG and WebP may keep EXIF after the pixels
-    if encode.passes_through(image, data, orientation, settings):
-        return EncodedImage(data, image.width, image.height, "jpeg", False,
+    kept = encode.image_data_only(data) if encode.passes_through(image, data, orientation, settings) else None
+    if kept is not None:
+        return EncodedImage(kept, image.width, image.height, "jpeg", False,
                             stats=_stats(image if rgb is None else rgb, image.size), kept=True)
     try:
         if rgb is None:
