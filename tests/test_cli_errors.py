@@ -326,3 +326,29 @@ def test_each_read_side_tool_says_what_its_own_interruption_left(tool, says, sig
     subcommand = tool.rsplit(".", 1)[1]
     assert (module.main(["x"]) if form == "python -m" else command.main([subcommand, "x"])) == code
     assert capsys.readouterr().err == f"error: {signal_name}; {says}\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_stdout_that_cannot_encode_a_class_name_gets_escapes_not_a_traceback(tmp_path, monkeypatch):
+    """PYTHONIOENCODING=ascii (or a C locale) and a class named café: the summary shows caf\\xe9, exit 0."""
+    import io
+    import sys
+
+    from pipeline.cli import main_of
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+
+    for name in ("caf\u00e9", "dog"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (20, 20), (i * 80, 100, 50)).save(tmp_path / "in" / name / f"{i}.jpg")
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="ascii", errors="strict"))
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="ascii", errors="strict"))
+    code = main_of(run, [f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}",
+                         "--image_size=16", "--validation_split=0", *FAST])
+    sys.stdout.flush(), sys.stderr.flush()
+    assert code == 0, err.getvalue()
+    assert b"caf\\xe9" in out.getvalue()  # the class counts line names it, escaped
+    assert b"Traceback" not in err.getvalue()
+    assert sys.stdout.errors == "strict"  # the stream is given back as it was
