@@ -126,7 +126,7 @@ def run(argv: list[str] | None = None) -> int:
                                          lambda: give_back_lock(settings, run_id))
         try:
             if local is not None:
-                local.run(job)
+                local.run(job, run_id)
             else:  # another runner: as Beam runs it
                 with job:
                     pass

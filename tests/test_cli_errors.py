@@ -352,3 +352,60 @@ def test_a_stdout_that_cannot_encode_a_class_name_gets_escapes_not_a_traceback(t
     assert b"caf\\xe9" in out.getvalue()  # the class counts line names it, escaped
     assert b"Traceback" not in err.getvalue()
     assert sys.stdout.errors == "strict"  # the stream is given back as it was
+
+
+@pytest.mark.timeout(120)
+def test_an_output_folder_deleted_mid_run_is_one_line_and_no_traceback(small_tree, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from pipeline.cli import main_of
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+    from transforms.output import shardfiles
+
+    out = tmp_path / "out"
+    frame = shardfiles.frame_record
+
+    def delete_then_frame(*args, **kwargs):
+        shutil.rmtree(out, ignore_errors=True)  # someone deletes the folder while the run writes its first piece
+        return frame(*args, **kwargs)
+
+    monkeypatch.setattr(shardfiles, "frame_record", delete_then_frame)
+    code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet", *FAST])
+
+    assert code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --output_dir {out} was deleted or moved while the run wrote into it, so the run stopped and no "
+        "dataset was written: keep the folder in place and writable while a run writes it, then run the same "
+        "command again"]
+
+
+def test_an_output_folder_made_unwritable_mid_run_is_named_with_what_happened(tmp_path, monkeypatch):
+    """chattr +i refuses even root; a failed probe file stands for it here. A folder that is fine says nothing."""
+    import errno
+    import tempfile
+
+    from pipeline.local.runner import output_lost
+    from transforms.base.dataset_format import LOCK_FILE, TEMP_DIR
+
+    out = tmp_path / "out"
+    (out / TEMP_DIR / "run-1").mkdir(parents=True)
+    (out / LOCK_FILE).write_text("{}")
+    assert output_lost(str(out), "run-1") is None
+    (out / TEMP_DIR / "run-1").rmdir()
+    assert output_lost(str(out), "run-1") == (
+        f"this run's folder {out / TEMP_DIR / 'run-1'} in --output_dir was deleted or moved while the run wrote "
+        "into it")
+    (out / TEMP_DIR / "run-1").mkdir()
+    (out / LOCK_FILE).unlink()
+    assert "its lock file .image-tfrecords.lock is gone" in output_lost(str(out), "run-1")
+    (out / LOCK_FILE).write_text("{}")
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    assert output_lost(str(out), "run-1") == (
+        f"--output_dir {out} can no longer be written (Operation not permitted: it was made read-only or immutable "
+        "while the run wrote into it)")
+    assert output_lost("gs://bucket/out", "run-1") is None  # only a local folder is probed
