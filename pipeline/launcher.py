@@ -131,7 +131,7 @@ def run(argv: list[str] | None = None) -> int:
                 with job:
                     pass
             old.wait()  # only after a successful run: if this one fails, the next one finishes the deletion
-            return summarise_run(settings.output_dir)
+            return summarise_run(settings.output_dir, run_id)
         finally:
             give_back_lock(settings, run_id)  # the job's last step released it, unless the run failed
 
