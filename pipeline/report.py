@@ -275,31 +275,33 @@ def unpublished_folder(output_dir: str, run_id: str) -> str:
 
 def summarise_run(output_dir: str, run_id: str | None = None) -> int:
     """Print the summary of the dataset a finished run (local or on Dataflow) just wrote; the run's exit code: 1
-    if no image could be converted (run `run_id` then published nothing: `unpublished_folder`), or if no written
-    image has a class (a --multi_label manifest whose labels cells are all empty), each with one error line;
-    else 0."""
+    if no image could be converted, or if no written image has a class (a --multi_label manifest whose labels
+    cells are all empty), each with one error line, and run `run_id` then published nothing (its report is in
+    `unpublished_folder`); else 0."""
     unpublished = unpublished_folder(output_dir, run_id) if run_id else None
-    if unpublished and exists(FileSystems.join(unpublished, INFO_FILE)):
-        errors = FileSystems.join(unpublished, ERRORS_FILE)
-        info = {**load_info(unpublished, read_text=read_text), "error_report": errors}
+    if not unpublished or not exists(FileSystems.join(unpublished, INFO_FILE)):
+        info = read_info(output_dir)
         print(format_summary(info))
-        files = info["files"]
+        if not info["files"]["written"] or not (info.get("unlabeled") or info.get("num_classes",
+                                                                                   len(info.get("class_names") or ()))):
+            # (an append onto a dataset of an earlier version that published such a run)
+            print("error: the dataset holds no records or no class; see its errors.jsonl", file=sys.stderr)
+            return 1
+        return 0
+    errors = FileSystems.join(unpublished, ERRORS_FILE)
+    info = {**load_info(unpublished, read_text=read_text), "error_report": errors}
+    print(format_summary(info))
+    files = info["files"]
+    kept = (f"so nothing was published (a dataset already in --output_dir is unchanged); each file's reason is in "
+            f"{errors}, which the next run into the folder removes")
+    if not files["written"]:
         reasons = ", ".join(f"{reason} {count}" for reason, count in
                             {**info["rejected_by_reason"], **info["skipped_by_reason"]}.items())
         print(f"error: no image could be converted: every one of the {files['found']} files found was rejected or "
-              f"skipped ({reasons or 'none found'}), so nothing was published (a dataset already in --output_dir "
-              f"is unchanged); each file's reason is in {errors}, which the "
-              "next run into the folder removes: fix the input and run the command again", file=sys.stderr)
-        return 1
-    info = read_info(output_dir)
-    print(format_summary(info))
-    if not info["files"]["written"]:
-        print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
+              f"skipped ({reasons or 'none found'}), {kept}: fix the input and run the command again",
               file=sys.stderr)
-        return 1
-    if not info.get("unlabeled") and not info.get("num_classes", len(info.get("class_names") or ())):
-        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
-              "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
-              file=sys.stderr)
-        return 1
-    return 0
+    else:
+        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset would have no "
+              f"class to learn, {kept}: fill the labels column (class names separated by ';'), or give "
+              "--labels_file, and run the command again", file=sys.stderr)
+    return 1

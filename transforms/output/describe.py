@@ -293,9 +293,11 @@ class _WriteInfo(beam.DoFn):
             release_lock(self._output_dir, self._run_id)
             yield published
             return
-        if grown is None and not counts.files[WRITTEN]:
-            # No image converted: the run failed, and a failed run publishes nothing (an earlier dataset stays as
-            # it is, and the corrected command is not refused). Its report stays in its folder for the launcher.
+        no_class = not self._options.get("unlabeled") and not list(self._class_names)  # --multi_label, no labels
+        if grown is None and (not counts.files[WRITTEN] or no_class):
+            # No image converted, or no class to learn: the run failed, and a failed run publishes nothing (an
+            # earlier dataset stays as it is, and the corrected command is not refused). Its report stays in its
+            # folder for the launcher (pipeline.report.summarise_run).
             self._keep_unpublished(info, rejections)
             self._remove_earlier_runs()
             release_lock(self._output_dir, self._run_id)
@@ -325,7 +327,8 @@ class _WriteInfo(beam.DoFn):
         yield info
 
     def _keep_unpublished(self, info: dict, rejections) -> None:
-        """Write the errors.jsonl and image_tfrecords.json of a run that converted nothing into its own folder
+        """Write the errors.jsonl and image_tfrecords.json of a run that failed (no image converted, or no class)
+        into its own folder
         (`UNPUBLISHED_DIR`), the description last: what the launcher's summary reads, and where the user finds each
         file's reason. Nothing in the output folder itself changes."""
         folder = FileSystems.join(run_dir(self._output_dir, self._run_id), UNPUBLISHED_DIR)
