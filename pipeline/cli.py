@@ -53,18 +53,39 @@ def main_of(run: Callable[[list[str]], int], argv: list[str] | None = None, stop
     Ctrl-C ends it with exit code 130, SIGTERM with 143, each after the same clean-up and with one line that
     ends in `stopped`: what the stopped tool left, and what to do.
     """
+    with escaped_output():
+        try:
+            with sigterm_as_interrupt():
+                return run(sys.argv[1:] if argv is None else argv)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
+        except Terminated as e:
+            print(f"error: terminated (SIGTERM); {stopped}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            print(f"error: interrupted; {stopped}", file=sys.stderr)
+            return 130
+
+
+@contextlib.contextmanager
+def escaped_output():
+    """For the block, stdout and stderr write what their encoding cannot hold as backslash escapes (`caf\\xe9`)
+    instead of failing: a class or file name must never turn a finished run into a traceback, whatever the locale
+    or PYTHONIOENCODING. Streams without `reconfigure` (a StringIO) hold any text anyway."""
+    saved = []
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", None) in ("strict", "surrogateescape"):
+            with contextlib.suppress(Exception):  # a closed or unusual stream: left as it is
+                errors = stream.errors
+                stream.reconfigure(errors="backslashreplace")
+                saved.append((stream, errors))
     try:
-        with sigterm_as_interrupt():
-            return run(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except Terminated as e:
-        print(f"error: terminated (SIGTERM); {stopped}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {stopped}", file=sys.stderr)
-        return 130
+        yield
+    finally:
+        for stream, errors in saved:
+            with contextlib.suppress(Exception):
+                stream.reconfigure(errors=errors)
 
 
 @contextlib.contextmanager

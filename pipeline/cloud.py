@@ -604,4 +604,4 @@ def run_on_dataflow(pipeline, options: PipelineOptions, settings, run_id: str,
               f"errors with: gcloud dataflow jobs show {job_id} --region={cloud.region} --project={cloud.project}, "
               "fix them and run the same command again", file=sys.stderr)
         return 1
-    return summarise_run(settings.output_dir)
+    return summarise_run(settings.output_dir, run_id)

@@ -20,6 +20,12 @@ class OutOfSpace(UserError):
     exit_code = 1
 
 
+class OutputLost(UserError):
+    """The output folder was deleted, moved or made unwritable while a local run wrote into it."""
+
+    exit_code = 1
+
+
 class WorkerDied(UserError):
     """A local worker process died during a run (most often killed by the out-of-memory killer)."""
 

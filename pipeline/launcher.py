@@ -126,12 +126,12 @@ def run(argv: list[str] | None = None) -> int:
                                          lambda: give_back_lock(settings, run_id))
         try:
             if local is not None:
-                local.run(job)
+                local.run(job, run_id)
             else:  # another runner: as Beam runs it
                 with job:
                     pass
             old.wait()  # only after a successful run: if this one fails, the next one finishes the deletion
-            return summarise_run(settings.output_dir)
+            return summarise_run(settings.output_dir, run_id)
         finally:
             give_back_lock(settings, run_id)  # the job's last step released it, unless the run failed
 

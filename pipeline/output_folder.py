@@ -12,7 +12,8 @@ is converted:
   on this machine, or its Dataflow job) is taken over, any other stops this run;
 * leftovers of interrupted runs: removed, since the lock proves they are dead; the temporary folder of one
   whose plan (`transforms.output.resume`, plan.json) is this run's is kept for this run to resume, and goes once this
-  run has published.
+  run has published. Only temporary files are leftovers: a file under a final name in a folder without a dataset
+  is no run's that can be proven, and is never deleted (`_check_unclaimed`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms.base import bounded, gcs
 from transforms.base.dataset_format import FORMAT_VERSION, SOURCES_NAME, TEMP_DIR
-from transforms.base.paths import is_gcs, is_local
+from transforms.base.paths import is_gcs, is_local, relative_to
 from transforms.inputs.append import FREE_OPTIONS
 from transforms.output.files import delete_files
 from transforms.output.lock import (
@@ -58,7 +59,7 @@ from transforms.output.ownership import (
     completion_marker,
     dataset_files,
     existing_description,
-    own_outputs,
+    final_outputs,
     run_dir,
     temporary_outputs,
 )
@@ -330,9 +331,10 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
                    record: dict | None = None) -> OldOutputs:
     """Make `output_dir` ready for run `run_id`, which must hold the folder's lock.
 
-    Leftovers of interrupted runs go: their temporary folders and, when the
-    folder holds no complete dataset, files under final names. A complete
-    dataset stays untouched: the new run replaces it only once it has finished.
+    Leftovers of interrupted runs go: their temporary folders and files. Files
+    under final names in a folder without a complete dataset are no run's that
+    can be proven: they stop the run, or are named and left (`_check_unclaimed`).
+    A complete dataset stays untouched: the new run replaces it only once it has finished.
     A run that was stopped while it published has its publishing finished first
     (`transforms.output.publishing.finish_publish`). Other files are never touched. A dry
     run changes nothing.
@@ -351,8 +353,9 @@ def prepare_output(settings: Settings, run_id: str, dry_run: bool = False, backg
     as a leftover, with one line saying why it is not resumed.
 
     Raises:
-        UserError: a path that this tool would act on is not its own (a link, another device), or the
-            dataset that finishing an interrupted publishing left is one --if_exists refuses.
+        UserError: a path that this tool would act on is not its own (a link, another device), files named like
+            this tool's that no dataset describes, or the dataset that finishing an interrupted publishing left is
+            one --if_exists refuses.
     """
     if dry_run:
         return OldOutputs([])
@@ -395,10 +398,11 @@ def _prepare_output(settings: Settings, run_id: str, background: bool, record: d
     if local and os.path.isdir(output_dir):
         check_own_tree(output_dir, temp)  # no link or mount point among the temporary files
     done, refused = _finish_interrupted_publish(settings)
-    complete = completion_marker(output_dir) is not None
+    if completion_marker(output_dir) is None:
+        _check_unclaimed(output_dir)
     mine = run_dir(output_dir, run_id)
-    # With a complete dataset, only temporary files are leftovers; its own files go when a new run publishes.
-    stale = [p for p in (temporary_outputs if complete else own_outputs)(output_dir) if not p.startswith(mine + "/")]
+    # Only temporary files are leftovers; a complete dataset's own files go when a new run publishes.
+    stale = [p for p in temporary_outputs(output_dir) if not p.startswith(mine + "/")]
     resumed = [] if done or refused else _resumable(output_dir, stale, mine, record)
     stale = [p for p in stale if not any(p.startswith(earlier.folder + "/") for earlier in resumed)]
     resumable = record is not None and not (done or refused)
@@ -427,6 +431,30 @@ def _prepare_output(settings: Settings, run_id: str, background: bool, record: d
                                 name="delete-old-outputs", daemon=True)
     deleting.start()
     return OldOutputs(stale, deleting, done, resumed)
+
+
+def _check_unclaimed(output_dir: str) -> None:
+    """Files under the final names of this tool's files in a folder that holds no dataset of it: no run can be
+    proven to have written them (a run's own files are in its temporary folder until it publishes, and a stopped
+    publishing, which `_finish_interrupted_publish` finishes, is its plan), so they are never deleted. Those this
+    run would publish under the same names, or beside which a reader that globs would read them (shards, index
+    files, descriptions), stop the run; others (sources files) are named and left.
+
+    Raises:
+        UserError: naming the first such files, and what to do.
+    """
+    unclaimed = final_outputs(output_dir)
+    clash = [p for p in unclaimed if not SOURCES_NAME.fullmatch(relative_to(p, output_dir))]
+    if clash:
+        names = [relative_to(p, output_dir) for p in clash]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise UserError(f"--output_dir {output_dir} holds no dataset of this tool, but {len(names)} file(s) named "
+                        f"as this run names its own ({shown}): they are not this tool's to delete, and the dataset "
+                        "would be published over or beside them; move or remove them, or choose an empty folder")
+    if unclaimed:
+        _LOG.warning("Left %d file(s) in %s that are named like this tool's but belong to no dataset of it: %s",
+                     len(unclaimed), output_dir, ", ".join(relative_to(p, output_dir) for p in unclaimed[:5])
+                     + (", ..." if len(unclaimed) > 5 else ""))
 
 
 def _finish_interrupted_publish(settings: Settings) -> tuple[str | None, UserError | None]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import statistics
 import sys
 
+from apache_beam.io.filesystems import FileSystems
+
 from pipeline.reader import load_info
-from transforms.base.dataset_format import SPLITS
+from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, SPLITS, TEMP_DIR, UNPUBLISHED_DIR
 from transforms.base.duplicate_kinds import summary_line
-from transforms.output.files import read_text
+from transforms.output.files import exists, read_text
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
 MAX_LISTED_CLASSES = 20
@@ -266,19 +268,40 @@ def format_summary(info: dict) -> str:
     return "\n".join(lines)
 
 
-def summarise_run(output_dir: str) -> int:
+def unpublished_folder(output_dir: str, run_id: str) -> str:
+    """Where run `run_id`, which converted no image, left its errors.jsonl and image_tfrecords.json unpublished."""
+    return FileSystems.join(output_dir, TEMP_DIR, run_id, UNPUBLISHED_DIR)
+
+
+def summarise_run(output_dir: str, run_id: str | None = None) -> int:
     """Print the summary of the dataset a finished run (local or on Dataflow) just wrote; the run's exit code: 1
     if no image could be converted, or if no written image has a class (a --multi_label manifest whose labels
-    cells are all empty), each with one error line; else 0."""
-    info = read_info(output_dir)
+    cells are all empty), each with one error line, and run `run_id` then published nothing (its report is in
+    `unpublished_folder`); else 0."""
+    unpublished = unpublished_folder(output_dir, run_id) if run_id else None
+    if not unpublished or not exists(FileSystems.join(unpublished, INFO_FILE)):
+        info = read_info(output_dir)
+        print(format_summary(info))
+        if not info["files"]["written"] or not (info.get("unlabeled") or info.get("num_classes",
+                                                                                   len(info.get("class_names") or ()))):
+            # (an append onto a dataset of an earlier version that published such a run)
+            print("error: the dataset holds no records or no class; see its errors.jsonl", file=sys.stderr)
+            return 1
+        return 0
+    errors = FileSystems.join(unpublished, ERRORS_FILE)
+    info = {**load_info(unpublished, read_text=read_text), "error_report": errors}
     print(format_summary(info))
-    if not info["files"]["written"]:
-        print(f"error: no image could be converted; see {info['error_report']} for each file's reason",
+    files = info["files"]
+    kept = (f"so nothing was published (a dataset already in --output_dir is unchanged); each file's reason is in "
+            f"{errors}, which the next run into the folder removes")
+    if not files["written"]:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in
+                            {**info["rejected_by_reason"], **info["skipped_by_reason"]}.items())
+        print(f"error: no image could be converted: every one of the {files['found']} files found was rejected or "
+              f"skipped ({reasons or 'none found'}), {kept}: fix the input and run the command again",
               file=sys.stderr)
-        return 1
-    if not info.get("unlabeled") and not info.get("num_classes", len(info.get("class_names") or ())):
-        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset has no "
-              "class to learn; fill the labels column (class names separated by ';'), or give --labels_file",
-              file=sys.stderr)
-        return 1
-    return 0
+    else:
+        print("error: no image has a class: every labels cell of the manifest is empty, so the dataset would have no "
+              f"class to learn, {kept}: fill the labels column (class names separated by ';'), or give "
+              "--labels_file, and run the command again", file=sys.stderr)
+    return 1

@@ -186,7 +186,7 @@ def malformed_info(root: Path, change) -> Path:
 
 def nothing_written(root: Path) -> Path:
     """What a run writes when every image was rejected: no records, every file in errors.jsonl."""
-    write_dataset(root, {})  # a real run writes "splits": {} then (and exits 1)
+    write_dataset(root, {})  # an earlier version's run wrote "splits": {} then (and exited 1); now nothing is published
     info = json.loads((root / "image_tfrecords.json").read_text())
     info["files"] = {"found": 2, "written": 0, "rejected": 2, "skipped": 0, "upscaled": 0}
     info["rejected_by_reason"] = {"truncated": 2}

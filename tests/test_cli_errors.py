@@ -326,3 +326,86 @@ def test_each_read_side_tool_says_what_its_own_interruption_left(tool, says, sig
     subcommand = tool.rsplit(".", 1)[1]
     assert (module.main(["x"]) if form == "python -m" else command.main([subcommand, "x"])) == code
     assert capsys.readouterr().err == f"error: {signal_name}; {says}\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_stdout_that_cannot_encode_a_class_name_gets_escapes_not_a_traceback(tmp_path, monkeypatch):
+    """PYTHONIOENCODING=ascii (or a C locale) and a class named café: the summary shows caf\\xe9, exit 0."""
+    import io
+    import sys
+
+    from pipeline.cli import main_of
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+
+    for name in ("caf\u00e9", "dog"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (20, 20), (i * 80, 100, 50)).save(tmp_path / "in" / name / f"{i}.jpg")
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="ascii", errors="strict"))
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="ascii", errors="strict"))
+    code = main_of(run, [f"--input_dir={tmp_path / 'in'}", f"--output_dir={tmp_path / 'out'}",
+                         "--image_size=16", "--validation_split=0", *FAST])
+    sys.stdout.flush(), sys.stderr.flush()
+    assert code == 0, err.getvalue()
+    assert b"caf\\xe9" in out.getvalue()  # the class counts line names it, escaped
+    assert b"Traceback" not in err.getvalue()
+    assert sys.stdout.errors == "strict"  # the stream is given back as it was
+
+
+@pytest.mark.timeout(120)
+def test_an_output_folder_deleted_mid_run_is_one_line_and_no_traceback(small_tree, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from pipeline.cli import main_of
+    from pipeline.launcher import run
+    from tests.conftest import FAST
+    from transforms.output import shardfiles
+
+    out = tmp_path / "out"
+    frame = shardfiles.frame_record
+
+    def delete_then_frame(*args, **kwargs):
+        shutil.rmtree(out, ignore_errors=True)  # someone deletes the folder while the run writes its first piece
+        return frame(*args, **kwargs)
+
+    monkeypatch.setattr(shardfiles, "frame_record", delete_then_frame)
+    code = main_of(run, [f"--input_dir={small_tree}", f"--output_dir={out}", "--quiet", *FAST])
+
+    assert code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --output_dir {out} was deleted or moved while the run wrote into it, so the run stopped and no "
+        "dataset was written: keep the folder in place and writable while a run writes it, then run the same "
+        "command again"]
+
+
+def test_an_output_folder_made_unwritable_mid_run_is_named_with_what_happened(tmp_path, monkeypatch):
+    """chattr +i refuses even root; a failed probe file stands for it here. A folder that is fine says nothing."""
+    import errno
+    import tempfile
+
+    from pipeline.local.runner import output_lost
+    from transforms.base.dataset_format import LOCK_FILE, TEMP_DIR
+
+    out = tmp_path / "out"
+    (out / TEMP_DIR / "run-1").mkdir(parents=True)
+    (out / LOCK_FILE).write_text("{}")
+    assert output_lost(str(out), "run-1") is None
+    (out / TEMP_DIR / "run-1").rmdir()
+    assert output_lost(str(out), "run-1") == (
+        f"this run's folder {out / TEMP_DIR / 'run-1'} in --output_dir was deleted or moved while the run wrote "
+        "into it")
+    (out / TEMP_DIR / "run-1").mkdir()
+    (out / LOCK_FILE).unlink()
+    assert "its lock file .image-tfrecords.lock is gone" in output_lost(str(out), "run-1")
+    (out / LOCK_FILE).write_text("{}")
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    assert output_lost(str(out), "run-1") == (
+        f"--output_dir {out} can no longer be written (Operation not permitted: it was made read-only or immutable "
+        "while the run wrote into it)")
+    assert output_lost("gs://bucket/out", "run-1") is None  # only a local folder is probed

@@ -60,8 +60,11 @@ LEFTOVERS = [
     f"{TEMP_DIR}/20261129-230000-89abcdef/pieces/beam-temp-train-{HEX}/a.train.tfrecord",
     f"{TEMP_DIR}/20261129-230000-89abcdef/shards/train-00000-of-00001.tfrecord",
 ]
-# The final names among them: a complete dataset's files, kept until a new run publishes its own.
+# The final names among them: a complete dataset's files, kept until a new run publishes its own. In a folder
+# without a dataset no run can be proven to have written them: never deleted, they stop a run.
 FINAL = [name for name in LEFTOVERS if "/" not in name and not name.startswith(".")]
+# The temporary ones: an interrupted run's, removed by the next run.
+TEMPORARY = [name for name in LEFTOVERS if name not in FINAL]
 
 
 def all_files(folder) -> set[str]:
@@ -81,13 +84,13 @@ def run_files(folder) -> set[str]:
 
 def test_prepare_output_removes_every_leftover_and_no_user_file(tmp_path):
     out = tmp_path / "out"
-    write_files(out, [*USER_FILES, *LEFTOVERS])
+    write_files(out, [*USER_FILES, *TEMPORARY])
     (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam, not removed
 
-    assert sorted(os.path.relpath(p, out) for p in own_outputs(str(out))) == sorted(LEFTOVERS)
+    assert sorted(os.path.relpath(p, out) for p in own_outputs(str(out))) == sorted(TEMPORARY)
     removed = prepare_output(settings_for(out), RUN).paths
 
-    assert sorted(os.path.relpath(p, out) for p in removed) == sorted(LEFTOVERS)
+    assert sorted(os.path.relpath(p, out) for p in removed) == sorted(TEMPORARY)
     assert all_files(out) == set(USER_FILES)
     assert_user_files_intact(out)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
@@ -97,7 +100,7 @@ def test_prepare_output_removes_every_leftover_and_no_user_file(tmp_path):
 
 def test_in_the_background_the_names_are_free_at_once_and_only_old_files_are_deleted(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    write_files(out, [*USER_FILES, *LEFTOVERS])
+    write_files(out, [*USER_FILES, *TEMPORARY])
     (out / f"beam-temp-validation-{HEX}").mkdir()  # emptied by Beam: removed at once
     # The deletion is held back until the new run has written its files.
     go, rmtree = threading.Event(), shutil.rmtree
@@ -106,12 +109,12 @@ def test_in_the_background_the_names_are_free_at_once_and_only_old_files_are_del
     old = prepare_output(settings_for(out), RUN, background=True)
 
     # Nothing of the old run is left under its own name, even before the deletion ends ...
-    assert sorted(os.path.relpath(p, out) for p in old.paths) == sorted(LEFTOVERS)
+    assert sorted(os.path.relpath(p, out) for p in old.paths) == sorted(TEMPORARY)
     aside = all_files(out) - set(USER_FILES)
-    assert len(aside) == len(LEFTOVERS)
+    assert len(aside) == len(TEMPORARY)
     assert all(f.startswith(f"{TEMP_DIR}/{RUN}/old-") for f in aside), aside
     # ... so a new run's files, written meanwhile under the same names, are safe from it.
-    new_files = ["train-00000-of-00007.tfrecord", "labels.txt", f"{TEMP_DIR}/{RUN}/{HEX}.partial"]
+    new_files = [f".labels.txt.tmp-{HEX}", "labels.txt", f"{TEMP_DIR}/{RUN}/{HEX}.partial"]
     for name in new_files:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("new run")
@@ -123,6 +126,42 @@ def test_in_the_background_the_names_are_free_at_once_and_only_old_files_are_del
     assert_user_files_intact(out)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
         ".image-tfrecords-tmp", ".image-tfrecords-tmp-old", "beam-temp-mine", "beam-temp-train-notes", "keep"]
+
+
+# Files under this tool's final names in a folder without a dataset: another tool's shards, a TFDS folder's metadata,
+# the user's labels.txt. No run of this tool can be proven to have written them.
+FOREIGN = ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord", "dataset_info.json", "features.json",
+           "label.labels.txt", "labels.txt"]
+
+
+@pytest.mark.parametrize("if_exists", [[], ["--overwrite"]], ids=["refuse", "overwrite"])
+def test_files_named_like_the_tools_in_a_folder_without_a_dataset_are_never_deleted(tmp_path, if_exists):
+    out = tmp_path / "out"
+    write_files(out, [*USER_FILES, *FOREIGN, *TEMPORARY, "mydata-train.tfrecord-00000-of-00001"])
+    before = {name: (out / name).read_bytes() for name in all_files(out)}
+
+    with pytest.raises(UserError) as refused:
+        prepare_output(settings_for(out, *if_exists), RUN)
+
+    assert str(refused.value) == (
+        f"--output_dir {out} holds no dataset of this tool, but 6 file(s) named as this run names its own "
+        "(dataset_info.json, features.json, label.labels.txt, labels.txt, train-00000-of-00002.tfrecord and 1 "
+        "more): they are not this tool's to delete, and the dataset would be published over or beside them; move "
+        "or remove them, or choose an empty folder")
+    assert {name: (out / name).read_bytes() for name in all_files(out)} == before  # nothing changed, not even ours
+
+
+def test_a_sources_file_of_no_dataset_is_named_and_left(tmp_path, caplog):
+    out = tmp_path / "out"
+    sources = "sources-20261129-230000-89abcdef-00000-of-00001.jsonl"
+    write_files(out, [*USER_FILES, sources, *TEMPORARY])
+
+    removed = prepare_output(settings_for(out), RUN).paths
+
+    assert sorted(os.path.relpath(p, out) for p in removed) == sorted(TEMPORARY)
+    assert all_files(out) == {*USER_FILES, sources}
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline"] == [
+        f"Left 1 file(s) in {out} that are named like this tool's but belong to no dataset of it: {sources}"]
 
 
 def test_a_complete_dataset_stays_whole_until_a_new_run_publishes(tmp_path):

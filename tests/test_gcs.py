@@ -124,8 +124,8 @@ def test_cli_reports_a_missing_bucket_in_one_line(gcs_input):
 
 def test_prepare_output_on_gcs_removes_only_this_tools_leftovers(gcs_emulator, gcs_input):
     folder = f"{gcs_input}/interrupted"
-    leftovers = ["train-00000-of-00002.tfrecord", "validation-00000-of-00001.tfrecord", "labels.txt",
-                 "errors.jsonl"]
+    leftovers = [".image-tfrecords-tmp/20261129-230000-89abcdef/shards/train-00000-of-00002.tfrecord",
+                 ".image-tfrecords-tmp/20261129-230000-89abcdef/plan.json"]
     foreign = ["notes.txt", "train-notes.txt", "keep/train-00000-of-00001.tfrecord"]
     for name in leftovers + foreign:
         gcs_emulator.write(f"{folder}/{name}", b"x")
@@ -135,8 +135,18 @@ def test_prepare_output_on_gcs_removes_only_this_tools_leftovers(gcs_emulator, g
     assert gcs_emulator.list_names(folder) == sorted(leftovers + foreign)
 
     removed = prepare_output(settings, "run-1", background=True).paths  # gs://: deleted before it returns
-    assert sorted(path.rsplit("/", 1)[-1] for path in removed) == sorted(leftovers)
+    assert sorted(path.split("/interrupted/", 1)[1] for path in removed) == sorted(leftovers)
     assert gcs_emulator.list_names(folder) == sorted(foreign)
+
+    # Files under the tool's final names in a folder without a dataset: no run of it can be proven to have written
+    # them, so they stop the run and stay.
+    unclaimed = ["train-00000-of-00002.tfrecord", "labels.txt"]
+    for name in unclaimed:
+        gcs_emulator.write(f"{folder}/{name}", b"x")
+    with pytest.raises(UserError, match=r"holds no dataset of this tool, but 2 file\(s\) named as this run names its "
+                                        r"own \(labels.txt, train-00000-of-00002.tfrecord\)"):
+        prepare_output(settings, "run-2", background=True)
+    assert gcs_emulator.list_names(folder) == sorted(foreign + unclaimed)
 
 
 def test_duplicates_are_hashed_and_dropped_on_gcs(gcs_emulator, gcs_input, sample_tree):

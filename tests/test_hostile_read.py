@@ -11,6 +11,7 @@ one case per tool runs it as a user does, with `python -m`.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -19,6 +20,8 @@ from PIL import Image
 from pipeline.cli import main_of
 from tests import hostile_records as hostile
 from tests.conftest import cli, run_tool
+from tests.error_lines import nothing_converted_line, unpublished
+from transforms.base.dataset_format import TEMP_DIR
 
 pytest.importorskip("tensorflow")
 
@@ -260,26 +263,36 @@ def test_preview_and_benchmark_refuse_a_dataset_of_zero_records(tmp_path, capsys
 
 
 @pytest.mark.timeout(120)
-def test_a_conversion_that_rejects_every_image_exits_non_zero_and_verify_agrees(tmp_path):
+def test_a_conversion_that_rejects_every_image_publishes_nothing_and_the_corrected_command_converts(tmp_path):
+    """A run in which every image was rejected failed: exit 1, one error line, nothing published (before, it
+    published a dataset of no records, and the corrected command was refused: "already holds a dataset")."""
     for name in ("cat", "dog"):
         (tmp_path / "in" / name).mkdir(parents=True)
         (tmp_path / "in" / name / "broken.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG")
     out = tmp_path / "out"
     proc = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={out}", "--direct_num_workers=1",
-               timeout=110)
+               "--quiet", timeout=110)
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[-1] == ("error: no image could be converted; see errors.jsonl for each file's "
-                                            "reason")
-    assert len((out / "errors.jsonl").read_text().splitlines()) == 2
+    assert proc.stderr.splitlines() == [nothing_converted_line(out, 2, "truncated 2")]
+    assert sorted(os.listdir(out)) == [TEMP_DIR]  # no image_tfrecords.json, no errors.jsonl: nothing published
+    errors = [json.loads(line) for line in (unpublished(out) / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["relpath"], e["reason"]) for e in errors) == [("cat/broken.jpg", "truncated"),
+                                                                    ("dog/broken.jpg", "truncated")]
     from pipeline import verify
+    from pipeline.errors import DatasetError
 
-    report = verify.verify_dataset(str(out))
-    assert not report.ok
-    assert [p for p in report.problems if "holds no records" in p] == [
-        "image_tfrecords.json: the dataset holds no records: every one of the 2 files found was rejected or skipped "
-        "(see errors.jsonl for each file's reason); fix the input and convert again"]
-    assert json.loads((out / "image_tfrecords.json").read_text())["files"]["written"] == 0
+    with pytest.raises(DatasetError, match="image_tfrecords.json"):  # not a dataset: the read side refuses it
+        verify.verify_dataset(str(out))
+
+    # The input fixed, the same command converts: no "already holds a dataset", and the report is gone.
+    for name in ("cat", "dog"):
+        Image.new("RGB", (12, 12), (200, 10, 10)).save(tmp_path / "in" / name / "broken.jpg")
+    proc = cli("pipeline.main", f"--input_dir={tmp_path / 'in'}", f"--output_dir={out}", "--direct_num_workers=1",
+               "--quiet", timeout=110)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "image_tfrecords.json").read_text())["files"]["written"] == 2
+    assert not (out / TEMP_DIR).exists()
 
 
 # ---- Examples that parse as protocol buffers but not as this dataset's records ------------------------------------

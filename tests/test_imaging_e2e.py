@@ -12,6 +12,7 @@ from PIL import Image
 from pipeline.sample_data import photo_like
 from tests import image_cases as cases
 from tests.conftest import convert
+from tests.error_lines import unpublished
 from tests.image_cases import BLUE, GREEN, RED, YELLOW
 from transforms.base.examples import Example
 from transforms.base.tfrecord import iter_records
@@ -158,7 +159,7 @@ def test_the_time_limit_rejects_through_the_pipeline(tmp_path):
         (tmp_path / "in" / "cls" / f"{name}.jpg").write_bytes(cases.jpeg(UPRIGHT))
     # No conversion finishes within a microsecond: every image is rejected as timeout.
     assert convert(tmp_path / "in", tmp_path / "out", "--image_timeout_s=0.000001") == 1
-    errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(line) for line in (unpublished(tmp_path / "out") / "errors.jsonl").read_text().splitlines()]
     assert sorted((e["relpath"], e["reason"]) for e in errors) == [("cls/a.jpg", "timeout"), ("cls/b.jpg", "timeout")]
 
 

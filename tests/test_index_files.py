@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline import verify
 from pipeline.cli import main_of
+from pipeline.errors import UserError
 from pipeline.sample_data import generate_dataset
 from tests.conftest import convert, doc_example, run_tool
 from transforms.base.dataset_format import TEMP_DIR, index_name
@@ -157,13 +158,17 @@ def test_index_files_refuse_gzip_in_one_line(tree, tmp_path):
 def test_reruns_replace_stale_indexes_and_keep_a_users_files(tree, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    # An interrupted run's leftovers (no image_tfrecords.json), and the user's own files.
+    # An index of no dataset (no image_tfrecords.json: another tool's, or an older version's), and the user's own
+    # files. The first is never deleted: it stops the run until it is moved away.
     (out / "train-00007-of-00009.idx").write_text("0 10\n")
     user = {"train-notes.idx": "mine", "my-train-00000-of-00001.idx": "another tool's", "train.idx": "mine too"}
     for name, text in user.items():
         (out / name).write_text(text)
+    with pytest.raises(UserError, match=r"but 1 file\(s\) named as this run names its own \(train-00007-of-00009"):
+        convert(tree, out, "--image_size=16", "--num_shards=train=3,validation=3", "--index_files")
+    assert (out / "train-00007-of-00009.idx").read_text() == "0 10\n"
+    (out / "train-00007-of-00009.idx").unlink()
     assert convert(tree, out, "--image_size=16", "--num_shards=train=3,validation=3", "--index_files") == 0
-    assert not (out / "train-00007-of-00009.idx").exists()
     indexes = lambda: sorted(n for n in os.listdir(out) if re.fullmatch(r"\w+-\d{5}-of-\d{5}\.idx", n))  # noqa: E731
     assert indexes() == sorted(s["index"] for s in listed_shards(out))
 

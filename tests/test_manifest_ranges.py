@@ -13,6 +13,7 @@ import random
 import pytest
 from PIL import Image
 
+from tests.error_lines import nothing_converted_line, unpublished
 from tests.manifest_helpers import assert_every_cut_reads_the_same, ranged, sequential
 from transforms.base.records import Rejection
 from transforms.inputs import manifest as m
@@ -218,8 +219,8 @@ def test_a_gz_manifest_end_to_end(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_manifest_without_a_usable_row_converts_nothing_and_says_why(tmp_path, capsys):
-    """Before, the launcher refused it (it read every label); now the job finds no class: exit 1, each row's
-    reason in errors.jsonl."""
+    """Before, the launcher refused it (it read every label); now the job finds no class: exit 1, nothing published,
+    each row's reason in the run's unpublished errors.jsonl."""
     from tests.datasets import convert_manifest as _run
     from tests.datasets import error_rows as _errors
 
@@ -228,7 +229,9 @@ def test_a_manifest_without_a_usable_row_converts_nothing_and_says_why(tmp_path,
     (data / "m.csv").write_text("path,label\na.png,\nb.png,bad\\label\n")
     out = tmp_path / "out"
     assert _run(data / "m.csv", out) == 1
-    assert "error: no image could be converted; see errors.jsonl" in capsys.readouterr().err
-    assert sorted(e["reason"] for e in _errors(out)) == ["manifest_bad_label", "manifest_missing_label"]
-    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert capsys.readouterr().err.strip().splitlines()[-1] == nothing_converted_line(
+        out, 2, "manifest_bad_label 1, manifest_missing_label 1")
+    assert not (out / "image_tfrecords.json").exists()  # a failed run publishes nothing
+    assert sorted(e["reason"] for e in _errors(unpublished(out))) == ["manifest_bad_label", "manifest_missing_label"]
+    info = json.loads((unpublished(out) / "image_tfrecords.json").read_text())
     assert info["class_names"] == [] and (info["files"]["found"], info["files"]["rejected"]) == (2, 2)

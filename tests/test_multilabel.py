@@ -315,15 +315,30 @@ def test_user_errors_are_one_line(tmp_path):
 
 
 def test_an_all_empty_labels_column_ends_in_an_error_without_labels_file(tmp_path):
-    """The class names are found in the job: none at all is a failed run (exit 1), one line saying why."""
+    """The class names are found in the job: none at all is a failed run (exit 1), one line saying why, and a
+    failed run publishes nothing: the command with the labels filled in is not refused."""
+    from tests.error_lines import unpublished
+
     _image(tmp_path / "0.png", (0, 0, 0))
     manifest = _csv(tmp_path / "list.csv", [("path", "labels"), ("0.png", "")])
-    result = run_tool("pipeline.main", f"--manifest={manifest}", f"--output_dir={tmp_path / 'out'}", "--multi_label",
-                 "--image_size=8", *FAST)
+    out = tmp_path / "out"
+    command = ("pipeline.main", f"--manifest={manifest}", f"--output_dir={out}", "--multi_label", "--image_size=8",
+               *FAST)
+    result = run_tool(*command)
     assert result.returncode == 1, result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: no image has a class: every labels cell")
-    info = json.loads((tmp_path / "out" / "image_tfrecords.json").read_text())
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: no image has a class: every labels cell of the manifest is empty, so the dataset would have no class "
+        "to learn, so nothing was published (a dataset already in --output_dir is unchanged); each file's reason is "
+        f"in {unpublished(out) / 'errors.jsonl'}, which the next run into the folder removes: fill the labels column "
+        "(class names separated by ';'), or give --labels_file, and run the command again")
+    assert not (out / "image_tfrecords.json").exists()
+    info = json.loads((unpublished(out) / "image_tfrecords.json").read_text())
     assert (info["num_classes"], info["files"]["written"]) == (0, 1)
+
+    _csv(tmp_path / "list.csv", [("path", "labels"), ("0.png", "cat")])
+    result = run_tool(*command)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "image_tfrecords.json").read_text())["class_names"] == ["cat"]
 
 
 def test_a_dataflow_run_whose_labels_cells_are_all_empty_exits_1_as_a_local_run_does(tmp_path, monkeypatch, capsys):
@@ -356,7 +371,10 @@ def test_a_dataflow_run_whose_labels_cells_are_all_empty_exits_1_as_a_local_run_
     monkeypatch.setattr("transforms.output.lock.update_lock", lambda *args, **kwargs: None)
     options = PipelineOptions(["--runner=DataflowRunner", "--project=p", "--region=europe-west4"])
     settings = type("Settings", (), {"output_dir": str(out)})()
-    assert cloud.run_on_dataflow(Submitted(), options, settings, "run-1", lambda: None) == 1
+    from tests.error_lines import unpublished
+
+    run_id = unpublished(out).parent.name  # the job's last step left its report where the local run's did
+    assert cloud.run_on_dataflow(Submitted(), options, settings, run_id, lambda: None) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == local
 
 

@@ -140,8 +140,9 @@ def _linked_run_folder(out, target):
 
 
 def _linked_leftover_shard(out, target):
-    (out / "train-00000-of-00003.tfrecord").symlink_to(target / "a.txt")
-    return out / "train-00000-of-00003.tfrecord", "a symbolic link"
+    (out / f"beam-temp-train-{HEX}").mkdir()
+    (out / f"beam-temp-train-{HEX}" / "a.train.tfrecord").symlink_to(target / "a.txt")
+    return out / f"beam-temp-train-{HEX}" / "a.train.tfrecord", "a symbolic link"
 
 
 def _fifo_among_leftovers(out, target):
@@ -156,7 +157,7 @@ def _fifo_among_leftovers(out, target):
 def test_a_path_the_tool_would_act_on_that_it_did_not_make_is_refused(small_tree, tmp_path, plant):
     target = precious(tmp_path / "precious")
     out = tmp_path / "out"
-    write_files(out, [*USER_FILES, ERRORS_FILE])  # a leftover: the interrupted run's errors.jsonl
+    write_files(out, [*USER_FILES, f".{ERRORS_FILE}.tmp-{HEX}"])  # a leftover: an interrupted run's temporary file
     path, what = plant(out, target)
     before, in_out = snapshot(target), snapshot(out)
 
@@ -309,12 +310,8 @@ def _expand(pattern: str) -> list[str]:
     return [name + "x.json" if name.endswith("/") else name]
 
 
-def documented_leftovers() -> list[str]:
-    """Every name the leftovers item of docs/guarantees.md's list of the tool's own files stands for."""
-    text = open(os.path.join(REPO, "docs", "guarantees.md")).read()
-    item = text.split("- leftovers of interrupted runs in a folder without a complete dataset, by name:", 1)[1]
-    item = item.split("\n  - ", 1)[0]
-    descriptions = re.findall(r"`([^`]+)`", text.split("- by `--overwrite`", 1)[1].split("\n  - ", 1)[0])
+def _documented(item: str, descriptions: list[str]) -> list[str]:
+    """Every name the backquoted patterns of `item` (a part of docs/guarantees.md) stand for."""
     names = list(descriptions) if "the description files above" in item else []
     for pattern in re.findall(r"`([^`]+)`", item):
         if pattern == ".image-tfrecords-tmp/":
@@ -323,26 +320,53 @@ def documented_leftovers() -> list[str]:
             names += [n for d in descriptions if d.endswith((".json", ".txt", ".jsonl"))
                       for n in _expand(pattern.replace("<description>", d))]
         elif not pattern.startswith("--"):
-            names += _expand(pattern)
+            names += _expand(pattern.replace("<run id>", DEAD_RUN))
     return names
+
+
+def documented_names() -> tuple[list[str], list[str]]:
+    """docs/guarantees.md's list of the tool's own files: (the leftovers a rerun deletes, the final names it never
+    deletes in a folder without a dataset)."""
+    text = open(os.path.join(REPO, "docs", "guarantees.md")).read()
+    descriptions = re.findall(r"`([^`]+)`", text.split("- by `--overwrite`", 1)[1].split("\n  - ", 1)[0])
+    item = text.split("- leftovers of interrupted runs, in any folder, by name:", 1)[1].split("\n\n", 1)[0]
+    finals = text.split("Those names, by pattern:", 1)[1].split("A shard, index or description file among them", 1)[0]
+    return _documented(item, descriptions), _documented(finals, descriptions)
 
 
 @pytest.mark.timeout(60)
 def test_the_documented_list_of_the_tools_own_files_is_what_a_rerun_deletes(tmp_path):
-    """docs/guarantees.md's names, and only they, are removed from a folder without a complete dataset."""
-    names = documented_leftovers()
-    assert set(DESCRIPTION_FILES) <= set(names) and len(names) > 40
-    assert "train01-7.tfrec.gz" in names and f".labels.txt.tmp-{HEX}" in names
-    names = sorted(set(names) - {INFO_FILE})  # the marker would make the folder a complete dataset
+    """docs/guarantees.md's leftovers, and only they, are removed from a folder with or without a dataset."""
+    names, finals = documented_names()
+    assert f".labels.txt.tmp-{HEX}" in names and f"{TEMP_DIR}/{DEAD_RUN}/shards/a.tfrecord" in names
+    assert set(DESCRIPTION_FILES) <= set(finals) and len(finals) > 30 and "train01-7.tfrec.gz" in finals
+    names = sorted(set(names))
     out = tmp_path / "out"
     write_files(out, [*USER_FILES, *names])
     removed = prepare_output(settings_for(out), RUN).paths
     assert sorted(os.path.relpath(p, out) for p in removed) == names
     assert_user_files_intact(out)
-    # In a folder with a complete dataset, only the temporary ones go (its own files go when a new one publishes).
-    write_files(out, [*names, INFO_FILE])
+    write_files(out, [*names, INFO_FILE])  # with a complete dataset: the same (its own files go when one publishes)
     removed = prepare_output(settings_for(out), RUN).paths
-    assert sorted(os.path.relpath(p, out) for p in removed) == [n for n in names if n.startswith(".") or "/" in n]
+    assert sorted(os.path.relpath(p, out) for p in removed) == names
+
+
+@pytest.mark.timeout(60)
+def test_the_documented_final_names_are_never_deleted_from_a_folder_without_a_dataset(tmp_path):
+    """Each of docs/guarantees.md's final names, alone in a folder without a dataset, stops the run (a sources file
+    is left with a warning); nothing in the folder changes."""
+    _, finals = documented_names()
+    for name in sorted(set(finals) - {INFO_FILE}):  # the marker would make the folder a complete dataset
+        out = tmp_path / name.replace(".", "_")
+        write_files(out, [*USER_FILES, name])
+        before = snapshot(out)
+        if name.startswith("sources-"):
+            prepare_output(settings_for(out), RUN)
+            assert (out / name).read_text() == "leftover"
+        else:
+            with pytest.raises(UserError, match=re.escape(f"but 1 file(s) named as this run names its own ({name})")):
+                prepare_output(settings_for(out), RUN)
+            assert snapshot(out) == before, name
 
 
 # --- 19. a kill inside publishing ---------------------------------------------------------------------------

@@ -18,20 +18,24 @@ import logging
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
 from pipeline import lean_beam
-from pipeline.errors import InputDamaged, OutOfSpace, TransientReadFailed, UserError, WorkerDied
+from pipeline.errors import InputDamaged, OutOfSpace, OutputLost, TransientReadFailed, UserError, WorkerDied
 from pipeline.local.progress import progress_folder, show_progress
 from pipeline.local.quiet import held_beam_logs, quiet_workers
 from pipeline.options import Settings
+from transforms.base.dataset_format import LOCK_FILE
+from transforms.base.paths import is_local
 from transforms.base.transient import TransientReadError
 from transforms.inputs.rows import TruncatedFile
 from transforms.output.describe import DatasetIncomplete
-from transforms.output.ownership import UnsafePath, completion_marker
+from transforms.output.lock import lock_path
+from transforms.output.ownership import UnsafePath, completion_marker, run_dir
 from transforms.output.publishing import ShardSizeMismatch, interrupted_publish
 
 _LOG = logging.getLogger("pipeline")
@@ -225,6 +229,8 @@ def unsafe_path(error: BaseException) -> str | None:
 
 def output_state(output_dir: str) -> str:
     """What --output_dir holds after a run failed: the earlier dataset, a publishing to finish, or nothing."""
+    if is_local(output_dir) and not os.path.isdir(output_dir):
+        return "no dataset was written"
     try:
         if interrupted_publish(output_dir) is not None:
             return ("the run stopped while it published its dataset, and --output_dir holds no complete one "
@@ -234,6 +240,30 @@ def output_state(output_dir: str) -> str:
     except (OSError, UnsafePath):
         return "--output_dir could not be checked"
     return "no dataset was written"
+
+
+def output_lost(output_dir: str, run_id: str | None) -> str | None:
+    """What happened to a local --output_dir that the run can no longer write (deleted, moved, made read-only or
+    immutable while the run wrote into it), else None. Asked once a run has failed: its workers' errors (an
+    IndexError of a file that vanished, PermissionError) say only where they tripped."""
+    if not is_local(output_dir):
+        return None
+    if not os.path.isdir(output_dir):
+        return f"--output_dir {output_dir} was deleted or moved while the run wrote into it"
+    if not os.path.lexists(lock_path(output_dir)):  # the run held it from its start: someone removed it
+        return (f"files of this run in --output_dir {output_dir} were deleted while it wrote into them (its lock "
+                f"file {LOCK_FILE} is gone)")
+    folder = run_dir(output_dir, run_id) if run_id else output_dir
+    if not os.path.isdir(folder):
+        return f"this run's folder {folder} in --output_dir was deleted or moved while the run wrote into it"
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".probe-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        return (f"--output_dir {output_dir} can no longer be written ({e.strerror}: it was made read-only or "
+                "immutable while the run wrote into it)")
+    return None
 
 
 class WorkerLost(RuntimeError):
@@ -314,12 +344,14 @@ class LocalRun:
         """The runner to build the pipeline with (see `make_runner`)."""
         return make_runner(self.options, self.argv, self.workers)
 
-    def run(self, pipeline) -> None:
-        """Run the built `pipeline` to its end, with progress on the console.
+    def run(self, pipeline, run_id: str | None = None) -> None:
+        """Run the built `pipeline` (of run `run_id`) to its end, with progress on the console.
 
         Raises:
-            WorkerDied, TransientReadFailed, OutOfSpace: with the one line that says what happened and what to do.
+            WorkerDied, TransientReadFailed, OutOfSpace, UserError: with the one line that says what happened and
+                what to do.
         """
+        self.run_id = run_id
         settings = self.settings
         with held_beam_logs(enabled=not settings.verbose) as beam_logs:
             try:
@@ -371,7 +403,12 @@ class LocalRun:
             )
         reason = out_of_space(error)
         if not reason:
-            return None
+            lost = output_lost(settings.output_dir, getattr(self, "run_id", None))
+            if lost is None:
+                return None
+            _LOG.debug("The run failed with: %s", error)  # the details, for --verbose's debug level
+            return OutputLost(f"{lost}, so the run stopped and {output_state(settings.output_dir)}: keep the "
+                              "folder in place and writable while a run writes it, then run the same command again")
         return OutOfSpace(
             f"the disk of --output_dir {settings.output_dir} is full ({reason}), and "
             f"{output_state(settings.output_dir)}: a run needs the new dataset's size free; free some space or "

@@ -52,6 +52,9 @@ LOCK_FILE = ".image-tfrecords.lock"
 # In a run's temporary folder: the descriptions, written before publishing, and the plan of the publishing.
 PUBLISH_DIR = "publish"
 PUBLISH_PLAN = "publishing.json"
+# In the temporary folder of a run that converted no image: its errors.jsonl and image_tfrecords.json, never
+# published (a failed run publishes nothing), for the launcher's summary and the user; the next run removes them.
+UNPUBLISHED_DIR = "unpublished"
 
 # -- the schemas: the keys of each record ----------------------------------------------------------------------------
 

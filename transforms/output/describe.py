@@ -29,6 +29,7 @@ from transforms.base.dataset_format import (
     INFO_FILE,
     LABELS_FILE,
     SPLITS,
+    UNPUBLISHED_DIR,
     index_name,
     parse_description,
 )
@@ -39,8 +40,9 @@ from transforms.inputs import append
 from transforms.inputs import duplicates as dup
 from transforms.labels.groups import SummariseGroups
 from transforms.output import tfds_metadata
-from transforms.output.files import read_text
+from transforms.output.files import read_text, write_file
 from transforms.output.lock import release_lock
+from transforms.output.ownership import check_own_paths, run_dir
 from transforms.output.publishing import publish_dataset, remove_run_dir
 
 __all__ = ["Accounting", "PublishDataset", "MergeStats", "check_accounting", "dataset_info", "summarise"]
@@ -311,6 +313,16 @@ class _WriteInfo(beam.DoFn):
             release_lock(self._output_dir, self._run_id)
             yield published
             return
+        no_class = not self._options.get("unlabeled") and not list(self._class_names)  # --multi_label, no labels
+        if grown is None and (not counts.files[WRITTEN] or no_class):
+            # No image converted, or no class to learn: the run failed, and a failed run publishes nothing (an
+            # earlier dataset stays as it is, and the corrected command is not refused). Its report stays in its
+            # folder for the launcher (pipeline.report.summarise_run).
+            self._keep_unpublished(info, rejections)
+            self._remove_earlier_runs()
+            release_lock(self._output_dir, self._run_id)
+            yield info
+            return
         if grown is not None:  # only the new shards come from the run's folder
             all_shards = [s for s in all_shards if s["file"] in renamed]
         shard_files = ([(renamed.get(s["file"], s["file"]), s["file"]) for s in all_shards]
@@ -333,6 +345,18 @@ class _WriteInfo(beam.DoFn):
         remove_run_dir(self._output_dir, self._run_id)
         release_lock(self._output_dir, self._run_id)
         yield info
+
+    def _keep_unpublished(self, info: dict, rejections) -> None:
+        """Write the errors.jsonl and image_tfrecords.json of a run that failed (no image converted, or no class)
+        into its own folder
+        (`UNPUBLISHED_DIR`), the description last: what the launcher's summary reads, and where the user finds each
+        file's reason. Nothing in the output folder itself changes."""
+        folder = FileSystems.join(run_dir(self._output_dir, self._run_id), UNPUBLISHED_DIR)
+        files = {ERRORS_FILE: (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections),
+                 INFO_FILE: [json.dumps(info, indent=2) + "\n"]}
+        for name, lines in files.items():
+            check_own_paths(self._output_dir, [FileSystems.join(folder, name)])
+            write_file(FileSystems.join(folder, name), lines)
 
     def _remove_earlier_runs(self) -> None:
         """The folders of the interrupted runs that the launcher kept for this run to resume: done with."""
