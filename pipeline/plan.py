@@ -27,7 +27,7 @@ from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms.base import bounded, features
 from transforms.base.dataset_format import split_of
-from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path
+from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef
 from transforms.inputs import manifest, metadata
 from transforms.inputs import rows as reading
@@ -285,7 +285,9 @@ def _top(settings: Settings, below: Folder | None = None) -> tuple[int, list[Fil
 
 
 def _name(folder: Folder, input_dir: str) -> str:
-    return relative_path(folder.path, input_dir).rstrip("/")
+    """A folder's path below the input folder, as the listing names it (`classify`: UTF-8 in any locale)."""
+    name = relative_path(folder.path, input_dir).rstrip("/")
+    return text_name(name) if is_local(folder.path) else name
 
 
 def nested_layout_message(input_dir: str, nested: dict[str, set[str]], split_folders: bool) -> str:

@@ -18,11 +18,12 @@ import pytest
 from pipeline.options import ConvertOptions, validate
 from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
-from tests.conftest import convert, main_in_process, run_tool
+from tests.conftest import FAST, cli, convert, main_in_process, run_tool
 from tests.datasets import read_records
 from tests.error_lines import error_line
 from tests.hostile_files import bounded_cli
-from transforms.labels.layout import hash_split, shuffle_key
+from transforms.base.paths import text_name
+from transforms.labels.layout import class_name_problem, hash_split, place, shuffle_key
 
 IS_ROOT = os.geteuid() == 0
 
@@ -102,6 +103,33 @@ def test_the_split_hash_of_a_non_utf8_name_is_the_hash_of_its_bytes():
     # A UTF-8 name hashes exactly as before (existing datasets keep their splits).
     assert [hash_split(f"c/{i}.jpg", 7, 0.5, 0.0) for i in range(6)] == \
         ['validation', 'validation', 'validation', 'train', 'validation', 'train']
+
+
+@pytest.mark.timeout(240)
+def test_utf8_class_folders_convert_in_the_c_locale_without_utf8_mode(tmp_path):
+    """Names are bytes on disk: a UTF-8 folder name is the same class in the C locale (where Python lists `café`
+    as 'caf\\udcc3\\udca9') as in any other, never 'not UTF-8'; its labels.txt, sources and splits are the ones
+    a UTF-8 locale gives."""
+    root = tmp_path / "in"
+    tree.class_tree(root, {"café": 3, "dogs": 3})
+    tree.bytes_image(root / "dogs", b"caf\xe9.jpg")  # and a name that is not UTF-8 at all, as before
+    env = {"PYTHONUTF8": "0", "LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "utf-8"}
+    done = cli("pipeline.main", f"--input_dir={root}", f"--output_dir={tmp_path / 'c'}", "--quiet", *FAST,
+               env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "c" / "labels.txt").read_bytes() == "café\ndogs\n".encode()
+    info, _, _ = run_ok(root, tmp_path / "utf8")  # this process: UTF-8
+    c_info = json.loads((tmp_path / "c" / "image_tfrecords.json").read_text(encoding="utf-8"))
+    assert c_info["files"] == info["files"] and c_info["class_names"] == ["café", "dogs"]
+    assert read_records(tmp_path / "c") == read_records(tmp_path / "utf8")
+
+
+def test_a_listed_name_is_read_as_utf8_in_any_locale():
+    assert text_name("caf\udcc3\udca9") == "café"  # how the C locale (ASCII) names b'caf\xc3\xa9'
+    assert text_name("café") == "café" and text_name(os.fsdecode(b"caf\xe9")) == os.fsdecode(b"caf\xe9")
+    placed = place(text_name("caf\udcc3\udca9/1.jpg"), split_folders=False, seed=42, validation_split=0.5,
+                   test_split=0)
+    assert placed.class_name == "café" and class_name_problem(placed.class_name) is None
 
 
 # ---- 4 and 13. class names that cannot round-trip through labels.txt -----------------------

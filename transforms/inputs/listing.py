@@ -29,7 +29,7 @@ from apache_beam.io.gcp import gcsio
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.base import counters, gcs
-from transforms.base.paths import file_kind, is_local, relative_path
+from transforms.base.paths import file_kind, is_local, relative_path, text_name
 from transforms.base.records import FileRef, Rejection
 from transforms.inputs.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
 from transforms.labels.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, skip_reason
@@ -251,6 +251,8 @@ def list_folder_part(part: FolderPart) -> Iterator[Entry]:
 def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
     """A listed entry as a candidate image (FileRef) or a Rejection: skipped by name, or a problem."""
     relpath = relative_path(entry.path, input_dir)
+    if is_local(entry.path):  # the name's bytes read as UTF-8 in any locale, as labels.txt and manifests hold names
+        relpath = text_name(relpath)
     if entry.problem is None:
         skip = skip_reason(relpath)
         if skip is None:
