@@ -37,6 +37,7 @@ from transforms.labels.layout import (
     UNLABELED_SPLIT,
     class_name_problem,
     nested_class_folders,
+    same_class_names,
     split_folder_layout,
     split_folder_note,
 )
@@ -160,7 +161,17 @@ def read_labels_file(path: str) -> list[str]:
     dupes = [name for name, n in seen.items() if n > 1]
     if dupes:
         raise UserError(f"--labels_file {path} lists the class {dupes[0]!r} more than once: keep one line per class")
+    same = same_class_names(lines)
+    if same:
+        raise UserError(f"--labels_file {path} lists the classes {_pair(same)}, which {same[2]}, so they would be two "
+                        "classes that read as one: keep one of them")
     return lines
+
+
+def _pair(same: tuple[str, str, str]) -> str:
+    """The two names of `same_class_names`, quoted; escaped (\\u0301) when they differ in normal form only."""
+    show = ascii if "normal form" in same[2] else quoted_name
+    return f"{show(same[0])} and {show(same[1])}"
 
 
 def estimated_bytes_per_image(settings: Settings, source_size: int) -> float:
@@ -356,6 +367,10 @@ def plan_dataset(settings: Settings) -> Plan:
         problem = class_name_problem(name)
         if problem:
             raise UserError(f"the class folder {quoted_name(name)} in {input_dir} has {problem}: rename the folder")
+    same = same_class_names(folder_classes)
+    if same:
+        raise UserError(f"the class folders {_pair(same)} in {input_dir} {same[2]}, so they would be two classes "
+                        "that read as one: merge them into one folder, or rename one")
     if not folder_classes:
         where = "its split folders" if split_folders else input_dir
         raise UserError(

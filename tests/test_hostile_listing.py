@@ -159,6 +159,26 @@ def test_a_class_folder_name_that_cannot_round_trip_is_refused_up_front(tmp_path
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("names, shown, how", [
+    (["Dog", "dog"], "'Dog' and 'dog'", "differ only in letter case"),
+    (["caf\u00e9", "cafe\u0301"], "'cafe\\u0301' and 'caf\\xe9'", "differ only in their Unicode normal form"),
+])
+def test_class_folders_equal_but_for_case_or_normal_form_are_refused(tmp_path, names, shown, how):
+    root = tmp_path / "in"
+    tree.class_tree(root, {name: 2 for name in [*names, "cats"]})
+    message = error_line(f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}")
+    assert message == (f"the class folders {shown} in {root} {how}" + message.split(how, 1)[1])
+    assert "two classes that read as one: merge them into one folder, or rename one" in message
+    assert not (tmp_path / "out").exists()
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(names) + "\n", encoding="utf-8")
+    tree.class_tree(tmp_path / "ok", {names[0]: 2})
+    message = error_line(f"--input_dir={tmp_path / 'ok'}", f"--output_dir={tmp_path / 'out'}",
+                         f"--labels_file={labels}")
+    assert f"--labels_file {labels} lists the classes {shown}, which {how}" in message
+
+
+@pytest.mark.timeout(60)
 def test_a_bad_class_name_is_the_one_line_on_stderr_and_exit_2(tmp_path, capsys):
     root = tmp_path / "in"
     tree.class_tree(root, {"cats": 2, "a\nb": 2})
