@@ -242,12 +242,20 @@ def test_symlinks_are_followed_inside_the_input_and_reported_otherwise(tmp_path)
         "dogs/gone.jpg": ("rejected", "dangling_symlink"),
         "dogs/up": ("rejected", "symlink_loop"),
         "dogs/self": ("rejected", "symlink_loop"),
+        # one file, one record: the names that reach a file read under its own name are skipped
+        "cats/alias.jpg": ("skipped", "symlink_alias"),
+        **{f"kittens/{name}": ("skipped", "symlink_alias") for name in
+           ("alias.jpg", "img0_00.jpg", "img0_01.jpg", "img0_02.jpg")},
     }
     assert "--follow_symlinks" in errors["birds"]["detail"]
-    # cats 3 + alias, kittens (= cats) 3 + alias, dogs 3
-    assert info["files"] == dict(info["files"], found=16, written=11, rejected=5, skipped=0)
+    assert errors["cats/alias.jpg"]["detail"].startswith("a symlink (or a path through a linked folder) to "
+                                                         "'cats/img0_00.jpg', which is read under that name")
+    assert "'cats/img0_01.jpg'" in errors["kittens/img0_01.jpg"]["detail"]
+    # cats 3 (its alias skipped), kittens (= cats) all skipped, dogs 3
+    assert info["files"] == dict(info["files"], found=16, written=6, rejected=5, skipped=5)
     rows = [r for rows in read_records(tmp_path / "out").values() for r in rows]
-    assert Counter(r["class_name"] for r in rows) == {"cats": 4, "kittens": 4, "dogs": 3}
+    assert Counter(r["class_name"] for r in rows) == {"cats": 3, "dogs": 3}
+    assert len({r["sha256"] for r in rows}) == 6
 
 
 @pytest.mark.timeout(240)
@@ -259,8 +267,36 @@ def test_follow_symlinks_reads_links_to_outside_the_input(tmp_path):
         "dogs/gone.jpg": ("rejected", "dangling_symlink"),
         "dogs/up": ("rejected", "symlink_loop"),
         "dogs/self": ("rejected", "symlink_loop"),
+        "cats/alias.jpg": ("skipped", "symlink_alias"),
+        **{f"kittens/{name}": ("skipped", "symlink_alias") for name in
+           ("alias.jpg", "img0_00.jpg", "img0_01.jpg", "img0_02.jpg")},
     }
-    assert info["files"]["written"] == 14  # + birds 2 + dogs/outside.jpg
+    assert info["files"]["written"] == 9  # + birds 2 + dogs/outside.jpg
+
+
+@pytest.mark.timeout(240)
+def test_a_file_reached_twice_through_symlinks_is_one_record(tmp_path):
+    """A symlink to a file that is listed itself (in its class or another) is skipped as symlink_alias, and so
+    is a second link to a file outside the input (--follow_symlinks): one file, one record, each other name one
+    line of errors.jsonl, and found = written + rejected + skipped."""
+    root = tmp_path / "in"
+    tree.class_tree(root, {"cats": 3, "dogs": 3})
+    tree.images(tmp_path / "elsewhere", 1, prefix="loose")
+    os.symlink("img0_00.jpg", root / "cats" / "same.jpg")  # the repro: a link beside its file
+    os.symlink("../cats/img0_01.jpg", root / "dogs" / "cat.jpg")  # a link into another class
+    os.symlink(tmp_path / "elsewhere" / "loose_00.jpg", root / "dogs" / "b.jpg")  # two links to one outside file
+    os.symlink(tmp_path / "elsewhere" / "loose_00.jpg", root / "cats" / "a.jpg")
+    info, errors, _ = run_ok(root, tmp_path / "out", "--follow_symlinks", "--validation_split=0")
+    assert reasons(errors) == {"cats/same.jpg": ("skipped", "symlink_alias"),
+                               "dogs/cat.jpg": ("skipped", "symlink_alias"),
+                               "dogs/b.jpg": ("skipped", "symlink_alias")}
+    assert "'cats/a.jpg'" in errors["dogs/b.jpg"]["detail"]  # the first name of the outside file is read
+    assert info["files"] == dict(info["files"], found=10, written=7, rejected=0, skipped=3)
+    rows = read_records(tmp_path / "out")["train"]
+    assert sorted(r["source_path"] for r in rows) == sorted(
+        [f"cats/img0_0{i}.jpg" for i in range(3)] + [f"dogs/img1_0{i}.jpg" for i in range(3)] + ["cats/a.jpg"])
+    verified = run_tool("pipeline.verify", str(tmp_path / "out"))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.timeout(180)
@@ -397,14 +433,16 @@ def test_the_whole_hostile_corpus_as_a_user_runs_it(tmp_path):
         sock.close()
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    # 16 of the symlink tree + caf\xe9, zero, and pipe, sock, root twice (kittens/ is a link to cats/)
-    assert "Found 24 files: 12 written, 12 rejected, 0 skipped." in result.stdout
+    # 16 of the symlink tree + caf\xe9, zero, and pipe, sock, root twice (kittens/ is a link to cats/, whose
+    # images are read once: under cats/, each other name skipped as symlink_alias)
+    assert "Found 24 files: 7 written, 12 rejected, 5 skipped." in result.stdout
     assert ("Rejected: dangling_symlink 1, not_a_regular_file 4, symlink_loop 4, symlink_outside_input 3 "
             "(see errors.jsonl)") in result.stdout
     lines = (tmp_path / "out" / "errors.jsonl").read_bytes().decode("utf-8").splitlines()
     assert {json.loads(line)["relpath"] for line in lines} == {
         "birds", "dogs/outside.jpg", "dogs/gone.jpg", "dogs/up", "dogs/self", "dogs/zero.jpg",
-        "cats/pipe.jpg", "cats/sock.jpg", "cats/root", "kittens/pipe.jpg", "kittens/sock.jpg", "kittens/root"}
+        "cats/pipe.jpg", "cats/sock.jpg", "cats/root", "kittens/pipe.jpg", "kittens/sock.jpg", "kittens/root",
+        "cats/alias.jpg", "kittens/alias.jpg", "kittens/img0_00.jpg", "kittens/img0_01.jpg", "kittens/img0_02.jpg"}
 
 
 @pytest.mark.timeout(180)
