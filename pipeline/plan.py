@@ -459,7 +459,7 @@ def plan_manifest(settings: Settings) -> Plan:
     fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
     check_manifest_columns(path, columns, settings)
     sample_rows = []
-    with _damaged_is_an_error("--manifest"), reading.open_file(path) as raw:  # from the start (a .gz cannot seek)
+    with _damaged_is_an_error("--manifest", path), reading.open_file(path) as raw:  # from the start (.gz: no seek)
         for number, row in manifest.read_rows(reading.file_lines(raw), fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
                 sample_rows.append(row)
@@ -512,10 +512,13 @@ def plan_features(settings: Settings, columns: list[str], where: str, notes: lis
 
 
 @contextlib.contextmanager
-def _damaged_is_an_error(flag: str):
-    """A compressed file found cut short or damaged while the launcher reads its first rows: one line."""
+def _damaged_is_an_error(flag: str, path: str = ""):
+    """A compressed file found cut short or damaged, or a CSV file that ends inside a quoted field, while the
+    launcher reads its first rows: one line."""
     try:
         yield
+    except reading.UnclosedQuote as e:
+        raise UserError(f"{flag}: {e.of(path)}; nothing was written") from None
     except reading.TruncatedFile as e:
         raise UserError(f"{flag}: {e}") from None
 
@@ -597,7 +600,7 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
     plan.metadata_format = fmt
     # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
     rows = []
-    with _damaged_is_an_error("--metadata"), reading.open_file(settings.metadata) as raw:
+    with _damaged_is_an_error("--metadata", settings.metadata), reading.open_file(settings.metadata) as raw:
         lines = reading.file_lines(raw)
         for seen, (key, row) in enumerate(metadata.read_metadata(lines, fmt, settings.input_dir), start=1):
             if key is not None:

@@ -133,15 +133,15 @@ def resolve(path: str, base: str) -> str:
     return base.rstrip("/") + "/" + path
 
 
-def _text(fields: dict, name: str, row: int, numbers: bool = False) -> str:
-    """A field as text, stripped ('' when missing or null). A JSON value must be a string (or, with `numbers`,
-    an integer: its digits); else RowProblem: `true` or `["x"]` is not a class name, and `1.0` would be a
-    class apart from `1`."""
+def _text(fields: dict, name: str, row: int, numbers: bool = False, strip: bool = True) -> str:
+    """A field as text, stripped unless `strip` is False ('' when missing, null or blank). A JSON value must be a
+    string (or, with `numbers`, an integer: its digits); else RowProblem: `true` or `["x"]` is not a class name,
+    and `1.0` would be a class apart from `1`."""
     value = fields.get(name)
     if value is None:
         return ""
     if isinstance(value, str):
-        return value.strip()
+        return value.strip() if strip or not value.strip() else value
     if numbers and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     shown = json.dumps(value, ensure_ascii=True)[:40]
@@ -153,7 +153,9 @@ def _text(fields: dict, name: str, row: int, numbers: bool = False) -> str:
 
 def row_values(fields: dict, row: int, base: str) -> ManifestRow:
     """A ManifestRow from a row's {column: value}; raises RowProblem for a row that cannot be used."""
-    path, label = _text(fields, "path", row), _text(fields, "label", row, numbers=True)
+    # A label is kept as written: ' ant' is no class name (labels.txt cannot hold it, and a class folder ' ant' is
+    # refused), so its row is rejected as manifest_bad_label, never merged into 'ant'.
+    path, label = _text(fields, "path", row), _text(fields, "label", row, numbers=True, strip=False)
     split, group = _text(fields, "split", row).lower(), _text(fields, "group", row, numbers=True)
     labels = label_list(fields.get("labels"), row)
     if not path:
