@@ -383,6 +383,7 @@ def plan_dataset(settings: Settings) -> Plan:
     notes += [f"{name}/ holds {count} images and no class folders, an unlabeled set: they are skipped "
               f"({NO_CLASS_FOLDER}); convert them on their own with --input_dir={path.rstrip('/')} --unlabeled"
               for name, count, path in flat_splits]
+    notes += linked_class_notes([p.folder for p in probes if _has_images(p)], input_dir)
     if settings.labels_file:
         class_names = read_labels_file(settings.labels_file)
         unknown = sorted(set(folder_classes) - set(class_names))
@@ -413,6 +414,23 @@ def plan_dataset(settings: Settings) -> Plan:
         notes=notes,
     )
     return plan_metadata(settings, plan) if settings.metadata else plan
+
+
+def linked_class_notes(folders: list[Folder], input_dir: str) -> list[str]:
+    """A line for each local class folder that is a symlink to another class folder: its images are read once,
+    under the folder's own name, and every name through the link is skipped (symlink_alias)."""
+    real = {}
+    for folder in folders:
+        if is_local(folder.path) and not os.path.islink(folder.path):
+            real.setdefault(os.path.realpath(folder.path), folder)
+    notes = []
+    for folder in folders:
+        target = real.get(os.path.realpath(folder.path)) if is_local(folder.path) else None
+        if target is not None and target is not folder:
+            notes.append(f"the class folder {quoted_name(_name(folder, input_dir))} is a symlink to the class folder "
+                         f"{quoted_name(_name(target, input_dir))}: its images are read once, in that class, and "
+                         "each name through the link is skipped (symlink_alias); remove the link to drop the class")
+    return notes
 
 
 def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str]) -> Plan:

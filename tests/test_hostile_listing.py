@@ -256,6 +256,11 @@ def test_symlinks_are_followed_inside_the_input_and_reported_otherwise(tmp_path)
     rows = [r for rows in read_records(tmp_path / "out").values() for r in rows]
     assert Counter(r["class_name"] for r in rows) == {"cats": 3, "dogs": 3}
     assert len({r["sha256"] for r in rows}) == 6
+    # the launcher says so up front, as a warning
+    notes = plan_dataset(settings_of(root, tmp_path / "out2")).notes
+    assert ("the class folder 'kittens' is a symlink to the class folder 'cats': its images are read once, in that "
+            "class, and each name through the link is skipped (symlink_alias); remove the link to drop the class"
+            ) in notes
 
 
 @pytest.mark.timeout(240)
