@@ -122,6 +122,13 @@ def test_utf8_class_folders_convert_in_the_c_locale_without_utf8_mode(tmp_path):
     c_info = json.loads((tmp_path / "c" / "image_tfrecords.json").read_text(encoding="utf-8"))
     assert c_info["files"] == info["files"] and c_info["class_names"] == ["café", "dogs"]
     assert read_records(tmp_path / "c") == read_records(tmp_path / "utf8")
+    # a manifest's UTF-8 paths open in that locale too (before: read_error, UnicodeEncodeError)
+    (root / "m.csv").write_text("path,label\ncafé/img0_00.jpg,café\ndogs/img1_00.jpg,dogs\n", encoding="utf-8")
+    done = cli("pipeline.main", f"--manifest={root / 'm.csv'}", f"--output_dir={tmp_path / 'cm'}", "--quiet", *FAST,
+               env=env)
+    assert done.returncode == 0, done.stderr
+    files = json.loads((tmp_path / "cm" / "image_tfrecords.json").read_text(encoding="utf-8"))["files"]
+    assert files == dict(files, found=2, written=2, rejected=0, skipped=0)
 
 
 def test_a_listed_name_is_read_as_utf8_in_any_locale():

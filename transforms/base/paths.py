@@ -232,6 +232,15 @@ def text_name(name: str) -> str:
 
 
 
+def os_name(text: str) -> str:
+    """A local path given as UTF-8 text (a manifest's, a name read by `text_name`) as this process's file system
+    calls take it: its UTF-8 bytes in the locale's form (os.fsdecode). The text itself with Python's UTF-8 file
+    system encoding; in the C locale without UTF-8 mode, 'café' is 'caf\\udcc3\\udca9', which opens the file
+    `café` where 'café' cannot even be encoded."""
+    return os.fsdecode(name_bytes(text))
+
+
+
 def display_path(name: str) -> str:
     """`name` as valid UTF-8 text: bytes that are not UTF-8 become \\xNN (as in errors.jsonl and source_path)."""
     return name_bytes(name).decode("utf-8", "backslashreplace")

@@ -24,7 +24,7 @@ import apache_beam as beam
 from transforms.base import counters
 from transforms.base.dataset_format import split_of
 from transforms.base.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
-from transforms.base.paths import display_path, is_local, quoted_name
+from transforms.base.paths import display_path, is_local, name_bytes, os_name, quoted_name
 from transforms.base.records import ImageRef, Rejection
 from transforms.inputs import rows as reading
 from transforms.inputs.rows import (
@@ -127,10 +127,11 @@ def normal_path(path: str) -> str:
 
 def resolve(path: str, base: str) -> str:
     """A manifest path (normal_path) as a full path or URL: gs:// and absolute paths as given, others below
-    `base`."""
-    if not is_local(path) or path.startswith("/"):
+    `base`. A local one is named as this process's file system calls take it (`os_name`): the manifest's
+    UTF-8 `café/1.jpg` opens in the C locale too."""
+    if not is_local(path):
         return path
-    return base.rstrip("/") + "/" + path
+    return os_name(path if path.startswith("/") else base.rstrip("/") + "/" + path)
 
 
 def _text(fields: dict, name: str, row: int, numbers: bool = False, strip: bool = True) -> str:
@@ -423,7 +424,8 @@ class ReadManifest(beam.PTransform):
                  | "SpanningRows" >> beam.Map(reading.spanned)
                  | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
-                  | "ByPath" >> beam.Map(lambda r: (r.path, r))
+                  # by the path's bytes: a local path may hold surrogates (os_name), which Beam's str coder refuses
+                  | "ByPath" >> beam.Map(lambda r: (name_bytes(r.path), r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
         if self._class_names is None:
