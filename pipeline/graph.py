@@ -55,7 +55,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         # FileRef of every candidate image, listed class folder by class folder on the workers
         listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
         # FileRef -> ImageRef (label, split, shuffle key)
-        labeled = listed.images | "AssignLabels" >> AssignLabels(
+        labeled = listed["images"] | "AssignLabels" >> AssignLabels(
             plan.class_names,
             split_folders=plan.split_folders,
             seed=settings.seed,

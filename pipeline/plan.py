@@ -27,7 +27,7 @@ from pipeline.options import Settings
 from pipeline.report import human_bytes
 from transforms.base import bounded, features
 from transforms.base.dataset_format import split_of
-from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path
+from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef
 from transforms.inputs import manifest, metadata
 from transforms.inputs import rows as reading
@@ -37,6 +37,7 @@ from transforms.labels.layout import (
     UNLABELED_SPLIT,
     class_name_problem,
     nested_class_folders,
+    same_class_names,
     split_folder_layout,
     split_folder_note,
 )
@@ -160,7 +161,17 @@ def read_labels_file(path: str) -> list[str]:
     dupes = [name for name, n in seen.items() if n > 1]
     if dupes:
         raise UserError(f"--labels_file {path} lists the class {dupes[0]!r} more than once: keep one line per class")
+    same = same_class_names(lines)
+    if same:
+        raise UserError(f"--labels_file {path} lists the classes {_pair(same)}, which {same[2]}, so they would be two "
+                        "classes that read as one: keep one of them")
     return lines
+
+
+def _pair(same: tuple[str, str, str]) -> str:
+    """The two names of `same_class_names`, quoted; escaped (\\u0301) when they differ in normal form only."""
+    show = ascii if "normal form" in same[2] else quoted_name
+    return f"{show(same[0])} and {show(same[1])}"
 
 
 def estimated_bytes_per_image(settings: Settings, source_size: int) -> float:
@@ -285,7 +296,9 @@ def _top(settings: Settings, below: Folder | None = None) -> tuple[int, list[Fil
 
 
 def _name(folder: Folder, input_dir: str) -> str:
-    return relative_path(folder.path, input_dir).rstrip("/")
+    """A folder's path below the input folder, as the listing names it (`classify`: UTF-8 in any locale)."""
+    name = relative_path(folder.path, input_dir).rstrip("/")
+    return text_name(name) if is_local(folder.path) else name
 
 
 def nested_layout_message(input_dir: str, nested: dict[str, set[str]], split_folders: bool) -> str:
@@ -354,6 +367,10 @@ def plan_dataset(settings: Settings) -> Plan:
         problem = class_name_problem(name)
         if problem:
             raise UserError(f"the class folder {quoted_name(name)} in {input_dir} has {problem}: rename the folder")
+    same = same_class_names(folder_classes)
+    if same:
+        raise UserError(f"the class folders {_pair(same)} in {input_dir} {same[2]}, so they would be two classes "
+                        "that read as one: merge them into one folder, or rename one")
     if not folder_classes:
         where = "its split folders" if split_folders else input_dir
         raise UserError(
@@ -366,6 +383,7 @@ def plan_dataset(settings: Settings) -> Plan:
     notes += [f"{name}/ holds {count} images and no class folders, an unlabeled set: they are skipped "
               f"({NO_CLASS_FOLDER}); convert them on their own with --input_dir={path.rstrip('/')} --unlabeled"
               for name, count, path in flat_splits]
+    notes += linked_class_notes([p.folder for p in probes if _has_images(p)], input_dir)
     if settings.labels_file:
         class_names = read_labels_file(settings.labels_file)
         unknown = sorted(set(folder_classes) - set(class_names))
@@ -396,6 +414,23 @@ def plan_dataset(settings: Settings) -> Plan:
         notes=notes,
     )
     return plan_metadata(settings, plan) if settings.metadata else plan
+
+
+def linked_class_notes(folders: list[Folder], input_dir: str) -> list[str]:
+    """A line for each local class folder that is a symlink to another class folder: its images are read once,
+    under the folder's own name, and every name through the link is skipped (symlink_alias)."""
+    real = {}
+    for folder in folders:
+        if is_local(folder.path) and not os.path.islink(folder.path):
+            real.setdefault(os.path.realpath(folder.path), folder)
+    notes = []
+    for folder in folders:
+        target = real.get(os.path.realpath(folder.path)) if is_local(folder.path) else None
+        if target is not None and target is not folder:
+            notes.append(f"the class folder {quoted_name(_name(folder, input_dir))} is a symlink to the class folder "
+                         f"{quoted_name(_name(target, input_dir))}: its images are read once, in that class, and "
+                         "each name through the link is skipped (symlink_alias); remove the link to drop the class")
+    return notes
 
 
 def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str]) -> Plan:
@@ -442,7 +477,7 @@ def plan_manifest(settings: Settings) -> Plan:
     fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
     check_manifest_columns(path, columns, settings)
     sample_rows = []
-    with _damaged_is_an_error("--manifest"), reading.open_file(path) as raw:  # from the start (a .gz cannot seek)
+    with _damaged_is_an_error("--manifest", path), reading.open_file(path) as raw:  # from the start (.gz: no seek)
         for number, row in manifest.read_rows(reading.file_lines(raw), fmt, settings.input_dir):
             if isinstance(row, manifest.ManifestRow):
                 sample_rows.append(row)
@@ -495,10 +530,13 @@ def plan_features(settings: Settings, columns: list[str], where: str, notes: lis
 
 
 @contextlib.contextmanager
-def _damaged_is_an_error(flag: str):
-    """A compressed file found cut short or damaged while the launcher reads its first rows: one line."""
+def _damaged_is_an_error(flag: str, path: str = ""):
+    """A compressed file found cut short or damaged, or a CSV file that ends inside a quoted field, while the
+    launcher reads its first rows: one line."""
     try:
         yield
+    except reading.UnclosedQuote as e:
+        raise UserError(f"{flag}: {e.of(path)}; nothing was written") from None
     except reading.TruncatedFile as e:
         raise UserError(f"{flag}: {e}") from None
 
@@ -580,7 +618,7 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
     plan.metadata_format = fmt
     # Shards are sized with the features' bytes of the first rows (a stream: the rest is never read here).
     rows = []
-    with _damaged_is_an_error("--metadata"), reading.open_file(settings.metadata) as raw:
+    with _damaged_is_an_error("--metadata", settings.metadata), reading.open_file(settings.metadata) as raw:
         lines = reading.file_lines(raw)
         for seen, (key, row) in enumerate(metadata.read_metadata(lines, fmt, settings.input_dir), start=1):
             if key is not None:

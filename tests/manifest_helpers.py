@@ -24,10 +24,9 @@ def ranged(path, fmt, range_bytes):
                 lines, _ = reading.range_lines(raw, item)
                 counts.append((item.index, reading.count_records(lines, fmt)))
     starts = reading.range_starts(reversed(counts))  # in any order
-    header = []
-    if fmt == "csv":
-        with open(path, "rb") as raw:
-            header = reading.header_of(next(reading.group_records(reading.file_lines(raw), "csv"), None))
+    with open(path, "rb") as raw:  # the CSV header's names, or a JSON Lines file's first keys
+        first = next(reading.group_records(reading.file_lines(raw), fmt), None)
+    header = reading.header_of(first) if fmt == "csv" else reading.jsonl_header(first)
     rows = []
     for item in random.Random(len(ranges)).sample(ranges, len(ranges)):  # in any order
         rows += m.parse_range(str(path), item, fmt, "/base", starts[item.index], header)

@@ -26,7 +26,7 @@ def test_list_images_gives_each_candidate_image_skips_the_rest_with_a_reason_and
         (tmp_path / relpath).write_bytes(data)
     with TestPipeline() as p:
         listed = p | ListImages(str(tmp_path))
-        assert_that(listed.images, equal_to([FileRef(str(tmp_path / r), r, len(files[r]))
+        assert_that(listed["images"], equal_to([FileRef(str(tmp_path / r), r, len(files[r]))
                                              for r in ("cat/a.jpg", "cat/b.PNG", "dog/c.jpeg")]), label="Images")
         assert_that(listed[SKIPPED] | beam.Map(lambda r: (r.relpath, r.stage, r.reason)),
                     equal_to([("dog/.d.jpg", "skipped", HIDDEN), ("dog/notes.txt", "skipped", NOT_AN_IMAGE_EXTENSION)]),

@@ -102,7 +102,7 @@ def test_a_large_folder_is_listed_in_parts_through_the_gcs_client_and_the_graph(
         with TestPipeline(options=beam.options.pipeline_options.PipelineOptions(
                 ["--direct_running_mode=in_memory", "--direct_num_workers=1"])) as p:
             listed = p | ListImages(f"gs://{BUCKET}/in")
-            assert_that(listed.images | beam.Map(lambda ref: ref.relpath), equal_to(expected))
+            assert_that(listed["images"] | beam.Map(lambda ref: ref.relpath), equal_to(expected))
         stats = server.stats()
         assert stats["unknown"] == []
         assert stats["objects_listed"] < 2 * 9000 + 2 * (fp.PROBES + 2) * 1000  # the parts, plus the probes' pages

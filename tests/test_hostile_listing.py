@@ -18,11 +18,12 @@ import pytest
 from pipeline.options import ConvertOptions, validate
 from pipeline.plan import plan_dataset
 from tests import hostile_tree as tree
-from tests.conftest import convert, main_in_process, run_tool
+from tests.conftest import FAST, cli, convert, main_in_process, run_tool
 from tests.datasets import read_records
 from tests.error_lines import error_line
 from tests.hostile_files import bounded_cli
-from transforms.labels.layout import hash_split, shuffle_key
+from transforms.base.paths import text_name
+from transforms.labels.layout import class_name_problem, hash_split, place, shuffle_key
 
 IS_ROOT = os.geteuid() == 0
 
@@ -104,6 +105,40 @@ def test_the_split_hash_of_a_non_utf8_name_is_the_hash_of_its_bytes():
         ['validation', 'validation', 'validation', 'train', 'validation', 'train']
 
 
+@pytest.mark.timeout(240)
+def test_utf8_class_folders_convert_in_the_c_locale_without_utf8_mode(tmp_path):
+    """Names are bytes on disk: a UTF-8 folder name is the same class in the C locale (where Python lists `café`
+    as 'caf\\udcc3\\udca9') as in any other, never 'not UTF-8'; its labels.txt, sources and splits are the ones
+    a UTF-8 locale gives."""
+    root = tmp_path / "in"
+    tree.class_tree(root, {"café": 3, "dogs": 3})
+    tree.bytes_image(root / "dogs", b"caf\xe9.jpg")  # and a name that is not UTF-8 at all, as before
+    env = {"PYTHONUTF8": "0", "LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "utf-8"}
+    done = cli("pipeline.main", f"--input_dir={root}", f"--output_dir={tmp_path / 'c'}", "--quiet", *FAST,
+               env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "c" / "labels.txt").read_bytes() == "café\ndogs\n".encode()
+    info, _, _ = run_ok(root, tmp_path / "utf8")  # this process: UTF-8
+    c_info = json.loads((tmp_path / "c" / "image_tfrecords.json").read_text(encoding="utf-8"))
+    assert c_info["files"] == info["files"] and c_info["class_names"] == ["café", "dogs"]
+    assert read_records(tmp_path / "c") == read_records(tmp_path / "utf8")
+    # a manifest's UTF-8 paths open in that locale too (before: read_error, UnicodeEncodeError)
+    (root / "m.csv").write_text("path,label\ncafé/img0_00.jpg,café\ndogs/img1_00.jpg,dogs\n", encoding="utf-8")
+    done = cli("pipeline.main", f"--manifest={root / 'm.csv'}", f"--output_dir={tmp_path / 'cm'}", "--quiet", *FAST,
+               env=env)
+    assert done.returncode == 0, done.stderr
+    files = json.loads((tmp_path / "cm" / "image_tfrecords.json").read_text(encoding="utf-8"))["files"]
+    assert files == dict(files, found=2, written=2, rejected=0, skipped=0)
+
+
+def test_a_listed_name_is_read_as_utf8_in_any_locale():
+    assert text_name("caf\udcc3\udca9") == "café"  # how the C locale (ASCII) names b'caf\xc3\xa9'
+    assert text_name("café") == "café" and text_name(os.fsdecode(b"caf\xe9")) == os.fsdecode(b"caf\xe9")
+    placed = place(text_name("caf\udcc3\udca9/1.jpg"), split_folders=False, seed=42, validation_split=0.5,
+                   test_split=0)
+    assert placed.class_name == "café" and class_name_problem(placed.class_name) is None
+
+
 # ---- 4 and 13. class names that cannot round-trip through labels.txt -----------------------
 
 
@@ -128,6 +163,26 @@ def test_a_class_folder_name_that_cannot_round_trip_is_refused_up_front(tmp_path
     assert f"the class folder {shown} in {root} has " in message
     assert what in message and "rename" in message
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("names, shown, how", [
+    (["Dog", "dog"], "'Dog' and 'dog'", "differ only in letter case"),
+    (["caf\u00e9", "cafe\u0301"], "'cafe\\u0301' and 'caf\\xe9'", "differ only in their Unicode normal form"),
+])
+def test_class_folders_equal_but_for_case_or_normal_form_are_refused(tmp_path, names, shown, how):
+    root = tmp_path / "in"
+    tree.class_tree(root, {name: 2 for name in [*names, "cats"]})
+    message = error_line(f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}")
+    assert message == (f"the class folders {shown} in {root} {how}" + message.split(how, 1)[1])
+    assert "two classes that read as one: merge them into one folder, or rename one" in message
+    assert not (tmp_path / "out").exists()
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(names) + "\n", encoding="utf-8")
+    tree.class_tree(tmp_path / "ok", {names[0]: 2})
+    message = error_line(f"--input_dir={tmp_path / 'ok'}", f"--output_dir={tmp_path / 'out'}",
+                         f"--labels_file={labels}")
+    assert f"--labels_file {labels} lists the classes {shown}, which {how}" in message
 
 
 @pytest.mark.timeout(60)
@@ -194,12 +249,25 @@ def test_symlinks_are_followed_inside_the_input_and_reported_otherwise(tmp_path)
         "dogs/gone.jpg": ("rejected", "dangling_symlink"),
         "dogs/up": ("rejected", "symlink_loop"),
         "dogs/self": ("rejected", "symlink_loop"),
+        # one file, one record: the names that reach a file read under its own name are skipped
+        "cats/alias.jpg": ("skipped", "symlink_alias"),
+        **{f"kittens/{name}": ("skipped", "symlink_alias") for name in
+           ("alias.jpg", "img0_00.jpg", "img0_01.jpg", "img0_02.jpg")},
     }
     assert "--follow_symlinks" in errors["birds"]["detail"]
-    # cats 3 + alias, kittens (= cats) 3 + alias, dogs 3
-    assert info["files"] == dict(info["files"], found=16, written=11, rejected=5, skipped=0)
+    assert errors["cats/alias.jpg"]["detail"].startswith("a symlink (or a path through a linked folder) to "
+                                                         "'cats/img0_00.jpg', which is read under that name")
+    assert "'cats/img0_01.jpg'" in errors["kittens/img0_01.jpg"]["detail"]
+    # cats 3 (its alias skipped), kittens (= cats) all skipped, dogs 3
+    assert info["files"] == dict(info["files"], found=16, written=6, rejected=5, skipped=5)
     rows = [r for rows in read_records(tmp_path / "out").values() for r in rows]
-    assert Counter(r["class_name"] for r in rows) == {"cats": 4, "kittens": 4, "dogs": 3}
+    assert Counter(r["class_name"] for r in rows) == {"cats": 3, "dogs": 3}
+    assert len({r["sha256"] for r in rows}) == 6
+    # the launcher says so up front, as a warning
+    notes = plan_dataset(settings_of(root, tmp_path / "out2")).notes
+    assert ("the class folder 'kittens' is a symlink to the class folder 'cats': its images are read once, in that "
+            "class, and each name through the link is skipped (symlink_alias); remove the link to drop the class"
+            ) in notes
 
 
 @pytest.mark.timeout(240)
@@ -211,8 +279,36 @@ def test_follow_symlinks_reads_links_to_outside_the_input(tmp_path):
         "dogs/gone.jpg": ("rejected", "dangling_symlink"),
         "dogs/up": ("rejected", "symlink_loop"),
         "dogs/self": ("rejected", "symlink_loop"),
+        "cats/alias.jpg": ("skipped", "symlink_alias"),
+        **{f"kittens/{name}": ("skipped", "symlink_alias") for name in
+           ("alias.jpg", "img0_00.jpg", "img0_01.jpg", "img0_02.jpg")},
     }
-    assert info["files"]["written"] == 14  # + birds 2 + dogs/outside.jpg
+    assert info["files"]["written"] == 9  # + birds 2 + dogs/outside.jpg
+
+
+@pytest.mark.timeout(240)
+def test_a_file_reached_twice_through_symlinks_is_one_record(tmp_path):
+    """A symlink to a file that is listed itself (in its class or another) is skipped as symlink_alias, and so
+    is a second link to a file outside the input (--follow_symlinks): one file, one record, each other name one
+    line of errors.jsonl, and found = written + rejected + skipped."""
+    root = tmp_path / "in"
+    tree.class_tree(root, {"cats": 3, "dogs": 3})
+    tree.images(tmp_path / "elsewhere", 1, prefix="loose")
+    os.symlink("img0_00.jpg", root / "cats" / "same.jpg")  # the repro: a link beside its file
+    os.symlink("../cats/img0_01.jpg", root / "dogs" / "cat.jpg")  # a link into another class
+    os.symlink(tmp_path / "elsewhere" / "loose_00.jpg", root / "dogs" / "b.jpg")  # two links to one outside file
+    os.symlink(tmp_path / "elsewhere" / "loose_00.jpg", root / "cats" / "a.jpg")
+    info, errors, _ = run_ok(root, tmp_path / "out", "--follow_symlinks", "--validation_split=0")
+    assert reasons(errors) == {"cats/same.jpg": ("skipped", "symlink_alias"),
+                               "dogs/cat.jpg": ("skipped", "symlink_alias"),
+                               "dogs/b.jpg": ("skipped", "symlink_alias")}
+    assert "'cats/a.jpg'" in errors["dogs/b.jpg"]["detail"]  # the first name of the outside file is read
+    assert info["files"] == dict(info["files"], found=10, written=7, rejected=0, skipped=3)
+    rows = read_records(tmp_path / "out")["train"]
+    assert sorted(r["source_path"] for r in rows) == sorted(
+        [f"cats/img0_0{i}.jpg" for i in range(3)] + [f"dogs/img1_0{i}.jpg" for i in range(3)] + ["cats/a.jpg"])
+    verified = run_tool("pipeline.verify", str(tmp_path / "out"))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.timeout(180)
@@ -349,14 +445,16 @@ def test_the_whole_hostile_corpus_as_a_user_runs_it(tmp_path):
         sock.close()
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    # 16 of the symlink tree + caf\xe9, zero, and pipe, sock, root twice (kittens/ is a link to cats/)
-    assert "Found 24 files: 12 written, 12 rejected, 0 skipped." in result.stdout
+    # 16 of the symlink tree + caf\xe9, zero, and pipe, sock, root twice (kittens/ is a link to cats/, whose
+    # images are read once: under cats/, each other name skipped as symlink_alias)
+    assert "Found 24 files: 7 written, 12 rejected, 5 skipped." in result.stdout
     assert ("Rejected: dangling_symlink 1, not_a_regular_file 4, symlink_loop 4, symlink_outside_input 3 "
             "(see errors.jsonl)") in result.stdout
     lines = (tmp_path / "out" / "errors.jsonl").read_bytes().decode("utf-8").splitlines()
     assert {json.loads(line)["relpath"] for line in lines} == {
         "birds", "dogs/outside.jpg", "dogs/gone.jpg", "dogs/up", "dogs/self", "dogs/zero.jpg",
-        "cats/pipe.jpg", "cats/sock.jpg", "cats/root", "kittens/pipe.jpg", "kittens/sock.jpg", "kittens/root"}
+        "cats/pipe.jpg", "cats/sock.jpg", "cats/root", "kittens/pipe.jpg", "kittens/sock.jpg", "kittens/root",
+        "cats/alias.jpg", "kittens/alias.jpg", "kittens/img0_00.jpg", "kittens/img0_01.jpg", "kittens/img0_02.jpg"}
 
 
 @pytest.mark.timeout(180)

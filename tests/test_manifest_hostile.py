@@ -76,18 +76,29 @@ STRAY = ("path,label,note\n"
 
 
 @pytest.mark.timeout(300)
-def test_a_stray_quote_is_one_rejected_row_that_names_the_lines_it_took(tmp_path, capsys):
+def test_a_quote_never_closed_is_one_error_line_naming_the_file_and_line(tmp_path, monkeypatch):
+    """A stray quote that no later quote closes takes every line after it into one field (Python's csv reads
+    it so; pandas and csv in strict mode refuse the file). It is one `error:` line naming the file and the
+    quote's line, and nothing is written: before, 1 of 7 rows was written, exit 0."""
     data = tmp_path / "data"
     _images(data, [f"{c}.png" for c in "abcdefgh"])
     (data / "m.csv").write_text(STRAY)
     out = tmp_path / "out"
-    assert _run(data / "m.csv", out) == 0
-    [error] = _errors(out)
-    assert error["reason"] == "manifest_open_quote"
-    assert error["detail"].startswith("row 2: lines 3-9: a quoted field opened in line 3 is never closed, and "
-                                      "takes the 6 line(s) after it to the end of the file")
-    assert _counted(_info(out)) == (2, 1, 1, 0)
-    assert "manifest_open_quote 1" in capsys.readouterr().out
+    said = (f"the CSV file {data / 'm.csv'} ends before the quoted field opened in line 3 is closed: a stray \" "
+            "takes the 6 line(s) after it, to the end of the file, as one value; close the quote, or double it "
+            "(\"\")")
+    # in the rows the launcher reads first: at launch (exit 2)
+    message = _error_of(f"--manifest={data / 'm.csv'}", f"--output_dir={out}")
+    assert message == f"--manifest: {said}; nothing was written"
+    assert not out.exists()
+    # further down, found by the job: exit 1, no dataset
+    from pipeline import plan
+
+    monkeypatch.setattr(plan, "MANIFEST_SAMPLE_ROWS", 1)
+    with pytest.raises(UserError) as caught:
+        _run(data / "m.csv", out)
+    assert caught.value.exit_code == 1 and str(caught.value) == f"{said}; no dataset was written"
+    assert not (out / "image_tfrecords.json").exists()
 
 
 def test_a_stray_quote_closed_by_a_later_one_is_rejected_not_read_as_a_row(tmp_path):
@@ -133,7 +144,7 @@ def test_read_rows_gives_line_numbers_and_the_rows_that_span_lines(tmp_path):
     """ReadRows on TestPipeline, cut into ranges of 16 bytes: every row with its first line and its number of
     lines; SPANNING names the usable rows that span lines, not the rejected one."""
     path = tmp_path / "m.csv"
-    path.write_bytes(b'path,label,note\na.png,x,"n\no"\nb.png,y,\n"c.png,z\nd.png,w,\ne.png,v,\n')
+    path.write_bytes(b'path,label,note\na.png,x,"n\no"\nb.png,y,\n"c.png,z\nd.png,w,\ne.png,v,"\n')
     with BeamTestPipeline() as p:
         read = p | reading.ReadRows(str(path), "csv", range_bytes=16)
         assert_that(read.fields | beam.Map(lambda r: (r.row, r.line, r.lines, getattr(r.fields, "kind", "ok"))),
@@ -271,6 +282,66 @@ def test_json_labels_are_text_or_integers(tmp_path):
         ("manifest_bad_label", f"row 3: the label is 1.0, a number: a label is a JSON string{hint}"),
         ("manifest_bad_path", "row 6: the path is 5, a number: a path is a JSON string"),
     ]
+
+
+@pytest.mark.timeout(300)
+def test_jsonl_keys_the_first_line_lacks_or_a_key_twice_reject_the_row(tmp_path):
+    """A JSON Lines file's columns are its first line's keys (as a CSV's are its header's): a later row with a
+    key the first lacks is rejected with the key named, never written without it; a key given twice in a row
+    (also `Label` and `label`) rejects the row, where the last value would have won."""
+    data = tmp_path / "data"
+    _images(data, [f"{i}.png" for i in range(6)])
+    rows = ['{"path": "0.png", "label": "ant", "score": 0.1}',
+            '{"path": "1.png", "label": "ant", "score": 0.5, "note": "blurry"}',
+            '{"path": "2.png", "label": "ant", "score": 0.9}',
+            '{"path": "3.png", "label": "ant", "path": "4.png"}',
+            '{"path": "4.png", "label": "ant", "Label": "bee"}',
+            '{"path": "5.png", "label": "ant", "score": 0.2}']
+    (data / "m.jsonl").write_text("".join(r + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert _run(data / "m.jsonl", out, "--validation_split=0", "--features=score:float") == 0
+    info = _info(out)
+    assert _counted(info) == (6, 3, 3, 0)
+    errors = sorted((e["reason"], e["detail"]) for e in _errors(out))
+    assert errors == [
+        ("manifest_bad_row", "row 2: the key(s) 'note' are not in the first line, whose keys are the file's "
+                             "columns ('path', 'label', 'score'): give the first line every key (null where it has "
+                             "no value)"),
+        ("manifest_bad_row", "row 4: the key 'path' is given twice in the row (keys are not case-sensitive), and "
+                             "only one value can be read: give each key once"),
+        ("manifest_bad_row", "row 5: the key 'label' is given twice in the row (keys are not case-sensitive), and "
+                             "only one value can be read: give each key once"),
+    ]
+    from tests.datasets import read_records
+
+    written = {r["source_path"]: r for r in read_records(out)["train"]}
+    assert sorted(written) == ["0.png", "2.png", "5.png"]  # row 4's second path, 4.png, is not written either
+    from tests.manifest_helpers import assert_every_cut_reads_the_same
+
+    assert_every_cut_reads_the_same(data / "m.jsonl", "jsonl")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, text", [("m.csv", 'path,label\n0.png,ant\n1.png, ant\n2.png,"ant "\n3.png,\tant\n'),
+                                        ("m.jsonl", '{"path": "0.png", "label": "ant"}\n'
+                                                    '{"path": "1.png", "label": " ant"}\n'
+                                                    '{"path": "2.png", "label": "ant "}\n'
+                                                    '{"path": "3.png", "label": "\\tant"}\n')])
+def test_a_label_with_leading_or_trailing_whitespace_is_rejected_not_merged(tmp_path, name, text):
+    """As a class folder ' ant' is refused, a manifest label ' ant' is a manifest_bad_label row: never stripped
+    into the class 'ant', which it may or may not have meant."""
+    data = tmp_path / "data"
+    _images(data, [f"{i}.png" for i in range(4)])
+    (data / name).write_text(text)
+    out = tmp_path / "out"
+    assert _run(data / name, out, "--validation_split=0") == 0
+    info = _info(out)
+    assert info["class_names"] == ["ant"] and _counted(info) == (4, 1, 3, 0)
+    errors = sorted((e["relpath"], e["reason"], e["detail"]) for e in _errors(out))
+    assert [e[:2] for e in errors] == [("1.png", "manifest_bad_label"), ("2.png", "manifest_bad_label"),
+                                       ("3.png", "manifest_bad_label")]
+    assert errors[0][2] == ("row 2: the label ' ant' has leading or trailing whitespace in its name, which "
+                            "--labels_file would strip: rename it")
 
 
 # --- 11: line length is bounded ------------------------------------------------------------------------

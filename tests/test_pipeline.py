@@ -69,8 +69,8 @@ def test_bad_and_odd_files_are_reported_and_counted(tmp_path):
     (src / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
     (src / "b" / "notes.md").write_text("# notes")
     (src / "stray.jpg").write_bytes((src / "b" / "img_00001.jpg").read_bytes())
-    (src / "B" / "sub").mkdir(parents=True)
-    Image.new("RGB", (10, 10), "red").save(src / "B" / "sub" / "UPPER.JPEG")
+    (src / "C" / "sub").mkdir(parents=True)  # not B: B and b would be refused (they differ only in case)
+    Image.new("RGB", (10, 10), "red").save(src / "C" / "sub" / "UPPER.JPEG")
     out = tmp_path / "out"
     assert convert(src, out) == 0
     info = json.loads((out / "image_tfrecords.json").read_text())
@@ -86,7 +86,7 @@ def test_bad_and_odd_files_are_reported_and_counted(tmp_path):
     }
     assert all(v["detail"] for v in report.values())
     # Upper-case extension in a nested folder: converted, labelled by the first folder.
-    assert info["class_names"] == ["B", "a", "b"]
+    assert info["class_names"] == ["C", "a", "b"]
     assert info["files"]["found"] == 12 + 1 + 7
     assert info["files"]["written"] == 13
     assert info["files"]["found"] == info["files"]["written"] + info["files"]["rejected"] + info["files"]["skipped"]

@@ -198,13 +198,15 @@ def transient_read_failed(error: BaseException) -> str | None:
     return _reported(error, TransientReadError, _TRANSIENT_READ)
 
 
-_TRUNCATED = re.compile(r"TruncatedFile: (.+? (?:is damaged|ends before).*?)(?:\\n|\n|$)")
+_TRUNCATED = re.compile(r"(?:TruncatedFile|UnclosedQuote): (.+? (?:is damaged|ends before).*?)(?:\\n|\n|$)")
 
 
 def truncated_file(error: BaseException) -> str | None:
-    """What `transforms.inputs.rows.TruncatedFile` said (a compressed manifest or metadata file cut short or damaged),
-    if `error` is or reports one, else None."""
-    return _reported(error, TruncatedFile, _TRUNCATED)
+    """What `transforms.inputs.rows.TruncatedFile` said (a compressed manifest or metadata file cut short or damaged,
+    a CSV one that ends inside a quoted field: UnclosedQuote),
+    if `error` is or reports one, else None; without the step Beam names (`[while running 'Step']`)."""
+    said = _reported(error, TruncatedFile, _TRUNCATED)
+    return None if said is None else re.sub(r" \[while running '[^']*'\]", "", said)
 
 
 # transforms.output.describe.DatasetIncomplete's message, up to the end of its line.

@@ -58,16 +58,18 @@ def depth(value: Any) -> int:
     return deepest
 
 
-def loads(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def loads(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, object_pairs_hook=None) -> Any:
     """json.loads within bounds. Raises BoundedJSONError (a ValueError) for bad JSON and for JSON that nests
-    deeper than `max_depth`, holds an int of over MAX_INT_DIGITS digits, a non-finite number or NaN."""
+    deeper than `max_depth`, holds an int of over MAX_INT_DIGITS digits, a non-finite number or NaN.
+    `object_pairs_hook`: as json.loads's (each object's (key, value) pairs, in order, repeats kept)."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError as e:
             raise BoundedJSONError(f"not UTF-8 text (byte {e.start})") from None
     try:
-        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                           object_pairs_hook=object_pairs_hook)
     except BoundedJSONError:
         raise
     except RecursionError:

@@ -219,6 +219,28 @@ def name_bytes(name: str) -> bytes:
 
 
 
+def text_name(name: str) -> str:
+    """A local file name as the tool reads it, whatever the locale: its bytes on disk (os.fsencode) read as
+    UTF-8, bytes that are not UTF-8 kept as surrogates. With Python's UTF-8 file system encoding this is `name`
+    itself; in the C locale without UTF-8 mode (PYTHONUTF8=0 LC_ALL=C) Python lists the folder `café` as
+    'caf\\udcc3\\udca9', which is 'café' here, as it is in any other locale. The listing gives relative paths
+    (so class names, splits and --group_by) through it; files are opened by their path as listed."""
+    try:
+        return os.fsencode(name).decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # not a name the file system gave (a surrogate it never produces)
+        return name
+
+
+
+def os_name(text: str) -> str:
+    """A local path given as UTF-8 text (a manifest's, a name read by `text_name`) as this process's file system
+    calls take it: its UTF-8 bytes in the locale's form (os.fsdecode). The text itself with Python's UTF-8 file
+    system encoding; in the C locale without UTF-8 mode, 'café' is 'caf\\udcc3\\udca9', which opens the file
+    `café` where 'café' cannot even be encoded."""
+    return os.fsdecode(name_bytes(text))
+
+
+
 def display_path(name: str) -> str:
     """`name` as valid UTF-8 text: bytes that are not UTF-8 become \\xNN (as in errors.jsonl and source_path)."""
     return name_bytes(name).decode("utf-8", "backslashreplace")

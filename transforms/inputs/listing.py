@@ -10,7 +10,9 @@ Symlink policy: a symlink whose target is inside the input folder is followed
 (a link to a folder lists that folder's files under the link's name); one whose
 target is outside it is reported as `symlink_outside_input` unless
 `follow_symlinks` is set. A link back to a folder on its own path is a
-`symlink_loop`, one to nothing a `dangling_symlink`.
+`symlink_loop`, one to nothing a `dangling_symlink`. A file reached twice, through a link (to it, or to a
+folder on its path) and under its own name, or through two links, is one record: the other names are skipped
+as `symlink_alias` (`OnePerFile`).
 
 gs:// has no symlinks or special files: there the listing is the bucket's
 own, page by page (no glob, so a folder's own glob characters mean nothing).
@@ -29,7 +31,7 @@ from apache_beam.io.gcp import gcsio
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.base import counters, gcs
-from transforms.base.paths import file_kind, is_local, relative_path
+from transforms.base.paths import file_kind, is_local, name_bytes, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef, Rejection
 from transforms.inputs.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
 from transforms.labels.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, skip_reason
@@ -47,6 +49,9 @@ SYMLINK_OUTSIDE_INPUT = "symlink_outside_input"
 UNREADABLE_FOLDER = "unreadable_folder"
 UNREADABLE_ENTRY = "unreadable_entry"
 NOT_A_REGULAR_FILE = "not_a_regular_file"
+# Skip reason (stage 'skipped'): a name that reaches, through a symlink, a file the dataset reads under another name.
+SYMLINK_ALIAS = "symlink_alias"
+ALIASES = "aliases"  # (real path, FileRef) of every candidate image whose path goes through a symlink
 
 
 class Entry(NamedTuple):
@@ -57,6 +62,7 @@ class Entry(NamedTuple):
     problem: str | None = None  # reason, e.g. 'dangling_symlink'
     detail: str = ""
     is_folder: bool | None = None  # for a problem: True, False, or None when unknown (a dangling link)
+    real: str = ""  # a file whose path goes through a symlink (to it, or to a folder on it): its real path
 
     @property
     def size_in_bytes(self) -> int:  # the name Beam's FileMetadata uses, which list_files once returned
@@ -73,7 +79,7 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset,
-                subfolders: list) -> Iterator[Entry]:
+                subfolders: list, input_dir: str) -> Iterator[Entry]:
     """The entries of one folder, sorted by name; folders to enter go to `subfolders` as (path, ancestors)."""
     try:
         with os.scandir(folder) as listing:
@@ -81,8 +87,13 @@ def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozen
     except OSError as e:
         yield Entry(folder, 0, UNREADABLE_FOLDER, f"the folder cannot be listed: {e.strerror or e}", True)
         return
+    # The folder's real path, and whether a symlink on its path leads there (then its files are reached twice?)
+    below = relative_path(folder, input_dir)
+    folder_real = os.path.realpath(folder)
+    linked_folder = folder_real != (os.path.join(root, below) if below else root)
     for name in names:
         path = os.path.join(folder, name)
+        real = os.path.join(folder_real, name) if linked_folder else ""
         try:
             info = os.lstat(path)
         except OSError as e:
@@ -106,6 +117,7 @@ def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozen
                             f"symlink to {target}, outside the input folder; pass --follow_symlinks to read it",
                             stat.S_ISDIR(info.st_mode))
                 continue
+            real = target
         if stat.S_ISDIR(info.st_mode):
             identity = (info.st_dev, info.st_ino)
             if identity in ancestors:
@@ -117,7 +129,7 @@ def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozen
         if kind is not None:
             yield Entry(path, 0, NOT_A_REGULAR_FILE, f"{kind}, not a regular file", False)
             continue
-        yield Entry(path, info.st_size)
+        yield Entry(path, info.st_size, real=real)
 
 
 class Folder(NamedTuple):
@@ -128,7 +140,8 @@ class Folder(NamedTuple):
     ancestors: frozenset = frozenset()
 
 
-def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None) -> Iterator[Entry | Folder]:
+def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None, input_dir: str
+          ) -> Iterator[Entry | Folder]:
     """Entries below the (folder, ancestors, depth) items of `stack`, depth first; the folders at `stop_depth`
     are yielded as a `Folder` instead of being entered.
 
@@ -138,7 +151,7 @@ def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None)
     while stack:
         folder, ancestors, depth = stack.pop()
         subfolders: list = []
-        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders)
+        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders, input_dir)
         if stop_depth is not None and depth + 1 >= stop_depth:
             yield from (Folder(path, inside) for path, inside in subfolders)
         else:
@@ -186,7 +199,7 @@ def list_top(input_dir: str, follow_symlinks: bool, depth: int, below: Folder | 
         root, stack = _local_start(input_dir)
         if below is not None:
             stack = [(below.path, below.ancestors, 0)]
-        yield from _walk(stack, root, follow_symlinks, depth)
+        yield from _walk(stack, root, follow_symlinks, depth, input_dir)
         return
     level = [input_dir if below is None else below.path]
     for current in range(depth):
@@ -204,7 +217,8 @@ def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, p
                 ) -> Iterator[Entry]:
     """Every entry below `folder` (one that `list_top` gave), streamed; `page_size` as for `gcs_list`."""
     if is_local(folder.path):
-        yield from _walk([(folder.path, folder.ancestors, 0)], os.path.realpath(input_dir), follow_symlinks, None)
+        yield from _walk([(folder.path, folder.ancestors, 0)], os.path.realpath(input_dir), follow_symlinks, None,
+                         input_dir)
     else:
         yield from gcs_list(folder.path, page_size=page_size)
 
@@ -251,6 +265,8 @@ def list_folder_part(part: FolderPart) -> Iterator[Entry]:
 def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
     """A listed entry as a candidate image (FileRef) or a Rejection: skipped by name, or a problem."""
     relpath = relative_path(entry.path, input_dir)
+    if is_local(entry.path):  # the name's bytes read as UTF-8 in any locale, as labels.txt and manifests hold names
+        relpath = text_name(relpath)
     if entry.problem is None:
         skip = skip_reason(relpath)
         if skip is None:
@@ -291,15 +307,42 @@ class _FilterByName(beam.DoFn):
             yield beam.pvalue.TaggedOutput(SKIPPED, result)
             return
         counters.inc("files_listed")
+        if entry.real:  # reached through a symlink: one record per real file (OnePerFile)
+            yield beam.pvalue.TaggedOutput(ALIASES, (entry.real, result))
+            return
         yield result
 
 
-class ListImages(beam.PTransform):
-    """PBegin -> FileRef for every candidate image, plus a SKIPPED output of Rejection.
+def one_per_file(item: tuple[str, list[FileRef]], input_dir: str):
+    """(real path, the FileRefs whose paths reach it through a symlink) -> the one to read, if any; the others
+    as SKIPPED Rejections (symlink_alias). A file the listing also reaches under its own name (inside the input
+    folder, a candidate image by name) is read there, and every alias is skipped; else the first alias by name
+    is read."""
+    real, refs = item
+    refs = sorted(refs, key=lambda ref: name_bytes(ref.relpath))
+    root = os.path.realpath(input_dir)
+    own = text_name(real[len(root):].lstrip("/")) if _inside(real, root) and real != root else None
+    if own is not None and skip_reason(own) is None:
+        kept, others = own, refs
+    else:
+        kept, others = refs[0].relpath, refs[1:]
+        yield refs[0]
+    for ref in others:
+        counters.inc("files_skipped")
+        yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
+            ref.relpath, "skipped", SYMLINK_ALIAS,
+            f"a symlink (or a path through a linked folder) to {quoted_name(kept)}, which is read under that name: "
+            "one file is one record"))
 
-    SKIPPED holds the files skipped by name and the entries that cannot be used
-    (stage 'rejected'). FOUND counts every entry listed (an int per bundle): the
-    dataset description checks that each one was written, rejected or skipped.
+
+class ListImages(beam.PTransform):
+    """PBegin -> {"images": FileRef for every candidate image, SKIPPED: Rejection, FOUND: int}.
+
+    SKIPPED holds the files skipped by name, the entries that cannot be used
+    (stage 'rejected') and, in a local folder, each name that reaches through a
+    symlink a file read under another name (symlink_alias: one file, one record).
+    FOUND counts every entry listed (an int per bundle): the dataset
+    description checks that each one was written, rejected or skipped.
 
     Listing runs inside the graph, so on Dataflow it needs nothing from the
     launcher's machine but the folder name. The input folder's top (one level,
@@ -340,12 +383,24 @@ class ListImages(beam.PTransform):
                 # Entry of each part of a large gs:// class folder, on whichever worker gets it
                 | "ListParts" >> beam.FlatMap(list_folder_part)
             )
-        return (
+        filtered = (
             entries
             | "AllEntries" >> beam.Flatten()
             # Entry -> FileRef (images) | Rejection (skipped, or a problem entry)
-            | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(SKIPPED, FOUND, main="images")
+            | "FilterByName" >> beam.ParDo(_FilterByName(self._input_dir)).with_outputs(
+                SKIPPED, FOUND, ALIASES, main="images")
         )
+        if not is_local(self._input_dir):  # gs:// has no symlinks
+            return {"images": filtered.images, SKIPPED: filtered[SKIPPED], FOUND: filtered[FOUND]}
+        # one record per real file: the names that reach a file through a symlink, together (a few, usually none)
+        one = (filtered[ALIASES]
+               | "GroupByRealPath" >> beam.GroupByKey()
+               | "OnePerFile" >> beam.FlatMap(one_per_file, self._input_dir).with_outputs(SKIPPED, main="images"))
+        return {
+            "images": (filtered.images, one.images) | "AllImages" >> beam.Flatten(),
+            SKIPPED: (filtered[SKIPPED], one[SKIPPED]) | "AllSkipped" >> beam.Flatten(),
+            FOUND: filtered[FOUND],
+        }
 
 
 def _tag_folders(_impulse, input_dir: str, follow_symlinks: bool, depth: int):

@@ -24,7 +24,7 @@ import apache_beam as beam
 from transforms.base import counters
 from transforms.base.dataset_format import split_of
 from transforms.base.features import BAD_VALUE, RESERVED_COLUMNS, BadValue, row_extras
-from transforms.base.paths import display_path, is_local, quoted_name
+from transforms.base.paths import display_path, is_local, name_bytes, os_name, quoted_name
 from transforms.base.records import ImageRef, Rejection
 from transforms.inputs import rows as reading
 from transforms.inputs.rows import (
@@ -127,21 +127,22 @@ def normal_path(path: str) -> str:
 
 def resolve(path: str, base: str) -> str:
     """A manifest path (normal_path) as a full path or URL: gs:// and absolute paths as given, others below
-    `base`."""
-    if not is_local(path) or path.startswith("/"):
+    `base`. A local one is named as this process's file system calls take it (`os_name`): the manifest's
+    UTF-8 `café/1.jpg` opens in the C locale too."""
+    if not is_local(path):
         return path
-    return base.rstrip("/") + "/" + path
+    return os_name(path if path.startswith("/") else base.rstrip("/") + "/" + path)
 
 
-def _text(fields: dict, name: str, row: int, numbers: bool = False) -> str:
-    """A field as text, stripped ('' when missing or null). A JSON value must be a string (or, with `numbers`,
-    an integer: its digits); else RowProblem: `true` or `["x"]` is not a class name, and `1.0` would be a
-    class apart from `1`."""
+def _text(fields: dict, name: str, row: int, numbers: bool = False, strip: bool = True) -> str:
+    """A field as text, stripped unless `strip` is False ('' when missing, null or blank). A JSON value must be a
+    string (or, with `numbers`, an integer: its digits); else RowProblem: `true` or `["x"]` is not a class name,
+    and `1.0` would be a class apart from `1`."""
     value = fields.get(name)
     if value is None:
         return ""
     if isinstance(value, str):
-        return value.strip()
+        return value.strip() if strip or not value.strip() else value
     if numbers and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     shown = json.dumps(value, ensure_ascii=True)[:40]
@@ -153,7 +154,9 @@ def _text(fields: dict, name: str, row: int, numbers: bool = False) -> str:
 
 def row_values(fields: dict, row: int, base: str) -> ManifestRow:
     """A ManifestRow from a row's {column: value}; raises RowProblem for a row that cannot be used."""
-    path, label = _text(fields, "path", row), _text(fields, "label", row, numbers=True)
+    # A label is kept as written: ' ant' is no class name (labels.txt cannot hold it, and a class folder ' ant' is
+    # refused), so its row is rejected as manifest_bad_label, never merged into 'ant'.
+    path, label = _text(fields, "path", row), _text(fields, "label", row, numbers=True, strip=False)
     split, group = _text(fields, "split", row).lower(), _text(fields, "group", row, numbers=True)
     labels = label_list(fields.get("labels"), row)
     if not path:
@@ -421,7 +424,8 @@ class ReadManifest(beam.PTransform):
                  | "SpanningRows" >> beam.Map(reading.spanned)
                  | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
-                  | "ByPath" >> beam.Map(lambda r: (r.path, r))
+                  # by the path's bytes: a local path may hold surrogates (os_name), which Beam's str coder refuses
+                  | "ByPath" >> beam.Map(lambda r: (name_bytes(r.path), r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
         if self._class_names is None:

@@ -58,6 +58,25 @@ class TruncatedFile(Exception):
     (`transforms.inputs.append`), which would let an append write an image twice."""
 
 
+class UnclosedQuote(TruncatedFile):
+    """A CSV file that ends inside a quoted field: the quote opened in `line` takes every line after it as one
+    value. pandas and Python's csv module in strict mode refuse such a file; read on, it would lose every row
+    after the quote. `of(path)` names the file."""
+
+    def __init__(self, line: int, lines: int, path: str = ""):
+        self.line, self.lines, self.path = line, lines, path
+        where = f"the CSV file {path}" if path else "the CSV file"
+        super().__init__(f"{where} ends before the quoted field opened in line {line} is closed: a stray \" takes the "
+                         f"{lines - 1} line(s) after it, to the end of the file, as one value; close the quote, or "
+                         "double it (\"\")")
+
+    def of(self, path: str) -> UnclosedQuote:
+        return UnclosedQuote(self.line, self.lines, path)
+
+    def __reduce__(self):
+        return UnclosedQuote, (self.line, self.lines, self.path)
+
+
 # --- Compressed files, read with their end checked ------------------------------------------------------
 
 
@@ -384,7 +403,13 @@ def _lines(first: int, count: int) -> str:
 
 def record_fields(record: Record, fmt: str, header: list[str], line: int = 0) -> dict | str:
     """The {column: value} of a data row's record (columns lower case), or why it cannot be read. `line`: the
-    record's first physical line (1 = the file's first)."""
+    record's first physical line (1 = the file's first).
+
+    Raises:
+        UnclosedQuote: a CSV record whose quoted field the file's end leaves open (the rows after it are lost).
+    """
+    if fmt == "csv" and not record.closed:
+        raise UnclosedQuote(line, record.lines)
     if record.too_long:
         where = _lines(line, record.lines)
         if record.lines == 1:
@@ -397,21 +422,8 @@ def record_fields(record: Record, fmt: str, header: list[str], line: int = 0) ->
     if bad:
         return Problem(NOT_UTF8, bad)
     if fmt != "csv":
-        text = record.text
-        if not text.strip():
-            return "an empty line"
-        try:
-            fields = bounded.loads(text)
-        except ValueError as e:
-            return f"not JSON ({e})"
-        if not isinstance(fields, dict):
-            return "not a JSON object"
-        return {str(k).lower(): v for k, v in fields.items()}
+        return _json_fields(record.text, header)
     where = _lines(line, record.lines) if record.lines > 1 else ""
-    if not record.closed:
-        return Problem(OPEN_QUOTE, f"{where}: a quoted field opened in line {line} is never closed, and takes the "
-                       f"{record.lines - 1} line(s) after it to the end of the file (a stray \" ?): close the quote, "
-                       "or double it (\"\")")
     if record.lines > 1:
         rows = _looks_like_rows(record.text, header)
         if rows:
@@ -431,6 +443,54 @@ def record_fields(record: Record, fmt: str, header: list[str], line: int = 0) ->
 
 
 _IMAGE_ENDINGS = tuple(sorted(IMAGE_EXTENSIONS))
+
+
+def _json_fields(text: str, header: list[str]) -> dict | str:
+    """A JSON Lines row's {key: value} (keys lower case), or why it cannot be read: not a JSON object, a key
+    given twice (`"path"` twice, or `Label` and `label`: the last would win), or a key that the first line does
+    not have (`header`: the first line's keys are the file's columns, as a CSV header's names are)."""
+    if not text.strip():
+        return "an empty line"
+    repeated = []
+
+    def pairs_hook(pairs):
+        keys = [str(k).lower() for k, _ in pairs]
+        repeated.extend(k for i, k in enumerate(keys) if k in keys[:i])
+        return dict(pairs)
+
+    try:
+        fields = bounded.loads(text, object_pairs_hook=pairs_hook)
+    except ValueError as e:
+        return f"not JSON ({e})"
+    if not isinstance(fields, dict):
+        return "not a JSON object"
+    if repeated:
+        return (f"the key {_shown_key(repeated[0])} is given twice in the row (keys are not case-sensitive), and "
+                "only one value can be read: give each key once")
+    fields = {str(k).lower(): v for k, v in fields.items()}
+    unknown = [k for k in fields if header and k not in header]
+    if unknown:
+        shown = ", ".join(_shown_key(k) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        return (f"the key(s) {shown} are not in the first line, whose keys are the file's columns "
+                f"({', '.join(_shown_key(k) for k in header[:10])}{' ...' if len(header) > 10 else ''}): give the "
+                "first line every key (null where it has no value)")
+    return fields
+
+
+def _shown_key(key: str) -> str:
+    return ascii(key[:40]) if not key.isprintable() else repr(key[:40])
+
+
+def jsonl_header(record: Record | None) -> list[str]:
+    """A JSON Lines file's columns: the keys of its first line (lower case), or [] when it is not a JSON object
+    (the launcher refuses such a file)."""
+    if record is None or record.too_long:
+        return []
+    try:
+        first = bounded.loads(record.text)
+    except ValueError:
+        return []
+    return [str(k).lower() for k in first] if isinstance(first, dict) else []
 
 
 def header_of(record: Record | None) -> list[str]:
@@ -583,14 +643,23 @@ def range_fields(path: str, item: Range, fmt: str, start: RangeStart, header: li
             if row == 0:
                 continue
             line = start.lines + record.first + 1
-            yield RowFields(row, record_fields(record, fmt, header, line), line, record.lines)
+            try:
+                fields = record_fields(record, fmt, header, line)
+            except UnclosedQuote as e:
+                raise e.of(path) from None
+            yield RowFields(row, fields, line, record.lines)
 
 
 def read_records(lines, fmt: str):
     """(header, RowFields of every data row) of a whole file's text lines, streamed (one reader: the
     launcher's sample)."""
     records = group_records(lines, fmt)
-    header = header_of(next(records, None)) if fmt == "csv" else []
+    if fmt == "csv":
+        header = header_of(next(records, None))
+    else:  # the first line is a row too: its keys are the columns
+        first = next(records, None)
+        header = jsonl_header(first)
+        records = itertools.chain([first] if first is not None else [], records)
 
     def rows():
         for row, record in enumerate(records, start=1):
@@ -625,10 +694,9 @@ class _RangeRows(beam.DoFn):
 
     def header(self) -> list[str]:
         if self._header is None:
-            self._header = []
-            if self._fmt == "csv":
-                with open_file(self._path) as raw:
-                    self._header = header_of(next(group_records(file_lines(raw), "csv"), None))
+            with open_file(self._path) as raw:
+                first = next(group_records(file_lines(raw), self._fmt), None)
+            self._header = header_of(first) if self._fmt == "csv" else jsonl_header(first)
         return self._header
 
     def process(self, item: Range, starts: dict):

@@ -71,6 +71,30 @@ def class_name_problem(name: str) -> str | None:
     return None
 
 
+def _folded(name: str) -> str:
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
+
+
+def same_class_names(names: Iterable[str]) -> tuple[str, str, str] | None:
+    """Two of `names` that differ only in letter case or Unicode normal form (`Dog` and `dog`; `café` written
+    with é or with e and a combining accent), and how they differ, else None: the first pair in sorted order.
+
+    Such names look like one class but would be two: a case-insensitive file system (macOS, Windows) holds
+    them as one folder, and a copy there merges or loses them; NFC and NFD forms print the same.
+    """
+    seen: dict[str, str] = {}
+    for name in sorted(names):
+        key = _folded(name)
+        if key in seen:
+            first = seen[key]
+            how = ("differ only in their Unicode normal form (the same letters, composed or with combining marks)"
+                   if unicodedata.normalize("NFC", first) == unicodedata.normalize("NFC", name)
+                   else "differ only in letter case")
+            return first, name, how
+        seen[key] = name
+    return None
+
+
 def skip_reason(relpath: str) -> tuple[str, str] | None:
     """Why a file is skipped by its name alone, as (reason, detail); None for a candidate image."""
     parts = relpath.split("/")
