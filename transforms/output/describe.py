@@ -48,6 +48,8 @@ from transforms.output.publishing import publish_dataset, remove_run_dir
 __all__ = ["Accounting", "PublishDataset", "MergeStats", "check_accounting", "dataset_info", "summarise"]
 FOUND, WRITTEN = "found", "written"  # tally keys; the others are (stage, reason) of a Rejection
 RESUMED = "resumed"  # tally key: ("resumed", run id), records taken from that interrupted run's chunks
+LINES = "sources_lines"  # tally key: ("sources_lines", split), this run's sources lines of the split
+HELD = "held_lines"  # tally key: ("held_lines", split), --if_exists=append: the dataset's sources lines
 
 _LOG = logging.getLogger(__name__)
 
@@ -251,16 +253,20 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
-                metadata=None, class_names=None, manifest=None, sources=(), present=None, lines=None, held=None):
+                metadata=None, class_names=None, manifest=None, sources=(), present=None, lines=False, held=False):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
-        resumed = {key[1]: count for key, count in tallies if key[0] == RESUMED}
-        tallies = [(key, count) for key, count in tallies if key[0] != RESUMED]
+        aside = {RESUMED: {}, LINES: {}, HELD: {}}  # per run, or per split of the sources lines
+        for key, count in tallies:
+            if key[0] in aside:
+                aside[key[0]][key[1]] = count
+        resumed = aside[RESUMED]
+        tallies = [(key, count) for key, count in tallies if key[0] not in aside]
         counts = summarise(tallies, shard_stats, self._class_names)
-        if self._base is not None and held is not None:  # before anything is written: the dataset's own account
-            append.check_held(dict(held), self._base["splits"])
-        if lines is not None:
-            check_lines(dict(lines), counts.splits)
+        if self._base is not None and held:  # before anything is written: the dataset's own account
+            append.check_held(aside[HELD], self._base["splits"])
+        if lines:
+            check_lines(aside[LINES], counts.splits)
         sources = sorted(FileSystems.split(path)[1] for path in sources)  # this run's, in its shards folder
         grown = None
         if self._base is not None:
@@ -452,20 +458,6 @@ class MergeStats(beam.CombineFn):
         return accumulator
 
 
-class _PerSplit(beam.PTransform):
-    """Elements whose split is at `split_at` (indices into the element) -> (split, count)."""
-
-    def __init__(self, split_at: tuple = (1, 0)):
-        super().__init__()
-        self._at = split_at
-
-    def expand(self, elements):
-        first, second = self._at
-        return (elements
-                | "Split" >> beam.Map(lambda element: (element[first][second], 1))
-                | "Count" >> beam.CombinePerKey(sum))
-
-
 class PublishDataset(beam.PTransform):
     """Write the error report and the dataset description, then publish the run's files; outputs the info dict.
 
@@ -506,6 +498,12 @@ class PublishDataset(beam.PTransform):
                 rejections | "TallyRejected" >> beam.Map(lambda r: ((r.stage, r.reason), 1)),
                 *([inputs["resumed"] | "TallyResumed" >> beam.MapTuple(lambda run, n: ((RESUMED, run), n))]
                   if "resumed" in inputs else []),
+                # this run's sources lines, (sha256, (split, label, relpath)): counted per split
+                *([inputs["lines"] | "TallyLines" >> beam.Map(lambda line: ((LINES, line[1][0]), 1))]
+                  if "lines" in inputs else []),
+                # --if_exists=append: the dataset's sources lines, (relpath, (sha256, split, label)), per split
+                *([inputs["held"] | "TallyHeld" >> beam.Map(lambda line: ((HELD, line[1][1]), 1))]
+                  if "held" in inputs else []),
             )
             | "AllTallies" >> beam.Flatten()
             # (event, count)
@@ -529,10 +527,10 @@ class PublishDataset(beam.PTransform):
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         if "sources" in inputs:  # the paths of this run's sources files (transforms.inputs.append.WriteSources)
             side["sources"] = beam.pvalue.AsList(inputs["sources"])
-        if "lines" in inputs:  # this run's sources lines, (sha256, (split, label, relpath)): counted per split
-            side["lines"] = beam.pvalue.AsList(inputs["lines"] | "LinesPerSplit" >> _PerSplit())
-        if "held" in inputs:  # --if_exists=append: the dataset's sources lines, (relpath, (sha256, split, label))
-            side["held"] = beam.pvalue.AsList(inputs["held"] | "HeldPerSplit" >> _PerSplit(split_at=(1, 1)))
+        if "lines" in inputs:  # counted in the tallies
+            side["lines"] = True
+        if "held" in inputs:
+            side["held"] = True
         if "present" in inputs:  # --if_exists=append: 1 per image already in the dataset
             side["present"] = beam.pvalue.AsList(inputs["present"] | "CountPresent" >> beam.CombineGlobally(sum))
         return (
