@@ -35,6 +35,7 @@ from transforms.base.dataset_format import (
 from transforms.base.examples import feature_description
 from transforms.base.features import describe as describe_features
 from transforms.images import stats as pixel_stats
+from transforms.images.imaging import converter_libraries
 from transforms.inputs import append
 from transforms.inputs import duplicates as dup
 from transforms.labels.groups import SummariseGroups
@@ -181,6 +182,8 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
     return {
         "format_version": FORMAT_VERSION,
         "tool": {"name": "image-tfrecords", "version": tool_version},
+        # the versions of the libraries that decoded, resized and encoded (those of the worker that publishes)
+        "libraries": converter_libraries(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_id": run_id,
         "options": options,
@@ -371,7 +374,8 @@ def grow(base: dict, run: Accounting, present: int, options: dict, run_id: str =
              "upscaled": old_files.get("upscaled", 0) + run.files["upscaled"]}
     history = list(base.get("appends") or []) + [{
         "run_id": run_id, "converted": run.files["written"], "already_in_dataset": present,
-        "changed": run.rejected_by_reason.get(append.CHANGED, 0), "found": run.files["found"] + present}]
+        "changed": run.rejected_by_reason.get(append.CHANGED, 0), "found": run.files["found"] + present,
+        "libraries": converter_libraries()}]
     grown = Grown([(old, new) for old, new in renames if old != new],
                   [old for old, new in renames if old == new], history)
     return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed), grown
