@@ -23,6 +23,7 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.base import bounded
 from transforms.base.dataset_format import (
     ERRORS_FILE,
     FORMAT_VERSION,
@@ -247,8 +248,9 @@ class _WriteInfo(beam.DoFn):
         if self._base is not None:
             run = counts._replace(files={**counts.files, "found": counts.files["found"] - sum(present or ())})
             check_accounting(run)  # this run's images: found = already there + written + rejected + skipped
-            if not run.files["written"] and not run.rejected_by_reason.get(append.CHANGED):
-                # Nothing new: the dataset stays as it is, byte for byte.
+            if not run.files["written"] and _reported_already(self._output_dir, self._base, run, rejections):
+                # Nothing new, and every file not written is in the dataset's errors.jsonl already, for the same
+                # reason: the dataset stays as it is, byte for byte.
                 remove_run_dir(self._output_dir, self._run_id)
                 release_lock(self._output_dir, self._run_id)
                 yield self._base
@@ -326,6 +328,33 @@ class _WriteInfo(beam.DoFn):
                 except Exception as e:  # noqa: BLE001 - the dataset is published; the next run removes them
                     _LOG.warning("Could not remove the folder of the resumed run %s (%s): the next run removes it",
                                  run_id, e)
+
+
+def _rejection_keys(rows) -> Counter:
+    """(relpath, stage, reason) of each errors.jsonl row (dicts as `Rejection.to_json` writes them)."""
+    return Counter((row.get("relpath"), row.get("stage"), row.get("reason")) for row in rows)
+
+
+def _reported_already(output_dir: str, base: dict, run: Accounting, rejections) -> bool:
+    """An append that wrote nothing: whether the dataset already reports each of this run's rejected and skipped
+    files (its counts, then each errors.jsonl line: path, stage and reason), so that publishing again would change
+    nothing. A new rejected file (an HTML page saved as .jpg, an id that is taken, a changed file) is not: the
+    dataset is published again with it counted and in errors.jsonl, as a first run reports it."""
+    if run.rejected_by_reason.get(append.CHANGED):
+        return False
+    if (dict(run.rejected_by_reason) != dict(base.get("rejected_by_reason") or {})
+            or dict(run.skipped_by_reason) != dict(base.get("skipped_by_reason") or {})):
+        return False
+    if not sum(run.rejected_by_reason.values()) + sum(run.skipped_by_reason.values()):
+        return True
+    try:
+        text = read_text(FileSystems.join(output_dir, ERRORS_FILE))
+        old = [bounded.loads(line) for line in (text or "").splitlines() if line.strip()]
+    except Exception:  # noqa: BLE001 - missing or unreadable: published again, with this run's report
+        return False
+    if not all(isinstance(row, dict) for row in old):
+        return False
+    return _rejection_keys(old) == _rejection_keys(r.to_json() for r in rejections)
 
 
 class Grown(NamedTuple):
