@@ -90,6 +90,7 @@ class _ShardResult:
     # carried it)
     entries: list[tuple[int, str, bytes | None, str | list[str], str]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
+    damaged: dict[int, str] = field(default_factory=dict)  # record index -> why its JPEG data is damaged
 
     def problem(self, index: int | None, text: str) -> None:
         if index is None or len(self._numbered) < _PROBLEMS_PER_SHARD:
@@ -166,10 +167,14 @@ class _RecordChecker:
                     result.unread += 1
                     result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
                     continue
-                too_large = self._decode and reader.record_too_large(data, self._image_key, self._budget)
+                image = reader.record_image(data, self._image_key) if self._decode else None
+                too_large = image is not None and reader.image_too_large(image, self._budget)
                 if too_large:  # checked without decoding, as --no_decode checks every record
                     self._check_one(result, index, data, too_large)
                     continue
+                damage = image is not None and reader.jpeg_damage(image)
+                if damage:  # a problem once TensorFlow's decoder takes it (with a warning); else its error is
+                    result.damaged[index] = damage
                 chunk.append((index, data))
                 if len(chunk) == _CHUNK:
                     self._check_chunk(result, chunk)
@@ -277,6 +282,8 @@ class _RecordChecker:
 
     def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
         index = int(row["index"])
+        if decoded and index in result.damaged:  # TensorFlow decoded it: its damage is the problem
+            result.problem(index, result.damaged[index])
         source_path = row["source_path"].decode("utf-8", "replace")
         if self._unlabeled:
             class_name = self._check_id(result, index, row, source_path)
@@ -719,7 +726,48 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
         report.problems.insert(0, _nothing_written(info))
     written_paths = _check_duplicates(info, results, report, fail_on_duplicates)
     _check_accounting(dataset_dir, info, written_paths, report)
+    _check_record_hashes(dataset_dir, info, results, report)
+    if decode and not reader.strict_jpeg_available() and info.get("image", {}).get("format") == "jpeg":
+        report.warnings.append("JPEG data was decoded by TensorFlow only, which takes damaged data with a warning: "
+                               "install simplejpeg (pip install 'simplejpeg>=1.9,<1.10') for verify to check it")
     return report
+
+
+def _check_record_hashes(dataset_dir: str, info: dict, results: list, report: Report) -> None:
+    """Each record's sha256 against the dataset's sources files (`sources-*.jsonl`: [relpath, sha256, split,
+    label] of every record its runs wrote, what an append trusts to tell which images the dataset holds): a record
+    whose path they do not list, or list with another SHA-256 or split, is a problem. A dataset written before
+    records carried sha256, or before sources files, has nothing to compare."""
+    files = (info.get("sources") or {}).get("files") if isinstance(info.get("sources"), dict) else None
+    if not isinstance(files, list):
+        return
+    listed: dict[str, tuple[str, str]] = {}
+    for name in files:
+        text = _read_text(join(dataset_dir, name)) if isinstance(name, str) else None
+        if text is None:
+            report.problems.append(f"{name}: a sources file listed in {INFO_FILE} but missing: the records it lists "
+                                   "cannot be checked, and an append would write them again; convert again")
+            continue
+        for line in text.splitlines():
+            try:
+                relpath, sha256, split, _ = bounded.loads(line)
+            except (ValueError, TypeError):
+                continue  # a line that is not a record: an append refuses the file
+            listed[relpath] = (sha256, split)
+    for _, result in results:
+        for index, source_path, _, _, sha256 in result.entries:
+            if not sha256:
+                continue
+            known = listed.get(source_path)
+            if known is None:
+                result_problem = "its source_path is in no sources file of the dataset"
+            elif known != (sha256, result.split):
+                result_problem = (f"sha256 {sha256[:16]}... (split {result.split!r}), but the sources files list "
+                                  f"{known[0][:16]}... (split {known[1]!r}) for it")
+            else:
+                continue
+            report.problems.append(f"{result.name} record {index}: {result_problem} (source_path {source_path!r}): "
+                                   "the record or the sources file was changed since the conversion")
 
 
 def run(argv: list[str]) -> int:
