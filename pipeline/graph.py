@@ -8,6 +8,7 @@ from pipeline import __version__
 from pipeline.options import Settings
 from pipeline.plan import Plan
 from pipeline.workers import worker_processes
+from transforms.base.examples import record_id
 from transforms.inputs import metadata
 from transforms.inputs.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
 from transforms.inputs.append import REJECTED as CHANGED
@@ -31,6 +32,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
 
     `run_id` names the run's own temporary folder in the output folder (see transforms.output.ownership).
     """
+    sources = None  # an append's: the records of the dataset it grows
     if settings.manifest:
         # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job
         read = p | "ReadManifest" >> ReadManifest(
@@ -67,8 +69,13 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         images, not_listed, found = labeled.images, [listed[SKIPPED], labeled[UNLABELED]], listed[FOUND]
         groups = labeled[GROUPS]
         if settings.unlabeled:
-            # ImageRef -> ImageRef of distinct ids (a record's id is its file name without the extension)
-            unique = images | "UniqueIds" >> UniqueIds()
+            # ImageRef -> ImageRef of distinct ids (a record's id is its file name without the extension); on an
+            # append, an id the dataset holds is its record's file's only
+            taken = None
+            if plan.base is not None:
+                sources = p | "ReadSources" >> ReadSources(plan.base_sources)
+                taken = sources | "DatasetIds" >> beam.MapTuple(lambda relpath, _: (record_id(relpath), relpath))
+            unique = images | "UniqueIds" >> UniqueIds(taken)
             images = unique.images
             not_listed.append(unique[DUPLICATE_IDS])
         class_names = plan.class_names
@@ -82,7 +89,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     if plan.base is not None:
         # --if_exists=append: (relpath, (sha256, split, label)) of every record the dataset holds, from its sources
         # files; ImageRef -> the ImageRefs it does not hold yet (a changed file is rejected, one there is counted)
-        sources = p | "ReadSources" >> ReadSources(plan.base_sources)
+        if sources is None:
+            sources = p | "ReadSources" >> ReadSources(plan.base_sources)
         judged = images | "SkipPresent" >> SkipPresent(sources, settings.image.max_file_bytes,
                                                        settings.image.throttled_retry_s,
                                                        settings.image.reads_per_s_at_start)

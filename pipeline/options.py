@@ -39,6 +39,13 @@ NAMED_COLOURS = {
 }
 
 
+# The converter's options that say only how a run goes (where to, how fast, with how much memory, what to print),
+# never what a record holds: not in `Settings.as_dict`, so not in the plan's fingerprint nor image_tfrecords.json.
+# Every other option is recorded (tests/test_resume.py checks that each flag is in one of the two).
+RUN_OPTIONS = frozenset({"output_dir", "run_date", "worker_memory_mb", "throttled_retry_s", "initial_read_rate",
+                         "conversion_threads", "if_exists", "overwrite", "quiet", "verbose", "no_wait"})
+
+
 class ConvertOptions(PipelineOptions):
     """Options of `python -m pipeline.main`."""
 
@@ -83,7 +90,10 @@ class Settings:
         return self.if_exists == "overwrite"
 
     def as_dict(self) -> dict:
-        """The options as recorded in image_tfrecords.json."""
+        """The options as recorded in image_tfrecords.json: every option that decides a record's bytes, which set,
+        split or shard it is in, or which files are rejected; the others, which say only how a run goes, are
+        `RUN_OPTIONS` (tests/test_resume.py holds every flag to one of the two). These are the options of the plan's
+        fingerprint (`pipeline.plan.plan_record`: a resume), of --if_exists=skip and of an append's check."""
         image = self.image
         return {
             "input_dir": self.input_dir,
@@ -98,6 +108,7 @@ class Settings:
             "image_format": image.image_format,
             "jpeg_quality": image.jpeg_quality,
             "chroma_subsampling": image.chroma_subsampling,
+            "image_backend": image.image_backend,  # the fast core and Pillow encode other bytes
             "background": "#{:02x}{:02x}{:02x}".format(*image.background),
             "max_pixels": image.max_pixels,
             "max_image_mb": image.max_image_mb,

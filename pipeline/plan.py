@@ -665,12 +665,14 @@ def plan_record(settings: Settings, plan: Plan) -> dict:
     'options': the record-shaping options (`Settings.as_dict`: size, mode, format, quality, schema, splits and
     their seed, shard sizing, compression, index files, names...); 'plan': what the launcher decided from the input
     (class names, the layout, how shards are sized from its sample, the extra features); 'code': the package
-    version, the code's hash and the dataset format's version. The options that only say how to run (threads,
+    version, the code's hash, the dataset format's version and the versions of the libraries that decode, resize
+    and encode (`converter_libraries`). The options that only say how to run (threads,
     memory, --if_exists, logging) are not in it.
     """
     from pipeline import __version__
     from pipeline.code_version import code_hash
     from transforms.base.dataset_format import FORMAT_VERSION
+    from transforms.images.imaging import converter_libraries
 
     return bounded.loads(json.dumps({
         "options": settings.as_dict(),
@@ -685,5 +687,6 @@ def plan_record(settings: Settings, plan: Plan) -> dict:
             "metadata_format": plan.metadata_format,
             "manifest_groups": plan.manifest_groups,
         },
-        "code": {"version": __version__, "code": code_hash(), "format_version": FORMAT_VERSION},
+        "code": {"version": __version__, "code": code_hash(), "format_version": FORMAT_VERSION,
+                 "libraries": converter_libraries()},
     }, sort_keys=True))

@@ -100,8 +100,8 @@ def image_too_large(image: bytes, budget: tuple[int, int]) -> str | None:
     return None
 
 
-def record_too_large(serialized: bytes, image_key: str, budget: tuple[int, int]) -> str | None:
-    """`image_too_large` of the image in a serialized Example (None when there is no one image to measure)."""
+def record_image(serialized: bytes, image_key: str) -> bytes | None:
+    """The encoded image of a serialized Example, None when it is not an Example of one image (the parse names it)."""
     from transforms.base.examples import Example
 
     try:
@@ -109,7 +109,42 @@ def record_too_large(serialized: bytes, image_key: str, budget: tuple[int, int])
     except Exception:  # noqa: BLE001 - not an Example: the parse names it
         return None
     values = feature[image_key].bytes_list.value if image_key in feature else ()
-    return image_too_large(values[0], budget) if len(values) == 1 else None
+    return values[0] if len(values) == 1 else None
+
+
+def record_too_large(serialized: bytes, image_key: str, budget: tuple[int, int]) -> str | None:
+    """`image_too_large` of the image in a serialized Example (None when there is no one image to measure)."""
+    image = record_image(serialized, image_key)
+    return None if image is None else image_too_large(image, budget)
+
+
+def strict_jpeg_available() -> bool:
+    """Whether `jpeg_damage` can check JPEG data: simplejpeg (libjpeg-turbo, the converter's) is installed; the
+    reader-only install (README) does not have it."""
+    import importlib.util
+
+    return importlib.util.find_spec("simplejpeg") is not None
+
+
+def jpeg_damage(image: bytes) -> str | None:
+    """Why a JPEG's data is damaged, or None (also for an image that is not a JPEG, and without simplejpeg).
+
+    TensorFlow's decoder decodes damaged entropy-coded data with a warning on stderr ("Corrupt JPEG data: 127
+    extraneous bytes before marker 0xd9") into damaged pixels; libjpeg-turbo through simplejpeg in strict mode
+    fails on the same warning. Decoded at 1/8 scale: every byte is entropy-decoded, a fraction of the pixels made.
+    """
+    if not image.startswith(b"\xff\xd8\xff"):
+        return None
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    try:
+        simplejpeg.decode_jpeg(image, min_factor=8, strict=True)
+    except ValueError as e:
+        return (f"the image's JPEG data is damaged (libjpeg: {str(e).strip()[:120]}): TensorFlow decodes it with "
+                "a warning, into damaged pixels; convert again")
+    return None
 
 
 def load_info(dataset_dir: str, read_text: Callable[[str], str | None] | None = None) -> dict:
@@ -174,6 +209,39 @@ def shard_paths(dataset_dir: str, split: str, info: dict | None = None) -> list[
             f"{dataset_dir} has no {split!r} split; it has: {', '.join(info['splits']) or 'none'}"
         )
     return [join(dataset_dir, shard["file"]) for shard in info["splits"][split]["shards"]]
+
+
+def check_shards(dataset_dir: str, split: str, info: dict) -> list[tuple[str, int]]:
+    """(path, records) of each shard of `split`, each checked against image_tfrecords.json before anything reads
+    it: there, a regular file, of the size the description gives (one listing of the folder, no record read). A
+    shard cut short, even between records, or with records added, removed or changed in size is refused here; the
+    reader then counts each shard's records as it reads them (`make_dataset`).
+
+    Raises:
+        DatasetError: naming the first shard that is missing or of another size, and what to do.
+    """
+    shards = info["splits"][split]["shards"] if split in info["splits"] else []
+    files = shard_paths(dataset_dir, split, info)
+    sizes = {found.rsplit("/", 1)[-1]: size for found, size in paths.list_files(dataset_dir.rstrip("/"))}
+    checked = []
+    for path, shard in zip(files, shards, strict=True):
+        name = path.rsplit("/", 1)[-1]
+        found = sizes.get(name)
+        if found is None:
+            raise DatasetError(f"{name}: listed in image_tfrecords.json but missing from {dataset_dir}: the dataset "
+                               "is incomplete; convert again")
+        refuse_unless_regular(path)
+        if isinstance(shard.get("bytes"), int) and found != shard["bytes"]:
+            raise DatasetError(f"{name}: {found} bytes, but image_tfrecords.json says {shard['bytes']}: the shard was "
+                               "changed or cut short since it was converted, so it does not hold the records the "
+                               f"dataset describes; python -m pipeline.verify {dataset_dir} names what differs; "
+                               "convert again")
+        records = shard.get("records")
+        if not isinstance(records, int) or isinstance(records, bool) or records < 0:
+            raise DatasetError(f"{name}: image_tfrecords.json gives no record count for it ({records!r}): the "
+                               "description is damaged; convert again")
+        checked.append((path, records))
+    return checked
 
 
 def feature_spec(schema: str = "default", multi_label: bool = False, extras: tuple = (), unlabeled: bool = False
@@ -272,6 +340,19 @@ def parse_image_label(serialized, image_key: str = "image", label_key: str | Non
     return out
 
 
+def checked_label(label, num_classes: int):
+    """`label` (a class id, or with --multi_label a list of them), once every id is in 0..num_classes-1: an id out
+    of range stops the iteration with InvalidArgumentError ("indices = 7 is not in [0, 2)", in the node
+    `label_out_of_range_of_the_classes_in_image_tfrecords_json`); python -m pipeline.verify names the record.
+
+    A gather through the ids themselves, measured at about 0.5 us a record, where tf.debugging.Assert costs 6-12.
+    """
+    import tensorflow as tf
+
+    return tf.gather(tf.range(num_classes, dtype=tf.int64), label,
+                     name="label_out_of_range_of_the_classes_in_image_tfrecords_json")
+
+
 def make_dataset(
     dataset_dir: str,
     split: str = "train",
@@ -305,8 +386,19 @@ def make_dataset(
     (the file name without its extension) instead of label and class_name, and `supervised` gives
     `(image, id)` pairs, to match predictions to their files.
 
+    What it reads is checked against image_tfrecords.json: before anything is read, each shard of the split must be
+    there with the size it gives (`check_shards`: a shard cut short, or with records added or removed, is a
+    DatasetError naming it); as the records are read, each epoch, the split must hold as many as it gives
+    (FailedPreconditionError "Input dataset was expected to contain N elements..."), and each label id must be one
+    of its classes (InvalidArgumentError "indices = 7 is not in [0, 2)" in the node
+    label_out_of_range_of_the_classes_in_image_tfrecords_json), never an all-zero one-hot vector. Each record's CRC
+    is TFRecordDataset's own (DataLossError). Not checked here, per record (python -m pipeline.verify checks them):
+    class_name against the label, height and width against the image, the JPEG data's integrity past what
+    TensorFlow's decoder refuses, sha256 against the sources files.
+
     Raises:
-        DatasetError: when `dataset_dir` holds no complete dataset or no such split.
+        DatasetError: when `dataset_dir` holds no complete dataset or no such split, or a shard is missing or of
+        another size than image_tfrecords.json gives.
         ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale), or `one_hot` on an
         unlabeled set.
     """
@@ -315,9 +407,7 @@ def make_dataset(
     if scale and not decode:
         raise ValueError("scale=True needs decode=True: only decoded pixels can be scaled to [0, 1]")
     info = load_info(dataset_dir)
-    files = shard_paths(dataset_dir, split, info)
-    for path in files:
-        refuse_unless_regular(path)
+    shards = check_shards(dataset_dir, split, info)
     shard_format = SHARD_FORMATS.get((info.get("options") or {}).get("file_format", TFRECORD))
     if shard_format is None or not shard_format.tf_data:
         raise DatasetError(f"{dataset_dir} holds {info['options']['file_format']} shards, which tf.data does not "
@@ -332,7 +422,13 @@ def make_dataset(
     unlabeled = bool(info.get("unlabeled"))
     if one_hot and unlabeled:
         raise ValueError(f"one_hot needs labels, and {dataset_dir} is an unlabeled set (--unlabeled): drop one_hot")
-    ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
+    # Each shard's size was checked against image_tfrecords.json (`check_shards`); the split's records are counted
+    # as they are read, each epoch: more or fewer than it says stops the iteration (FailedPreconditionError "Input
+    # dataset was expected to contain N elements but contained only M"). Counted per split, not per shard: one
+    # counter (free), where a count per shard (an interleave of one dataset per shard) measured 3 us a record.
+    ds = tf.data.TFRecordDataset([path for path, _ in shards], compression_type=compression,
+                                 num_parallel_reads=tf.data.AUTOTUNE)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(sum(count for _, count in shards)))
     options = tf.data.Options()
     options.deterministic = False
     ds = ds.with_options(options)
@@ -344,6 +440,8 @@ def make_dataset(
     def parse(serialized):
         fields = parse_example(serialized, info["schema"], decode, image_size, multi_label, extras=extras,
                                unlabeled=unlabeled)
+        if not unlabeled:  # a label id out of range would be an all-zero one-hot vector, or another class
+            fields["label"] = checked_label(fields["label"], num_classes)
         if scale:
             fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
         if one_hot and multi_label:

@@ -92,6 +92,7 @@ class _ShardResult:
     # carried it)
     entries: list[tuple[int, str, bytes | None, str | list[str], str]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
+    damaged: dict[int, str] = field(default_factory=dict)  # record index -> why its JPEG data is damaged
 
     def problem(self, index: int | None, text: str) -> None:
         if index is None or len(self._numbered) < _PROBLEMS_PER_SHARD:
@@ -168,10 +169,14 @@ class _RecordChecker:
                     result.unread += 1
                     result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
                     continue
-                too_large = self._decode and reader.record_too_large(data, self._image_key, self._budget)
+                image = reader.record_image(data, self._image_key) if self._decode else None
+                too_large = image is not None and reader.image_too_large(image, self._budget)
                 if too_large:  # checked without decoding, as --no_decode checks every record
                     self._check_one(result, index, data, too_large)
                     continue
+                damage = image is not None and reader.jpeg_damage(image)
+                if damage:  # a problem once TensorFlow's decoder takes it (with a warning); else its error is
+                    result.damaged[index] = damage
                 chunk.append((index, data))
                 if len(chunk) == _CHUNK:
                     self._check_chunk(result, chunk)
@@ -279,6 +284,8 @@ class _RecordChecker:
 
     def _check_facts(self, result: _ShardResult, row: dict, decoded: bool, content: bool = True) -> None:
         index = int(row["index"])
+        if decoded and index in result.damaged:  # TensorFlow decoded it: its damage is the problem
+            result.problem(index, result.damaged[index])
         source_path = row["source_path"].decode("utf-8", "replace")
         if self._unlabeled:
             class_name = self._check_id(result, index, row, source_path)
@@ -812,6 +819,9 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
     written_paths = _check_duplicates(info, results, report, fail_on_duplicates)
     _check_sources(dataset_dir, info, results, report)
     _check_accounting(dataset_dir, info, written_paths, report)
+    if decode and not reader.strict_jpeg_available() and info.get("image", {}).get("format") == "jpeg":
+        report.warnings.append("JPEG data was decoded by TensorFlow only, which takes damaged data with a warning: "
+                               "install simplejpeg (pip install 'simplejpeg>=1.9,<1.10') for verify to check it")
     return report
 
 

@@ -23,6 +23,8 @@ from pipeline.errors import UserError
 from tests.conftest import FAST, REPO, convert, main_in_process
 from tests.datasets import error_rows, read_records, write_tiny_tree
 from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, LOCK_FILE, TEMP_DIR, shard_globs
+from transforms.base.examples import Example
+from transforms.base.tfrecord import iter_records
 
 CLASSES = {"cat": 10, "dog": 10, "fox": 10, "owl": 10}  # 40 images
 ADDED = {"cat": 3, "dog": 3, "fox": 2, "owl": 2}  # 10 more
@@ -41,6 +43,18 @@ def _records(out) -> dict[str, tuple]:
             assert row["source_path"] not in found, f"{row['source_path']} is in the dataset twice"
             found[row["source_path"]] = (split, row["sha256"], row["label"], row["image"])
     return found
+
+
+def _unlabeled_records(out) -> list[tuple]:
+    """(id, source_path, image bytes) of every record of an unlabeled set, sorted."""
+    found = []
+    for split in _info(out)["splits"].values():
+        for shard in split["shards"]:
+            for raw in iter_records(str(out / shard["file"])):
+                f = Example.FromString(raw).features.feature
+                found.append((f["id"].bytes_list.value[0], f["source_path"].bytes_list.value[0],
+                              f["image"].bytes_list.value[0]))
+    return sorted(found)
 
 
 def _sha(path) -> str:
@@ -119,6 +133,50 @@ def test_a_changed_file_is_rejected_and_the_dataset_keeps_its_record(grown):
     info = _info(out)
     assert info["appends"][-1]["changed"] == 1 and info["appends"][-1]["converted"] == 10
     assert info["rejected_by_reason"]["changed_since_dataset"] == 1
+    assert main_of(verify.run, [str(out)]) == 0
+
+
+def test_an_append_whose_only_new_files_are_rejected_counts_and_reports_each(grown):
+    """An HTML page saved as .jpg and an empty file, the only new files: each is counted and has its errors.jsonl
+    line with its reason, as on a first run; the records stay; the same append again changes nothing."""
+    src, out, before = grown
+    for name in (f"{c}/img_{i:05d}.jpg" for c, n in ADDED.items() for i in range(10, 10 + n)):
+        (src / name).unlink()  # the fixture's added images: no new file but the two below
+    (src / "cat" / "new_download.jpg").write_text("<html><body>404 Not Found</body></html>\n")
+    (src / "dog" / "new_empty.jpg").write_bytes(b"")
+    assert convert(src, out, *OPTIONS, "--if_exists=append") == 0
+    info = _info(out)
+    assert info["files"]["written"] == 40 and info["files"]["rejected"] == 2
+    assert info["files"]["found"] == 42
+    assert info["rejected_by_reason"] == {"empty_file": 1, "not_an_image": 1}
+    assert sorted((r["relpath"], r["reason"]) for r in error_rows(out)) == [
+        ("cat/new_download.jpg", "not_an_image"), ("dog/new_empty.jpg", "empty_file")]
+    assert _records(out) == before
+    assert info["appends"][-1]["converted"] == 0 and info["appends"][-1]["already_in_dataset"] == 40
+    assert main_of(verify.run, [str(out)]) == 0
+    files = _folder(out)
+    assert convert(src, out, *OPTIONS, "--if_exists=append") == 0  # nothing new since: a no-op
+    assert _folder(out) == files
+
+
+def test_an_unlabeled_append_rejects_a_new_file_whose_id_the_dataset_holds(tmp_path):
+    """A new file whose id (its name without the extension) a record of the dataset has is rejected and reported,
+    whether its name sorts after the record's file (a.png beside a.jpg) or before it (a.bmp)."""
+    src, out = tmp_path / "flat", tmp_path / "out"
+    write_tiny_tree(tmp_path / "tree", {"x": 4})
+    src.mkdir()
+    for name in os.listdir(tmp_path / "tree" / "x"):
+        os.rename(tmp_path / "tree" / "x" / name, src / name)
+    assert convert(src, out, "--unlabeled", "--image_size=16") == 0
+    before = _unlabeled_records(out)
+    Image.open(src / "img_00000.jpg").save(src / "img_00000.png")
+    Image.open(src / "img_00001.jpg").save(src / "img_00001.bmp")
+    assert convert(src, out, "--unlabeled", "--image_size=16", "--if_exists=append") == 0
+    info = _info(out)
+    assert _unlabeled_records(out) == before  # one record per id, each the one it was
+    assert info["files"]["written"] == 4 and info["files"]["rejected"] == 2
+    assert sorted((r["relpath"], r["reason"]) for r in error_rows(out)) == [
+        ("img_00000.png", "duplicate_id"), ("img_00001.bmp", "duplicate_id")]
     assert main_of(verify.run, [str(out)]) == 0
 
 

@@ -244,6 +244,66 @@ def test_other_options_convert_everything_with_one_line_saying_why(monkeypatch, 
     assert main_of(verify.run, [str(out)]) == 0
 
 
+def test_every_option_is_recorded_or_only_says_how_a_run_goes():
+    """Every flag of the converter is in the plan's fingerprint and image_tfrecords.json (Settings.as_dict), or one
+    of RUN_OPTIONS, which decide nothing a record holds: a new option must take a side."""
+    import argparse
+
+    from pipeline.flags import add_convert_arguments
+    from pipeline.options import RUN_OPTIONS
+    from tests.crash_helpers import settings_for
+
+    parser = argparse.ArgumentParser()
+    add_convert_arguments(parser)
+    flags = {action.dest for action in parser._actions if action.dest != "help"}
+    recorded = set(settings_for(os.path.join(REPO, "out"), "--reencode", "--unlabeled").as_dict())
+    assert not recorded & RUN_OPTIONS
+    assert flags - recorded - RUN_OPTIONS == set()
+    assert {"image_backend", "reencode", "image_size", "jpeg_quality", "chroma_subsampling"} <= recorded
+
+
+def test_another_image_backend_is_not_resumed_and_skip_names_it(monkeypatch, capsys, photos, tmp_path):
+    """The fast core and Pillow encode other bytes: a Pillow run's chunks are never taken by a run of the default
+    backend (nor the other way), the line says why, and --if_exists=skip does not call them the same options."""
+    out = tmp_path / "out"
+    _interrupt(monkeypatch, photos, out, 3, *OPTIONS, "--image_backend=pillow")
+    (interrupted,) = os.listdir(out / TEMP_DIR)
+
+    converted = _count_conversions(monkeypatch)
+    capsys.readouterr()
+    assert convert(photos, out, *OPTIONS) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "resum" in line.lower()]
+    assert lines == [f"WARNING pipeline: Not resuming the interrupted run {interrupted} in {out}: its options "
+                     "differ (image_backend: 'pillow' -> 'auto'); its files are removed and everything is converted"]
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert "resumed" not in info and sum(converted) == IMAGES
+    assert info["options"]["image_backend"] == "auto"
+
+    from pipeline.errors import UserError
+    with pytest.raises(UserError, match=r"made with other options \(image_backend: 'auto' -> 'pillow'\)"):
+        convert(photos, out, *OPTIONS, "--image_backend=pillow", "--if_exists=skip")
+
+
+def test_a_plan_of_other_library_versions_is_not_resumed_and_the_line_names_them():
+    """The versions of the libraries that convert are in the plan and in each chunk's digest; the reason names
+    the one that differs, never 'the input changed'."""
+    from transforms.images.imaging import converter_libraries
+
+    record = {"options": {"image_size": "16x16"}, "plan": {"sizing": [{}, 150, 900.0, None, 0]},
+              "code": {"version": "0.1.0", "code": "abc", "format_version": 2, "libraries": converter_libraries()}}
+    older = json.loads(json.dumps(record))
+    older["code"]["libraries"]["pillow"] = "11.0.0"
+    older["plan"]["sizing"][2] = 950.0  # which the other Pillow's sample measured, too
+    assert resume.fingerprint(older) != resume.fingerprint(record)
+    assert resume.plan_differences(older, record) == (
+        f"it ran another version of the code (pillow: '11.0.0' -> {converter_libraries()['pillow']!r})")
+    moved = json.loads(json.dumps(record))
+    moved["plan"]["sizing"][2] = 950.0
+    assert resume.plan_differences(moved, record) == (
+        "what the launcher found in the input differs: the record size measured from a sample of the input's "
+        "images, which sizes the shards")
+
+
 def test_changed_input_is_converted_again_and_nothing_stale_is_published(monkeypatch, photos, tmp_path):
     """A file rewritten in place (same name, same size, other bytes) and a file added after the interruption: the
     chunks they are in are converted again, and the dataset is the one a fresh run makes of the new input."""

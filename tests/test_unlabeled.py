@@ -44,6 +44,22 @@ def test_place_puts_an_unlabeled_image_in_the_one_split_and_skips_one_in_a_folde
     assert place("more/0043.jpg", **placement)[0] == IN_A_SUBFOLDER
 
 
+def test_unique_ids_of_an_append_keep_an_id_for_the_datasets_record():
+    """`taken`: (id, relpath) of the dataset's records; a new file of such an id is rejected, whichever name sorts
+    first, and the record's own file goes on (SkipPresent judges it)."""
+    refs = [FileRef(f"/in/{name}", name, 3) for name in ("a.bmp", "a.jpg", "a.png", "b.jpg", "c.png", "c.jpg")]
+    with TestPipeline() as p:
+        labeled = p | beam.Create(refs) | AssignLabels([], split_folders=False, seed=1, validation_split=0.0,
+                                                       test_split=0.0, unlabeled=True)
+        taken = p | "Taken" >> beam.Create([("a", "a.jpg"), ("b", "b.jpg")])
+        unique = labeled.images | UniqueIds(taken)
+        assert_that(unique.images | beam.Map(lambda r: r.relpath), equal_to(["a.jpg", "b.jpg", "c.jpg"]),
+                    label="Images")
+        assert_that(unique[REJECTED] | beam.Map(lambda r: (r.relpath, r.reason, "a record of the dataset" in r.detail)),
+                    equal_to([("a.bmp", DUPLICATE_ID, True), ("a.png", DUPLICATE_ID, True),
+                              ("c.png", DUPLICATE_ID, False)]), label="DuplicateIds")
+
+
 def test_assign_labels_and_unique_ids_in_a_pipeline():
     refs = [FileRef(f"/in/{name}", name, 3) for name in ("a.png", "a.jpg", "b.jpg", "sub/c.jpg")]
     with TestPipeline() as p:

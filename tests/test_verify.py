@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 
@@ -558,3 +559,138 @@ def test_a_sources_line_of_another_path_or_hash_is_caught(damaged):
     assert any("NOT-THIS-FILE.jpg' is listed, but no record has that source path" in p for p in problems)
     assert sum(f"the sources files give {rehashed!r} SHA-256 {'0' * 64}" in p for p in problems) == 1
     assert main_of(verify.run, [str(damaged), "--no_decode"]) == 1
+
+
+# --- what a record holds under a valid checksum (issue 47, finding 15) -------------------------------------------
+
+
+def _noisy_jpeg(seed: int = 0) -> bytes:
+    """A 64 x 64 JPEG of noise: its entropy-coded data is long enough to damage in the middle."""
+    import io
+
+    import numpy as np
+
+    out = io.BytesIO()
+    pixels = (np.random.default_rng(seed).random((8, 8, 3)) * 255).astype("uint8")
+    Image.fromarray(pixels).resize((64, 64)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def _damaged_scan(data: bytes) -> bytes:
+    """`data` with 30 bytes in the middle of its scan changed (never into or after a 0xFF: no marker is made)."""
+    damaged = bytearray(data)
+    start = (damaged.find(b"\xff\xda") + len(damaged)) // 2
+    for k in range(start, start + 30):
+        if damaged[k] != 0xFF and damaged[k - 1] != 0xFF and damaged[k] ^ 0x55 != 0xFF:
+            damaged[k] ^= 0x55
+    return bytes(damaged)
+
+
+def test_a_jpeg_whose_data_is_damaged_under_a_valid_checksum_is_caught(tmp_path):
+    """TensorFlow's decoder takes the damaged scan with a warning on stderr; verify names the record. --no_decode
+    does not decode it."""
+    import tensorflow as tf
+
+    damaged = _damaged_scan(_noisy_jpeg(1))  # damage that libjpeg notices (about 2 in 3 such damages are)
+    assert tf.io.decode_jpeg(damaged).shape == (64, 64, 3)  # what a training job would read, silently
+    root = craft_dataset(tmp_path / "ds", {"train": [[
+        dict(rec(0, "cat/a.jpg"), image=_noisy_jpeg(2), height=64, width=64),
+        dict(rec(1, "dog/b.jpg"), image=damaged, height=64, width=64)]]})
+    info = _info(root)
+    info["image"].update(height=64, width=64)
+    save_info(root, info)
+    problems = _problems(root)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("train-00000-of-00001.tfrecord record 1: the image's JPEG data is damaged "
+                                  "(libjpeg: Corrupt JPEG data")
+    assert problems[0].endswith("TensorFlow decodes it with a warning, into damaged pixels; convert again")
+    assert _problems(root, decode=False) == []
+
+
+def _rewrite_record(shard, number: int, change) -> None:
+    """Record `number` of the TFRecord file `shard` changed by `change(feature map)`, framed with a valid CRC."""
+    from tests.hostile_records import frame
+    from transforms.base.examples import Example
+
+    spans = _record_spans(shard)
+    blob = shard.read_bytes()
+    records = [blob[offset:offset + length] for offset, length in spans]
+    example = Example.FromString(records[number])
+    change(example.features.feature)
+    records[number] = example.SerializeToString()
+    shard.write_bytes(b"".join(frame(r) for r in records))
+
+
+def test_a_record_whose_sha256_was_rewritten_is_caught_against_the_sources_files(damaged):
+    """The record's sha256 must be the one the dataset's sources files list for its path (what an append trusts);
+    a rewritten one, of the same length, keeps every size and count."""
+    shard = damaged / _info(damaged)["splits"]["train"]["shards"][0]["file"]
+    size = shard.stat().st_size
+    _rewrite_record(shard, 1, lambda f: f["sha256"].bytes_list.value.__setitem__(0, b"0" * 64))
+    assert shard.stat().st_size == size
+    problems = _problems(damaged, decode=False)
+    assert len(problems) == 1, problems
+    assert re.fullmatch(rf"{shard.name} record 1: the sources files give '[^']+' SHA-256 [0-9a-f]{{64}}, the record "
+                        rf"{'0' * 64}; an append would write images it holds a second time; convert again with "
+                        r"--if_exists=overwrite", problems[0]), problems[0]
+    assert _problems(damaged) == problems
+
+
+def test_a_sound_conversion_has_each_records_sha256_in_its_sources_files(mixed):
+    assert _problems(mixed[0], decode=False) == []
+
+
+# --- the reader helper checks what it reads -----------------------------------------------------------------------
+
+
+def _read_all(root, **kwargs) -> list:
+    from pipeline import reader
+
+    return list(reader.make_dataset(str(root), "train", batch_size=None, **kwargs).as_numpy_iterator())
+
+
+def _three_records(tmp_path, labels=(0, 1, 2)):
+    return craft_dataset(tmp_path / "ds", {"train": [
+        [rec(labels[0], "cat/a.jpg", (1, 2, 3)), rec(labels[1], "dog/b.jpg", (200, 2, 3), class_name="dog")],
+        [rec(labels[2], "fox/c.jpg", (1, 200, 3), class_name="fox")]]})
+
+
+def test_the_reader_refuses_a_shard_cut_between_records_or_with_one_more(tmp_path):
+    """A shard of another size than image_tfrecords.json gives is refused before anything is read, named."""
+    import tensorflow as tf
+
+    from pipeline.errors import DatasetError
+
+    root = _three_records(tmp_path)
+    assert len(_read_all(root)) == 3
+    shard = root / "train-00000-of-00002.tfrecord"
+    sound = shard.read_bytes()
+    (offset, length), _ = _record_spans(shard)
+    shard.write_bytes(sound[:offset + length + 4])  # the first record only: cut between records
+    with pytest.raises(DatasetError, match=r"^train-00000-of-00002\.tfrecord: \d+ bytes, but image_tfrecords\.json "
+                                           r"says \d+: the shard was changed or cut short"):
+        _read_all(root)
+    # The description's bytes changed too (or the shard changed in between): the records are counted as read.
+    info = _info(root)
+    info["splits"]["train"]["shards"][0]["bytes"] = shard.stat().st_size
+    save_info(root, info)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 3 elements but contained only 2"):
+        _read_all(root)
+    shard.write_bytes(sound + sound[:offset + length + 4])  # one record more
+    info["splits"]["train"]["shards"][0]["bytes"] = shard.stat().st_size
+    save_info(root, info)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 3 elements"):
+        _read_all(root)
+
+
+def test_the_reader_refuses_a_label_out_of_range_instead_of_an_all_zero_one_hot(tmp_path):
+    import tensorflow as tf
+
+    root = _three_records(tmp_path, labels=(0, 7, 2))
+    for one_hot in (True, False):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"indices = 7 is not in \[0, 3\)[\s\S]*"
+                                                                 "label_out_of_range_of_the_classes_in_image_tfrecords"):
+            _read_all(root, supervised=True, one_hot=one_hot)
+    labels = sorted(int(label.argmax()) for _, label in _read_all(_three_records(tmp_path / "good"),
+                                                                     supervised=True, one_hot=True))
+    assert labels == [0, 1, 2]

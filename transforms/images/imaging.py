@@ -21,6 +21,7 @@ The steps, in order, each in its module of `transforms.images`:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import NamedTuple
@@ -46,6 +47,29 @@ class EncodedImage(NamedTuple):
     sha256: str = ""  # hex SHA-256 of the source file's bytes, set by transforms.images.convert.read_and_convert
     stats: ImageStats | None = None  # the source's upright size and the stored pixels' sums (transforms.images.stats)
     kept: bool = False  # the source's own image data is stored (`encode.passes_through`): no decode-encode loss
+
+
+@functools.cache
+def converter_libraries() -> dict[str, str]:
+    """The versions of the libraries whose code decides a record's bytes (decoders, resizers, encoders): Pillow and
+    the codecs it was built with (libjpeg-turbo, zlib for PNG), simplejpeg, OpenCV, numpy. Part of a resume's plan
+    (`pipeline.plan.plan_record`) and of each chunk's done record (`transforms.output.resume.chunk_digest`, on the
+    worker that converts it), and recorded in image_tfrecords.json: a chunk converted with other versions is
+    converted again, never mixed with this process's."""
+    import cv2
+    import numpy
+    import PIL
+    import simplejpeg
+    from PIL import features
+
+    def codec(name: str) -> str:
+        try:
+            return str(features.version(name) or "")
+        except Exception:  # noqa: BLE001 - a Pillow that does not know the name: no version to record
+            return ""
+
+    return {"pillow": PIL.__version__, "libjpeg_turbo": codec("libjpeg_turbo"), "zlib": codec("zlib"),
+            "simplejpeg": simplejpeg.__version__, "opencv": cv2.__version__, "numpy": numpy.__version__}
 
 
 def _check_deadline(deadline: float | None, stage: str) -> None:

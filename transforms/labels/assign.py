@@ -84,16 +84,49 @@ def _first_of_each_id(item):
             f"{quoted_name(first.relpath)}, which is written: rename one of them"))
 
 
+def _unique_against_dataset(item):
+    """(id, {"new": [ImageRef], "old": [relpath]}) -> `_first_of_each_id` of the new ones, or, when the dataset an
+    append grows has a record of that id (`old`), the file of that record (for SkipPresent to judge) and each
+    other one as a Rejection on REJECTED: the id is taken."""
+    taken, joined = item
+    old, refs = sorted(joined["old"]), list(joined["new"])
+    if not old:
+        if refs:
+            yield from _first_of_each_id((taken, refs))
+        return
+    for ref in refs:
+        if display_path(ref.relpath) in old:
+            yield ref
+            continue
+        counters.inc(counters.rejected(DUPLICATE_ID))
+        yield beam.pvalue.TaggedOutput(REJECTED, Rejection(
+            ref.relpath, "rejected", DUPLICATE_ID,
+            f"its id {quoted_name(taken)} (the file name without its extension) is also the id of "
+            f"{quoted_name(old[0])}, a record of the dataset: rename it"))
+
+
 class UniqueIds(beam.PTransform):
     """ImageRef -> ImageRef, one per id (`transforms.base.examples.record_id`, the key an unlabeled set's records
     are told apart by): of the files that share an id the first by name is kept, each other goes to REJECTED
-    as a Rejection (duplicate_id)."""
+    as a Rejection (duplicate_id). `taken` (an append): (id, relpath) of each record of the dataset it grows; a
+    file of such an id is kept only if it is that record's file."""
+
+    def __init__(self, taken=None):
+        super().__init__()
+        self._taken = taken
 
     def expand(self, images):
+        # (id, ImageRef)
+        keyed = images | "KeyById" >> beam.Map(lambda ref: (record_id(ref.relpath), ref))
+        if self._taken is not None:
+            return (
+                {"new": keyed, "old": self._taken}
+                # (id, {"new": [ImageRef], "old": [relpath]})
+                | "JoinDatasetIds" >> beam.CoGroupByKey()
+                | "KeepFirst" >> beam.FlatMap(_unique_against_dataset).with_outputs(REJECTED, main="images")
+            )
         return (
-            images
-            # (id, ImageRef)
-            | "KeyById" >> beam.Map(lambda ref: (record_id(ref.relpath), ref))
+            keyed
             # (id, [ImageRef]): a file's id is its name without the extension, so a group is a handful at most
             | "GroupById" >> beam.GroupByKey()
             | "KeepFirst" >> beam.FlatMap(_first_of_each_id).with_outputs(REJECTED, main="images")

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.base import bounded
 from transforms.base.dataset_format import (
     ERRORS_FILE,
     FORMAT_VERSION,
@@ -36,6 +37,7 @@ from transforms.base.dataset_format import (
 from transforms.base.examples import feature_description
 from transforms.base.features import describe as describe_features
 from transforms.images import stats as pixel_stats
+from transforms.images.imaging import converter_libraries
 from transforms.inputs import append
 from transforms.inputs import duplicates as dup
 from transforms.labels.groups import SummariseGroups
@@ -201,6 +203,8 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
     return {
         "format_version": FORMAT_VERSION,
         "tool": {"name": "image-tfrecords", "version": tool_version},
+        # the versions of the libraries that decoded, resized and encoded (those of the worker that publishes)
+        "libraries": converter_libraries(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_id": run_id,
         "options": options,
@@ -272,8 +276,9 @@ class _WriteInfo(beam.DoFn):
         if self._base is not None:
             run = counts._replace(files={**counts.files, "found": counts.files["found"] - sum(present or ())})
             check_accounting(run)  # this run's images: found = already there + written + rejected + skipped
-            if not run.files["written"] and not run.rejected_by_reason.get(append.CHANGED):
-                # Nothing new: the dataset stays as it is, byte for byte.
+            if not run.files["written"] and _reported_already(self._output_dir, self._base, run, rejections):
+                # Nothing new, and every file not written is in the dataset's errors.jsonl already, for the same
+                # reason: the dataset stays as it is, byte for byte.
                 remove_run_dir(self._output_dir, self._run_id)
                 release_lock(self._output_dir, self._run_id)
                 yield self._base
@@ -375,6 +380,33 @@ class _WriteInfo(beam.DoFn):
                                  run_id, e)
 
 
+def _rejection_keys(rows) -> Counter:
+    """(relpath, stage, reason) of each errors.jsonl row (dicts as `Rejection.to_json` writes them)."""
+    return Counter((row.get("relpath"), row.get("stage"), row.get("reason")) for row in rows)
+
+
+def _reported_already(output_dir: str, base: dict, run: Accounting, rejections) -> bool:
+    """An append that wrote nothing: whether the dataset already reports each of this run's rejected and skipped
+    files (its counts, then each errors.jsonl line: path, stage and reason), so that publishing again would change
+    nothing. A new rejected file (an HTML page saved as .jpg, an id that is taken, a changed file) is not: the
+    dataset is published again with it counted and in errors.jsonl, as a first run reports it."""
+    if run.rejected_by_reason.get(append.CHANGED):
+        return False
+    if (dict(run.rejected_by_reason) != dict(base.get("rejected_by_reason") or {})
+            or dict(run.skipped_by_reason) != dict(base.get("skipped_by_reason") or {})):
+        return False
+    if not sum(run.rejected_by_reason.values()) + sum(run.skipped_by_reason.values()):
+        return True
+    try:
+        text = read_text(FileSystems.join(output_dir, ERRORS_FILE))
+        old = [bounded.loads(line) for line in (text or "").splitlines() if line.strip()]
+    except Exception:  # noqa: BLE001 - missing or unreadable: published again, with this run's report
+        return False
+    if not all(isinstance(row, dict) for row in old):
+        return False
+    return _rejection_keys(old) == _rejection_keys(r.to_json() for r in rejections)
+
+
 class Grown(NamedTuple):
     """What an append changes besides the new shards: the old files' renames, those kept, the history."""
 
@@ -421,7 +453,8 @@ def grow(base: dict, run: Accounting, present: int, options: dict, run_id: str =
              "upscaled": old_files.get("upscaled", 0) + run.files["upscaled"]}
     history = list(base.get("appends") or []) + [{
         "run_id": run_id, "converted": run.files["written"], "already_in_dataset": present,
-        "changed": run.rejected_by_reason.get(append.CHANGED, 0), "found": run.files["found"] + present}]
+        "changed": run.rejected_by_reason.get(append.CHANGED, 0), "found": run.files["found"] + present,
+        "libraries": converter_libraries()}]
     grown = Grown([(old, new) for old, new in renames if old != new],
                   [old for old, new in renames if old == new], history)
     return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed), grown

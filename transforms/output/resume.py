@@ -2,12 +2,14 @@
 
 Every run writes, at its start, `plan.json` into its temporary folder: the
 fingerprint of everything that decides its records (`pipeline.plan.plan_record`:
-the record-shaping options, the class names, how shards are sized, the code's
-version). Each chunk it converts (`transforms.output.write`) leaves, once its piece file
-is complete, a done record `done/<digest>.json` beside it, written atomically.
-The digest is the SHA-256 of the plan's fingerprint, the chunk's key (split,
-shard, chunk) and each of its images' relative path, size, label, split and
-extra features: a chunk of another plan, another shard assignment or other
+every option that decides a record's bytes, the class names, how shards are
+sized, the code's version and the converting libraries' versions). Each chunk it
+converts (`transforms.output.write`) leaves, once its piece file is complete, a
+done record `done/<digest>.json` beside it, written atomically. The digest is the
+SHA-256 of the plan's fingerprint, the versions of the libraries that convert on
+the worker (`converter_libraries`), the chunk's key (split, shard, chunk) and each
+of its images' relative path, size, label, split and extra features: a chunk of
+another plan, another shard assignment or other
 members never has the same digest, so two plans are never mixed.
 
 A rerun with the same fingerprint (the launcher keeps those run folders,
@@ -38,6 +40,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.base import bounded, counters
 from transforms.base.records import Rejection
+from transforms.images.imaging import converter_libraries
 from transforms.images.stats import SplitStats
 from transforms.output.files import write_atomically
 
@@ -79,23 +82,52 @@ def read_plan(run_folder: str) -> dict | None:
     return plan
 
 
+# What each part of a plan record's "plan" is, in a refusal's words (`plan_differences`).
+PLAN_PARTS = {
+    "class_names": "the class names",
+    "split_folders": "the layout (split folders or not)",
+    "sizing": "the record size measured from a sample of the input's images, which sizes the shards",
+    "manifest_format": "the manifest's format",
+    "manifest_file_size": "the manifest's sampled file sizes",
+    "features": "the extra features",
+    "metadata_format": "the metadata file's format",
+    "manifest_groups": "the manifest's group column",
+}
+
+
+def _flat_code(code) -> dict:
+    """A plan record's "code", each library's version under its own name (pillow, ...)."""
+    code = dict(code) if isinstance(code, dict) else {}
+    libraries = code.pop("libraries", None)
+    return {**code, **(libraries if isinstance(libraries, dict) else {})}
+
+
 def plan_differences(old: dict, new: dict) -> str:
-    """Why an interrupted run's plan record is not this run's, in a few words: the options that differ, else what."""
+    """Why an interrupted run's plan record is not this run's, in a few words: the options that differ (every option
+    that decides a record's bytes is one, `pipeline.options.Settings.as_dict`), else the code, else what the
+    launcher found in the input."""
     old_options, new_options = old.get("options") or {}, new.get("options") or {}
     names = sorted(n for n in set(old_options) | set(new_options) if old_options.get(n) != new_options.get(n))
     if names:
         shown = "; ".join(f"{n}: {old_options.get(n)!r} -> {new_options.get(n)!r}" for n in names[:3])
         return f"its options differ ({shown}{'; ...' if len(names) > 3 else ''})"
-    if old.get("code") != new.get("code"):
-        return "it ran another version of the code"
+    old_code, new_code = _flat_code(old.get("code")), _flat_code(new.get("code"))
+    if old_code != new_code:
+        parts = sorted(n for n in set(old_code) | set(new_code) if old_code.get(n) != new_code.get(n))
+        shown = "; ".join(f"{n}: {old_code.get(n)!r} -> {new_code.get(n)!r}" for n in parts[:3])
+        return f"it ran another version of the code ({shown})"
     old_plan, new_plan = old.get("plan") or {}, new.get("plan") or {}
     what = sorted(n for n in set(old_plan) | set(new_plan) if old_plan.get(n) != new_plan.get(n))
-    return f"the input changed ({', '.join(what) or 'its plan'} differ)"
+    if not what:
+        return "its plan differs"
+    return f"what the launcher found in the input differs: {'; '.join(PLAN_PARTS.get(n, n) for n in what)}"
 
 
 def chunk_digest(plan_fingerprint: str, key: tuple, refs) -> str:
-    """The SHA-256 that names a chunk's done record: the plan, the chunk's key and each image as listed."""
+    """The SHA-256 that names a chunk's done record: the plan, the versions of the libraries that convert on this
+    worker (a worker of other versions never takes it), the chunk's key and each image as listed."""
     digest = hashlib.sha256(plan_fingerprint.encode("ascii"))
+    digest.update(json.dumps(converter_libraries(), sort_keys=True).encode("utf-8"))
     digest.update(repr(tuple(key)).encode("utf-8"))
     for ref in refs:  # everything but the full path (the input folder is in the plan): relpath, size, label, split...
         digest.update(b"\0" + repr(tuple(ref)[1:]).encode("utf-8", "backslashreplace"))
