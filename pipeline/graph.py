@@ -85,7 +85,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
                                                              settings.input_dir, plan.features)
             images, metadata_stats = joined["images"], joined[metadata.STATS]
             not_listed.append(joined[metadata.SKIPPED])
-    present = old_records = sources = None
+    present = old_records = None
     if plan.base is not None:
         # --if_exists=append: (relpath, (sha256, split, label)) of every record the dataset holds, from its sources
         # files; ImageRef -> the ImageRefs it does not hold yet (a changed file is rejected, one there is counted)
