@@ -92,6 +92,15 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "split folders. Default: 0.2.")
     add("--test_split", type=float, default=0.0,
         help="Share of images assigned to test, like --validation_split. Default: 0.0.")
+    add("--split_lists", default=None,
+        help="The dataset's own split lists, with class folders: train=PATH,test=PATH[,validation=PATH] (local or "
+             "gs:// text files; val, valid, dev... name validation too), one image a line as its path below "
+             "--input_dir (apple_pie/1005649, as Food-101's meta/train.txt) or as a bare file name unique among the "
+             "images, with or without its extension. Each image takes the split of the list that names it; an "
+             "image no list names is skipped as not_in_split_lists, a line that names no image is reported as "
+             "listed_image_missing, an image two lists name is rejected as listed_in_two_splits. Not with "
+             "--manifest, split folders, --validation_split or --test_split. Default: none, a hash of each "
+             "image's path splits them (or the split folders).")
     add("--group_by", default=None,
         help="Regular expression searched in each image's path below --input_dir (e.g. '^[^/]+/(patient\\d+)_'): "
              "its first capture group (the whole match without one) is the image's group, and every image of a "

@@ -9,7 +9,7 @@ from pipeline.options import Settings
 from pipeline.plan import Plan
 from pipeline.workers import worker_processes
 from transforms.base.examples import record_id
-from transforms.inputs import metadata
+from transforms.inputs import metadata, split_lists
 from transforms.inputs.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
 from transforms.inputs.append import REJECTED as CHANGED
 from transforms.inputs.duplicates import DROPPED, DropDuplicates
@@ -18,6 +18,7 @@ from transforms.inputs.listing import FOUND, SKIPPED, ListImages
 from transforms.inputs.manifest import CLASS_NAMES, ReadManifest
 from transforms.inputs.manifest import STATS as MANIFEST_STATS
 from transforms.inputs.metadata import JoinMetadata
+from transforms.inputs.split_lists import JoinSplitLists
 from transforms.labels.assign import GROUPS, UNLABELED, AssignLabels, UniqueIds
 from transforms.labels.assign import REJECTED as DUPLICATE_IDS
 from transforms.labels.sharding import AssignShards
@@ -56,8 +57,17 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     else:
         # FileRef of every candidate image, listed class folder by class folder on the workers
         listed = p | "ListImages" >> ListImages(settings.input_dir, settings.follow_symlinks, plan.split_folders)
-        # FileRef -> ImageRef (label, split, shuffle key)
-        labeled = listed["images"] | "AssignLabels" >> AssignLabels(
+        files, found, list_rejections = listed["images"], listed[FOUND], []
+        if settings.split_lists:
+            # FileRef -> ListedFile (the file and the split its list gives): the lists and the files joined by name
+            joined = files | "JoinSplitLists" >> JoinSplitLists(settings.split_lists, plan.split_list_rule,
+                                                                 settings.input_dir)
+            files, list_stats = joined["files"], joined[split_lists.STATS]
+            list_rejections = [joined[split_lists.REJECTED]]
+            # the names no file has count as found, as a manifest's rows do: each is in errors.jsonl
+            found = (found, joined[split_lists.FOUND]) | "FoundAndListed" >> beam.Flatten()
+        # FileRef (or ListedFile) -> ImageRef (label, split, shuffle key)
+        labeled = files | "AssignLabels" >> AssignLabels(
             plan.class_names,
             split_folders=plan.split_folders,
             seed=settings.seed,
@@ -66,7 +76,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             group_by=settings.group_by,
             unlabeled=settings.unlabeled,
         )
-        images, not_listed, found = labeled.images, [listed[SKIPPED], labeled[UNLABELED]], listed[FOUND]
+        images, not_listed = labeled.images, [listed[SKIPPED], *list_rejections, labeled[UNLABELED]]
         groups = labeled[GROUPS]
         if settings.unlabeled:
             # ImageRef -> ImageRef of distinct ids (a record's id is its file name without the extension); on an
@@ -148,8 +158,10 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["metadata"] = metadata_stats
     if settings.manifest:
         inputs["manifest"] = manifest_stats
+    if settings.split_lists:
+        inputs["split_lists"] = list_stats
     split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders
-                else "group_hash" if grouped else "path_hash")
+                else "split_lists" if settings.split_lists else "group_hash" if grouped else "path_hash")
     inputs | "PublishDataset" >> PublishDataset(
         settings.output_dir,
         run_id,

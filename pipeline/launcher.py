@@ -23,7 +23,7 @@ from pipeline import cloud
 from pipeline.errors import UserError
 from pipeline.flags import help_text
 from pipeline.graph import build_pipeline
-from pipeline.options import Settings, check_flags, ignored_options, validate
+from pipeline.options import Settings, check_flags, check_split_list_flags, ignored_options, validate
 from pipeline.output_folder import OldOutputs, append_base, existing_dataset, give_back_lock, prepare_output, take_lock
 from pipeline.plan import Plan, plan_dataset, plan_record
 from pipeline.report import summarise_run
@@ -80,6 +80,7 @@ def run(argv: list[str] | None = None) -> int:
     check_flags(argv)
     options = RunOptions(argv)
     settings = validate(options)
+    check_split_list_flags(argv, settings)
     configure_logging(settings)
     if settings.manifest and cloud.is_dataflow(options) and not is_gcs(settings.manifest):
         raise UserError(f"--manifest {settings.manifest} is not a gs:// path, and Dataflow workers read the manifest: "
@@ -87,9 +88,14 @@ def run(argv: list[str] | None = None) -> int:
     if settings.metadata and cloud.is_dataflow(options) and not is_gcs(settings.metadata):
         raise UserError(f"--metadata {settings.metadata} is not a gs:// path, and Dataflow workers read it: "
                         "copy it to a bucket (gcloud storage cp) and give its gs:// path")
+    for _, path in settings.split_lists:
+        if cloud.is_dataflow(options) and not is_gcs(path):
+            raise UserError(f"--split_lists {path} is not a gs:// path, and Dataflow workers read the lists: copy it "
+                            "to a bucket (gcloud storage cp) and give its gs:// path")
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
+    # seconds, not minutes, to say there is no network
     cloud.check_network(options, [settings.input_dir, settings.output_dir, settings.manifest, settings.metadata,
-                                  settings.labels_file])  # seconds, not minutes, to say there is no network
+                                  settings.labels_file, *(path for _, path in settings.split_lists)])
     start_time = time.time()
     local = None
     if is_local_run(options) and not cloud.is_dataflow(options):

@@ -24,7 +24,7 @@ from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
 from pipeline.flags import MAX_CONVERSION_THREADS, add_convert_arguments
 from pipeline.inputs import read_small_file
-from transforms.base.dataset_format import SHARD_FORMATS, SPLITS
+from transforms.base.dataset_format import SHARD_FORMATS, SPLITS, split_of
 from transforms.base.features import format_spec, parse_spec
 from transforms.base.paths import bucket_problem, is_local
 from transforms.base.transient import JOB_READS_PER_S, process_start_rate
@@ -84,6 +84,7 @@ class Settings:
     metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
     multi_label: bool = False  # --manifest's labels column: several classes per image
     unlabeled: bool = False  # --unlabeled: a flat folder of images, no labels, one split (UNLABELED_SPLIT)
+    split_lists: tuple = ()  # --split_lists: (split, path) of each list, in SPLITS order; () for none
 
     @property
     def overwrite(self) -> bool:
@@ -129,6 +130,7 @@ class Settings:
             "multi_label": self.multi_label,
             **({"reencode": True} if image.reencode else {}),  # recorded when given: older datasets lack it
             **({"unlabeled": True} if self.unlabeled else {}),
+            **({"split_lists": format_split_lists(self.split_lists)} if self.split_lists else {}),
         }
 
 
@@ -164,6 +166,43 @@ def format_num_shards(counts: dict[str, int]):
     if set(counts) == {"train"}:
         return counts["train"]
     return ",".join(f"{split}={counts[split]}" for split in SPLITS if split in counts)
+
+
+def parse_split_lists(text) -> tuple:
+    """--split_lists: split=PATH,... -> ((split, path), ...) in SPLITS order; () when not given. A split is named as
+    a split folder may be (val, valid, dev -> validation; training -> train).
+
+    Raises:
+        UserError: for another form, a name that is no split, a split or a file given twice, or no train list.
+    """
+    value = "" if text is None else str(text).strip()
+    if not value:
+        return ()
+    forms = "give split=PATH pairs such as train=meta/train.txt,test=meta/test.txt"
+    lists: dict[str, str] = {}
+    for part in value.split(","):
+        name, equals, path = part.partition("=")
+        name, path = name.strip(), path.strip()
+        if not equals or not name or not path:
+            raise UserError(f"--split_lists={value!r}: {part.strip()!r} is not split=PATH: {forms}")
+        split = split_of(name)
+        if split is None:
+            raise UserError(f"--split_lists={value!r} names the split {name!r}: the splits are {', '.join(SPLITS)} "
+                            "(or val, valid, dev for validation)")
+        if split in lists:
+            raise UserError(f"--split_lists={value!r} gives a {split} list twice: give each split one list")
+        if path in lists.values():
+            raise UserError(f"--split_lists={value!r} gives {path} for two splits: give each split its own list")
+        lists[split] = path
+    if "train" not in lists:
+        raise UserError(f"--split_lists={value!r} has no train list: give train=PATH too (the images of no list are "
+                        "skipped)")
+    return tuple((split, lists[split]) for split in SPLITS if split in lists)
+
+
+def format_split_lists(lists: tuple) -> str:
+    """How image_tfrecords.json records --split_lists: 'train=PATH,test=PATH'."""
+    return ",".join(f"{split}={path}" for split, path in lists)
 
 
 def parse_colour(text: str) -> tuple[int, int, int]:
@@ -315,6 +354,16 @@ def validate(options: PipelineOptions) -> Settings:
                         "the folder of images as --input_dir, or drop --unlabeled")
     if o.unlabeled and o.labels_file:
         raise UserError("--labels_file names the classes, and --unlabeled writes no labels: drop one of the two")
+    split_lists = parse_split_lists(o.split_lists)
+    if split_lists and manifest:
+        raise UserError("--split_lists gives the splits of class-folder images, and a --manifest has its own split "
+                        "column: put each image's split in the manifest, or give the folder as --input_dir")
+    if split_lists and o.unlabeled:
+        raise UserError("--split_lists splits labeled images, and --unlabeled writes one split: drop one of the two")
+    for _, path in split_lists:
+        problem = bucket_problem(path)
+        if problem:
+            raise UserError(f"--split_lists {path}: {problem}")
     metadata = o.metadata or None
     if metadata and manifest:
         raise UserError("--metadata is for class folders, and a --manifest carries its own extra columns: put "
@@ -437,12 +486,28 @@ def validate(options: PipelineOptions) -> Settings:
         metadata=metadata,
         multi_label=bool(o.multi_label),
         unlabeled=bool(o.unlabeled),
+        split_lists=split_lists,
     )
 
 
 def given_flags(argv: list[str]) -> set[str]:
     """The names of the options `argv` gives (`--jpeg_quality=90` and `--jpeg_quality 90` both name it)."""
     return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
+def check_split_list_flags(argv: list[str], settings: Settings) -> None:
+    """--split_lists decides every image's split: --validation_split and --test_split given with it are refused
+    (their defaults are not: they are only not used).
+
+    Raises:
+        UserError: naming the first such flag given.
+    """
+    if not settings.split_lists:
+        return
+    for flag in ("validation_split", "test_split"):
+        if flag in given_flags(argv):
+            raise UserError(f"--{flag} and --split_lists contradict each other: the lists give every image's split; "
+                            f"drop --{flag}")
 
 
 def ignored_options(argv: list[str], options: PipelineOptions, settings: Settings, *, dataflow: bool,

@@ -29,7 +29,7 @@ from transforms.base import bounded, features
 from transforms.base.dataset_format import split_of
 from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef
-from transforms.inputs import manifest, metadata
+from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
 from transforms.inputs.listing import Folder, classify, list_folder, list_top
 from transforms.labels.layout import (
@@ -65,6 +65,8 @@ class Plan:
     features: tuple = ()  # the extra features (transforms.base.features.FeatureType): declared, then string columns
     metadata_format: str = ""  # with --metadata: 'csv' or 'jsonl'
     manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
+    split_list_rule: split_lists.MatchRule | None = None  # with --split_lists: how their lines name the images
+    split_list_sizes: dict = field(default_factory=dict)  # with --split_lists: each list's bytes (split -> size)
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
     base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.inputs.append)
     record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
@@ -344,6 +346,10 @@ def plan_dataset(settings: Settings) -> Plan:
             split_folders = split_folder_layout(top_with_images)
         except ValueError as e:
             raise UserError(str(e)) from None
+        if split_folders and settings.split_lists:
+            raise UserError(f"--input_dir {input_dir} has split folders ({', '.join(sorted(top_with_images))}), which "
+                            "give every image's split, and --split_lists gives them too: drop --split_lists, or give "
+                            "a folder of class folders")
         if split_folders:
             class_probes, loose = [], []
             for split_folder in (p.folder for p in probes if _has_images(p)):
@@ -413,6 +419,8 @@ def plan_dataset(settings: Settings) -> Plan:
         unknown_classes=unknown,
         notes=notes,
     )
+    if settings.split_lists:
+        plan_split_lists(settings, plan)
     return plan_metadata(settings, plan) if settings.metadata else plan
 
 
@@ -629,6 +637,107 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
     return plan
 
 
+# The launcher reads at most this many lines of each split list (their rule, and a probe of a few of their names),
+# never a whole list: a list may have a hundred million lines, read in the job.
+SPLIT_LIST_SAMPLE_LINES = 1000
+SPLIT_LIST_PROBES = 5  # names of each list looked for below --input_dir (paths only: a bare name needs the listing)
+
+
+def _list_sample(split: str, path: str, input_dir: str) -> list[str]:
+    """The names (`split_lists.line_name`) of the first non-blank lines of a split list, up to
+    SPLIT_LIST_SAMPLE_LINES, looking at no more than ten times as many lines.
+
+    Raises:
+        UserError: for a missing, unreadable or empty list, or one that is not a regular file.
+    """
+    flag, what = f"--split_lists {split}={path}:", "list of the split's images, one a line"
+    inputs.check_file(f"--split_lists {split} list", path, what)
+    names, looked = [], 0
+    try:
+        with _damaged_is_an_error(f"--split_lists {split} list", path), reading.open_file(path) as raw:
+            for line in reading.file_lines(raw):
+                looked += 1
+                name = "" if isinstance(line, reading.LongLine) else split_lists.line_name(line, input_dir)
+                if name:
+                    names.append(name)
+                if len(names) >= SPLIT_LIST_SAMPLE_LINES or looked >= 10 * SPLIT_LIST_SAMPLE_LINES:
+                    break
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - what the file system says, named
+        missing = False
+        try:
+            missing = not FileSystems.exists(path)
+        except Exception:  # noqa: BLE001
+            pass
+        if missing:
+            raise UserError(f"--split_lists {split} list {path} does not exist: give the {what}") from None
+        raise UserError(f"--split_lists {split} list {path} cannot be read ({type(e).__name__}: "
+                        f"{shown(str(e), 120)}): give the {what}") from None
+    if not names and looked < 10 * SPLIT_LIST_SAMPLE_LINES:
+        raise UserError(f"{flag} the list is empty: write one image a line, as its path below --input_dir "
+                        "(apple_pie/1005649) or its file name")
+    return names
+
+
+def _probe_list_names(settings: Settings, names: list[str], rule: split_lists.MatchRule) -> bool:
+    """Whether one of `names` (paths below --input_dir) is a file there: with extensions the file itself, without
+    them a file of that name and any extension (a pattern, matched by the file system)."""
+    for name in names:
+        if any(c in name for c in GLOB_CHARACTERS) or name.startswith("../") or name == "..":
+            continue
+        path = FileSystems.join(settings.input_dir, name)
+        try:
+            if rule.with_extensions:
+                if FileSystems.exists(path):
+                    return True
+            elif FileSystems.match([path + ".*"], limits=[1])[0].metadata_list:
+                return True
+        except Exception:  # noqa: BLE001 - a name the file system cannot look for: the job reports it
+            continue
+    return False
+
+
+def plan_split_lists(settings: Settings, plan: Plan) -> None:
+    """With --split_lists: check each list (a regular, readable, non-empty file), decide from their first lines how
+    they name the images (`split_lists.rule_of`: the same rule for every list), and look for a few of their names
+    below --input_dir. Sets `plan.split_list_rule` and `plan.split_list_sizes` and adds a note.
+
+    Raises:
+        UserError: for a list that cannot be read or is empty, lists that name images in two ways, or lists of
+            paths none of whose first names is found below --input_dir.
+    """
+    samples = {split: _list_sample(split, path, settings.input_dir) for split, path in settings.split_lists}
+    forms = {split: split_lists.rule_of(names).by_name for split, names in samples.items() if names}
+    if len(set(forms.values())) > 1:
+        by_path = next(split for split, by_name in forms.items() if not by_name)
+        by_name = next(split for split, by_name in forms.items() if by_name)
+        raise UserError(f"--split_lists: the {by_path} list names images by path ({shown(samples[by_path][0])!r}) "
+                        f"and the {by_name} list by bare file name ({shown(samples[by_name][0])!r}): name them one "
+                        "way in every list")
+    rule = split_lists.rule_of([name for names in samples.values() for name in names])
+    if not rule.by_name:
+        probes = [name for names in samples.values() for name in names[:SPLIT_LIST_PROBES]]
+        if probes and not _probe_list_names(settings, probes, rule):
+            split, first = next((split, names[0]) for split, names in samples.items() if names)
+            raise UserError(
+                f"--split_lists: none of the first {len(probes)} names of the lists is an image below --input_dir "
+                f"{settings.input_dir} (the {split} list's first line names {shown(first)!r}, "
+                f"{rule.describe()}): give as --input_dir the folder the lines' paths are relative to (Food-101: "
+                "food-101/images)")
+    sizes = {}
+    for split, path in settings.split_lists:
+        try:
+            sizes[split] = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        except Exception:  # noqa: BLE001 - read above; its size only tells a resume apart
+            sizes[split] = -1
+    plan.split_list_rule, plan.split_list_sizes = rule, sizes
+    plan.notes.append("splits from --split_lists (" + ", ".join(f"{split}: {path}" for split, path in
+                                                                 settings.split_lists)
+                      + f"), their lines read as {rule.describe()}; images no list names are skipped "
+                      f"({split_lists.NOT_IN_SPLIT_LISTS})")
+
+
 def check_manifest_columns(path: str, columns: list[str], settings: Settings) -> None:
     """The manifest's header has what the options need: path, and label (or labels with --multi_label)."""
     if "path" not in columns:
@@ -686,6 +795,7 @@ def plan_record(settings: Settings, plan: Plan) -> dict:
             "features": repr(plan.features),
             "metadata_format": plan.metadata_format,
             "manifest_groups": plan.manifest_groups,
+            **({"split_lists": [list(plan.split_list_rule), plan.split_list_sizes]} if plan.split_list_rule else {}),
         },
         "code": {"version": __version__, "code": code_hash(), "format_version": FORMAT_VERSION,
                  "libraries": converter_libraries()},

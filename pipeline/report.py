@@ -87,6 +87,25 @@ def split_shares_line(info: dict) -> str:
     return "Split shares of the images written: " + ", ".join(parts) + "."
 
 
+def split_lists_line(info: dict) -> str:
+    """With --split_lists, where the splits came from: the images written per split and the lines of each list,
+    e.g. 'Splits from --split_lists: train 75, test 25 images written; lines listed: train 76, test 25 (read as
+    paths relative to --input_dir without extensions).'; '' for splits made otherwise."""
+    found = info.get("split_lists")
+    if info.get("split_by") != "split_lists" or not isinstance(found, dict):
+        return ""
+    lists = found.get("lists") or {}
+    written = ", ".join(f"{split} {info['splits'].get(split, {}).get('records', 0)}" for split in lists)
+    listed = ", ".join(f"{split} {n}" for split, n in (found.get("lines") or {}).items())
+    text = (f"Splits from --split_lists: {written} images written; lines listed: {listed} (read as "
+            f"{found.get('match')}).")
+    repeated = found.get("repeated_lines", 0)
+    if repeated:
+        text += (f" {repeated} {'line repeats' if repeated == 1 else 'lines repeat'} an image of its list (written "
+                 "once); see \"split_lists\" in image_tfrecords.json.")
+    return text
+
+
 def group_lines(info: dict) -> list[str]:
     """What --group_by found: groups, images without a group, groups in two split folders."""
     groups = info.get("groups")
@@ -104,8 +123,8 @@ def group_lines(info: dict) -> list[str]:
         first = groups["several_splits_examples"][0]
         where = ", ".join(f"{split} {n}" for split, n in first["images"].items())
         spread = groups["groups_in_several_splits"]
-        where_from = ("split folder" if info.get("split_by") == "split_folders"
-                      else "split (the manifest's split column)")
+        where_from = {"split_folders": "split folder", "split_lists": "split (--split_lists)"}.get(
+            info.get("split_by"), "split (the manifest's split column)")
         lines.append(f"  Groups with images in more than one {where_from} (leakage): {spread}, "
                      f"e.g. {first['group']!r} ({where}); see \"groups\" in image_tfrecords.json.")
     return lines
@@ -251,8 +270,8 @@ def format_summary(info: dict) -> str:
         if info[key]:
             reasons = ", ".join(f"{reason} {count}" for reason, count in info[key].items())
             lines.append(f"{title}: {reasons} (see {info['error_report']})")
-    for line in (split_shares_line(info), kept_line(info), *group_lines(info), duplicates_line(info),
-                 metadata_line(info), spanning_line(info)):
+    for line in (split_shares_line(info), split_lists_line(info), kept_line(info), *group_lines(info),
+                 duplicates_line(info), metadata_line(info), spanning_line(info)):
         if line:
             lines.append(line)
     if files.get("upscaled"):

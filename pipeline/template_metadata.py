@@ -105,6 +105,16 @@ PARAMETERS = {
         "Validation share",
         "Share of images hashed into validation when the input has no split folders, from 0 up to 1.", regex=SHARE),
     "test_split": Parameter("Test share", "Share of images hashed into test, like validation_split.", regex=SHARE),
+    "split_lists": Parameter(
+        "Split lists",
+        "The dataset's own split lists, with class folders: train=gs://.../train.txt,test=gs://.../test.txt (and "
+        "validation=...), one image a line as its path below input_dir (apple_pie/1005649, as Food-101's "
+        "meta/train.txt) or as a bare file name unique among the images, with or without its extension. An image no "
+        "list names is skipped as not_in_split_lists, a line that names no image is reported as listed_image_missing, "
+        "an image two lists name is rejected as listed_in_two_splits. Not with manifest, split folders, "
+        "validation_split or test_split.",
+        kind="TEXT", regex=r"^[A-Za-z_]+=gs://[^,]+(,[A-Za-z_]+=gs://[^,]+)*$",
+        default="none, a hash of each image's path splits them (or the split folders)"),
     "seed": Parameter(
         "Seed", "Seed of the split hash and of the shuffle order; keep it fixed so that a file stays in its split.",
         regex=r"^-?[0-9]+$"),

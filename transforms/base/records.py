@@ -15,6 +15,14 @@ class FileRef(NamedTuple):
     size: int  # bytes
 
 
+class ListedFile(NamedTuple):
+    """A file found under the input folder, and the split a --split_lists list gives it
+    (transforms.inputs.split_lists)."""
+
+    file: FileRef
+    split: str
+
+
 class ImageRef(NamedTuple):
     """An image file with its label and split assigned; still no bytes read."""
 

@@ -16,7 +16,8 @@ and a CSV quoted field that takes lines which read as rows of their own (a stray
 that names its lines (`record_fields`).
 
 Used by --manifest (transforms.inputs.manifest) and --metadata (transforms.inputs.metadata); each turns the
-RowFields into its own rows.
+RowFields into its own rows. --split_lists (transforms.inputs.split_lists) reads its lists as LINES: one record a
+physical line, no header, its text as it is (bytes that are not UTF-8 kept: they may name a file).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ MAX_RECORD_CHARS = 1 << 20
 # A physical line longer than this is read through without being held: one rejected row.
 MAX_LINE_BYTES = 1 << 20
 _BLOCK = 1 << 16
+LINES = "lines"  # a format of plain text lines: every physical line is a row, {"line": its text without its end}
 
 START, QUOTED = 0, 1  # a physical line starts a CSV record, or continues a quoted field of the record before
 _START_FIELD, _IN_FIELD, _IN_QUOTED, _QUOTE_IN_QUOTED = range(4)
@@ -410,6 +412,8 @@ def record_fields(record: Record, fmt: str, header: list[str], line: int = 0) ->
     """
     if fmt == "csv" and not record.closed:
         raise UnclosedQuote(line, record.lines)
+    if fmt == LINES and not record.too_long:
+        return {"line": record.text.rstrip("\r\n")}
     if record.too_long:
         where = _lines(line, record.lines)
         if record.lines == 1:
@@ -693,7 +697,9 @@ class _RangeRows(beam.DoFn):
         self._header = None
 
     def header(self) -> list[str]:
-        if self._header is None:
+        if self._header is None and self._fmt == LINES:
+            self._header = []  # plain lines: no header
+        elif self._header is None:
             with open_file(self._path) as raw:
                 first = next(group_records(file_lines(raw), self._fmt), None)
             self._header = header_of(first) if self._fmt == "csv" else jsonl_header(first)

@@ -7,7 +7,7 @@ import apache_beam as beam
 from transforms.base import counters
 from transforms.base.examples import record_id
 from transforms.base.paths import display_path, name_bytes, quoted_name
-from transforms.base.records import FileRef, ImageRef, Rejection
+from transforms.base.records import FileRef, ImageRef, ListedFile, Rejection
 from transforms.labels.layout import GROUP_BY_TIMEOUT, UNKNOWN_CLASS, Placement, compile_group_by, place, shuffle_key
 
 UNLABELED = "unlabeled"
@@ -29,8 +29,11 @@ class _AssignLabel(beam.DoFn):
     def setup(self):
         self._placement["group_by"] = compile_group_by(self._group_by) if self._group_by else None
 
-    def process(self, ref: FileRef):
-        placed = place(ref.relpath, **self._placement)
+    def process(self, ref: FileRef | ListedFile):
+        split = None  # the split hash's, or the split folder's
+        if isinstance(ref, ListedFile):  # --split_lists: the split its list gives
+            ref, split = ref
+        placed = place(ref.relpath, **self._placement, split=split)
         if not isinstance(placed, Placement):
             stage = "rejected" if placed[0] == GROUP_BY_TIMEOUT else "skipped"
             counters.inc("files_unlabeled" if stage == "skipped" else counters.rejected(GROUP_BY_TIMEOUT))
@@ -55,7 +58,8 @@ class _AssignLabel(beam.DoFn):
 
 
 class AssignLabels(beam.PTransform):
-    """FileRef -> ImageRef (label, split, shuffle key), plus an UNLABELED output of Rejection and, with
+    """FileRef (or, with --split_lists, ListedFile: the file and its list's split) -> ImageRef (label, split,
+    shuffle key), plus an UNLABELED output of Rejection and, with
     `group_by` (a regex), a GROUPS output of (group or '', split, relpath) per labelled image.
 
     With `unlabeled` (--unlabeled), an image directly in the input folder gets no label (None) and the one

@@ -203,13 +203,15 @@ def place(
     test_split: float,
     group_by: regex.Pattern | None = None,
     unlabeled: bool = False,
+    split: str | None = None,
 ) -> Placement | tuple[str, str]:
     """The split and class of an image from its relative path, or a (reason, detail) skip (GROUP_BY_TIMEOUT: a
     rejection).
 
     With `group_by`, the split hash takes the image's group instead of its path, so every image of a group
     lands in the same split; a path without a group is its own group (its split is the one it has without
-    `group_by`). Split folders keep their images: the group is only recorded (to check for leakage).
+    `group_by`). Split folders keep their images: the group is only recorded (to check for leakage); so does
+    `split`, the split a --split_lists list gives the image (no hash is taken then).
     With `unlabeled`, an image directly in the input folder goes to UNLABELED_SPLIT, of no class ('').
     """
     parts = relpath.split("/")
@@ -230,7 +232,7 @@ def place(
         group = group_of(relpath, group_by)
     except GroupByTimeout as e:
         return GROUP_BY_TIMEOUT, str(e)
-    if not split_folders:
+    if split is None:
         split = hash_split(group or relpath, seed, validation_split, test_split)
     return Placement(split, class_name, group)
 

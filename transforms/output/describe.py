@@ -187,7 +187,7 @@ def check_lines(lines: dict, splits: dict) -> None:
 def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
                  tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
                  duplicates: dict | None = None, statistics: dict | None = None, extra_features: tuple = (),
-                 metadata: dict | None = None, manifest: dict | None = None) -> dict:
+                 metadata: dict | None = None, manifest: dict | None = None, split_lists: dict | None = None) -> dict:
     """The dataset description, INFO_FILE's content, of a run whose accounting is `counts`.
 
     `tfds`: TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
@@ -196,7 +196,7 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
     `statistics`: pixel mean and std, source sizes and upscaling per split (`transforms.images.stats.describe`);
     `extra_features`: the typed extra features (transforms.base.features.FeatureType); `metadata`: what the --metadata
     join found (None without it); `manifest`: what the --manifest's reading found (its rows that span lines;
-    None without one).
+    None without one); `split_lists`: the --split_lists, their rule and lines (None without them).
     """
     all_shards = [s for info in counts.splits.values() for s in info["shards"]]
     elapsed = max(time.time() - start_time, 1e-9)
@@ -227,6 +227,7 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         **({"duplicates": duplicates} if duplicates is not None else {}),
         **({"metadata": metadata} if metadata is not None else {}),
         **({"manifest": manifest} if manifest is not None else {}),
+        **({"split_lists": split_lists} if split_lists is not None else {}),
         "rejected_by_reason": counts.rejected_by_reason,
         "skipped_by_reason": counts.skipped_by_reason,
         "shard_bytes": _summary([s["bytes"] for s in all_shards]),
@@ -257,7 +258,8 @@ class _WriteInfo(beam.DoFn):
         self._tool_version = tool_version
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
-                metadata=None, class_names=None, manifest=None, sources=(), present=None, lines=False, held=False):
+                metadata=None, class_names=None, manifest=None, sources=(), present=None, lines=False, held=False,
+                split_lists=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
         aside = {RESUMED: {}, LINES: {}, HELD: {}}  # per run, or per split of the sources lines
@@ -303,7 +305,7 @@ class _WriteInfo(beam.DoFn):
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
                             groups=groups, duplicates=dup.describe(duplicates, self._class_names),
                             statistics=statistics, extra_features=self._extra_features, metadata=metadata,
-                            manifest=manifest)
+                            manifest=manifest, split_lists=split_lists)
         old_sources = list(((self._base or {}).get("sources") or {}).get("files") or [])
         info["sources"] = {"files": old_sources + sources,
                            "format": "one JSON list a line: [relpath, sha256, split, label]"}
@@ -503,8 +505,9 @@ class PublishDataset(beam.PTransform):
     sources files, from transforms.inputs.append.WriteSources) and 'lines' (the hashes WriteSources wrote, counted
     per split against the records), and, with `base` (the description of the dataset an --if_exists=append grows),
     'present' (1 per image already in it, from SkipPresent) and 'held' (its sources lines, from ReadSources, counted
-    per split against its description before anything is written). `split_by` says
-    how the splits were made: split_folders, path_hash or group_hash.
+    per split against its description before anything is written), and 'split_lists' (one dict: the
+    --split_lists, their rule and lines, from transforms.inputs.split_lists.JoinSplitLists). `split_by` says
+    how the splits were made: split_folders, split_lists, path_hash or group_hash.
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
@@ -556,6 +559,8 @@ class PublishDataset(beam.PTransform):
             side["metadata"] = beam.pvalue.AsSingleton(inputs["metadata"])
         if "manifest" in inputs:  # one small dict: what the --manifest's reading found
             side["manifest"] = beam.pvalue.AsSingleton(inputs["manifest"])
+        if "split_lists" in inputs:  # one small dict: the --split_lists and their lines
+            side["split_lists"] = beam.pvalue.AsSingleton(inputs["split_lists"])
         if self._names is not None:  # one list: the class names
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         if "sources" in inputs:  # the paths of this run's sources files (transforms.inputs.append.WriteSources)
