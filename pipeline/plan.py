@@ -716,15 +716,13 @@ def plan_split_lists(settings: Settings, plan: Plan) -> None:
                         f"and the {by_name} list by bare file name ({shown(samples[by_name][0])!r}): name them one "
                         "way in every list")
     rule = split_lists.rule_of([name for names in samples.values() for name in names])
-    if not rule.by_name:
-        probes = [name for names in samples.values() for name in names[:SPLIT_LIST_PROBES]]
-        if probes and not _probe_list_names(settings, probes, rule):
-            split, first = next((split, names[0]) for split, names in samples.items() if names)
+    for split, names in samples.items():
+        probes = names[:SPLIT_LIST_PROBES]
+        if not rule.by_name and probes and not _probe_list_names(settings, probes, rule):
             raise UserError(
-                f"--split_lists: none of the first {len(probes)} names of the lists is an image below --input_dir "
-                f"{settings.input_dir} (the {split} list's first line names {shown(first)!r}, "
-                f"{rule.describe()}): give as --input_dir the folder the lines' paths are relative to (Food-101: "
-                "food-101/images)")
+                f"--split_lists: none of the first {len(probes)} names of the {split} list is an image below "
+                f"--input_dir {settings.input_dir} (its first names {shown(probes[0])!r}, read as {rule.describe()}): "
+                "give as --input_dir the folder the lines' paths are relative to (Food-101: food-101/images)")
     sizes = {}
     for split, path in settings.split_lists:
         try:
