@@ -364,6 +364,12 @@ def plan_dataset(settings: Settings) -> Plan:
             folder_classes = sorted(top_with_images)
         nested = nested_class_folders([image[1] for p in probes for image in p.images], split_folders)
         if nested:
+            if settings.split_lists and len(nested) == 1:  # Food-101's root given: food-101/images/<class>/
+                folder = next(iter(nested))
+                raise UserError(f"every image found in {input_dir} is inside its folder {folder}/, whose folders "
+                                f"({', '.join(sorted(nested[folder])[:3])}, ...) are the classes: give "
+                                f"--input_dir={input_dir.rstrip('/')}/{folder}, the folder the --split_lists lines "
+                                "are relative to")
             raise UserError(nested_layout_message(input_dir, nested, split_folders))
     except UserError:
         raise

@@ -14,6 +14,14 @@ from pipeline.errors import UserError
 from pipeline.options import parse_split_lists, validate
 from tests import hostile_files
 from tests.conftest import cli, convert, main_in_process, run_tool
+from tests.dataflow_dry_run import (
+    BOUNDED_SIDE_INPUTS,
+    JOB_ENV,
+    SCRIPT,
+    assert_single_element_stages_are_bounded,
+    pipeline_proto,
+    run_script,
+)
 from tests.datasets import error_rows, read_records
 from transforms.inputs import split_lists as sl
 
@@ -113,10 +121,15 @@ def test_the_join_reads_the_lists_in_ranges_and_accounts_for_every_line_and_file
         assert_that(out["files"], equal_to([ListedFile(refs["a/1"], "train"), ListedFile(refs["a/2"], "train"),
                                             ListedFile(refs["a/3"], "test"), ListedFile(refs["b/2"], "test")]),
                     label="files")
-        assert_that(out[sl.REJECTED] | beam.Map(lambda r: (r.relpath, r.stage, r.reason)),
-                    equal_to([("a/9", "rejected", sl.LISTED_IMAGE_MISSING),
-                              ("a/4.jpg", "skipped", sl.NOT_IN_SPLIT_LISTS),
-                              ("b/1.jpg", "rejected", sl.LISTED_IN_TWO_SPLITS)]), label="rejected")
+        assert_that(out[sl.REJECTED] | beam.Map(lambda r: (r.relpath, r.stage, r.reason,
+                                                           r.detail.split(" names")[0])),
+                    equal_to([("a/9", "rejected", sl.LISTED_IMAGE_MISSING, f"line 4 of the train list {train}"),
+                              ("a/4.jpg", "skipped", sl.NOT_IN_SPLIT_LISTS,
+                               f"no line of --split_lists ({train}, {test})"),
+                              ("b/1.jpg", "rejected", sl.LISTED_IN_TWO_SPLITS,
+                               f"listed in train and test (line 5 of the train list {train}, line 6 of the train "
+                               f"list {train}, line 2 of the test list {test}), so it is written in neither (an "
+                               "image in two splits leaks between them): keep it in one list")]), label="rejected")
         assert_that(out[sl.FOUND] | "Sum" >> beam.CombineGlobally(sum), equal_to([1]), label="found")
         assert_that(out[sl.STATS] | beam.Map(lambda s: (s["lines"], s["blank_lines"], s[sl.REPEATED_LINES])),
                     equal_to([({"train": 5, "test": 3}, 1, 0)]), label="stats")
@@ -299,3 +312,58 @@ def _run(out, *args):
     from tests.conftest import FAST
 
     return run([f"--output_dir={out}", "--quiet", *args, *FAST])
+
+
+# --- Cloud Storage and Dataflow --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_gcs_lists_and_images(gcs_emulator, tmp_path):
+    from tests.gcs_fixtures import NO_AUTH
+
+    expected = food101(tmp_path / "food", per_class=4)
+    bucket = gcs_emulator.create_bucket("split-lists")
+    assert gcs_emulator.upload_tree(tmp_path / "food", f"{bucket}/food-101") == 14
+    out = tmp_path / "out"
+    assert _run(out, f"--input_dir={bucket}/food-101/images", "--image_size=16", NO_AUTH,
+                f"--split_lists=train={bucket}/food-101/meta/train.txt,test={bucket}/food-101/meta/test.txt") == 0
+    assert splits_of(out) == expected
+    with pytest.raises(UserError, match=f"give --input_dir={bucket}/food-101/images, the folder the --split_lists "):
+        _run(out, f"--input_dir={bucket}/food-101", "--image_size=16", NO_AUTH, "--overwrite",
+             f"--split_lists=train={bucket}/food-101/meta/train.txt,test={bucket}/food-101/meta/test.txt")
+
+
+SPLIT_LIST_BOUNDED_SIDE_INPUTS = {
+    **BOUNDED_SIDE_INPUTS,
+    **{f"JoinSplitLists/Read{split}List/{step}": "the line counts of a list's ranges: one per 64 MiB"
+       for split in ("Train", "Test") for step in ("AllCounts", "RangeStarts")},
+    "JoinSplitLists/SummariseSplitLists": "one dict: the lists' line counts and the first 10 repeated lines",
+}
+SPLIT_LIST_PER_LINE_STEPS = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/FilterByName",
+                             "JoinSplitLists/ReadTrainList/ReadRows", "JoinSplitLists/ReadTestList/ReadRows",
+                             "JoinSplitLists/ReadTrainList/CountRows", "JoinSplitLists/ReadTestList/CountRows",
+                             "JoinSplitLists/KeyTrainLines", "JoinSplitLists/KeyTestLines", "JoinSplitLists/KeyFiles",
+                             "JoinSplitLists/Match", "AssignLabels/", "AssignShards/PlaceImages",
+                             "WriteShards/ConvertChunks", "WriteShards/AssembleShards")
+
+
+@pytest.mark.timeout(300)
+def test_a_split_lists_job_stages_no_per_line_work_on_one_worker(gcs_emulator, tmp_path):
+    import os
+    import re
+
+    food101(tmp_path / "food", per_class=2)
+    bucket = gcs_emulator.create_bucket("dataflow-split-lists")
+    gcs_emulator.upload_tree(tmp_path / "food", f"{bucket}/food-101")
+    result = run_script(SCRIPT, f"--input_dir={bucket}/food-101/images", f"--output_dir={bucket}/out",
+                        f"--split_lists=train={bucket}/food-101/meta/train.txt,test={bucket}/food-101/meta/test.txt",
+                        "--dry_run", "--image_size=32",
+                        env=dict(os.environ, **gcs_emulator.env, **{**JOB_ENV, "BUCKET": "dataflow-split-lists"}))
+    assert result.returncode == 0, result.stderr
+    proto = pipeline_proto(gcs_emulator, re.search(r"staged to (gs://\S+): ", result.stdout).group(1))
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert {"JoinSplitLists/ReadTrainList/ReadRows", "JoinSplitLists/GroupByListedName",
+            "JoinSplitLists/Match"} <= names
+    single = assert_single_element_stages_are_bounded(proto, SPLIT_LIST_PER_LINE_STEPS,
+                                                      SPLIT_LIST_BOUNDED_SIDE_INPUTS)
+    assert any("JoinSplitLists/ReadTrainList/Ranges" in x.unique_name for s in single for x in s.transforms)
