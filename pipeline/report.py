@@ -123,7 +123,7 @@ def group_lines(info: dict) -> list[str]:
         first = groups["several_splits_examples"][0]
         where = ", ".join(f"{split} {n}" for split, n in first["images"].items())
         spread = groups["groups_in_several_splits"]
-        where_from = {"split_folders": "split folder", "split_lists": "split (--split_lists)"}.get(
+        where_from = {"split_folders": "split folder", "split_lists": "split list"}.get(
             info.get("split_by"), "split (the manifest's split column)")
         lines.append(f"  Groups with images in more than one {where_from} (leakage): {spread}, "
                      f"e.g. {first['group']!r} ({where}); see \"groups\" in image_tfrecords.json.")

@@ -172,13 +172,39 @@ def test_bare_names_with_extensions_and_untidy_lines(tmp_path):
     meta.joinpath("test.txt").write_text("".join(f"{n}\n" for n in names["test"]))
     out = tmp_path / "out"
     assert convert(tmp_path / "food" / "images", out, lists_flag(tmp_path / "food", train="train", val="val",
-                                                                 test="test"), "--image_size=16") == 0
+                                                                 test="test"), "--image_size=16",
+                   "--group_by=^([^/]+)/") == 0
     by_name = {path.split("/")[1]: path for paths in expected.values() for path in paths}
     assert splits_of(out) == {"train": sorted(by_name[n] for n in train),
                               "validation": sorted(by_name[n] for n in val), "test": expected["test"]}
     info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["split_lists"]["match"] == "bare file names with extensions"
     assert info["split_lists"]["blank_lines"] == len(train)
+    assert info["groups"]["groups_in_several_splits"] == 3  # --group_by reports the classes that span the lists
+
+
+def test_a_resume_takes_no_chunk_of_a_run_with_other_lists(tmp_path):
+    """The lists (their paths, their rule, their sizes) are in the plan's fingerprint: an interrupted run's chunks
+    are taken only by a run of the same lists."""
+    from pipeline.plan import plan_dataset, plan_record
+
+    food101(tmp_path / "food", per_class=2)
+    meta = tmp_path / "food" / "meta"
+
+    def record(*args):
+        argv = [f"--input_dir={tmp_path / 'food' / 'images'}", f"--output_dir={tmp_path / 'out'}", "--quiet",
+                "--image_size=16", *args]
+        settings = validate(PipelineOptions(argv))
+        return plan_record(settings, plan_dataset(settings))
+
+    lists = lists_flag(tmp_path / "food", train="train", test="test")
+    first = record(lists)
+    assert record(lists) == first
+    assert first["plan"]["split_lists"] == [[False, False], {"train": meta.joinpath("train.txt").stat().st_size,
+                                                             "test": meta.joinpath("test.txt").stat().st_size}]
+    meta.joinpath("train.txt").write_text(meta.joinpath("train.txt").read_text() + "bibimbap/1\n")
+    assert record(lists) != first  # the same paths, other lines
+    assert "split_lists" not in record()["plan"] and record() != first
 
 
 @pytest.mark.timeout(300)
