@@ -646,27 +646,35 @@ def plan_metadata(settings: Settings, plan: Plan) -> Plan:
 # The launcher reads at most this many lines of each split list (their rule, and a probe of a few of their names),
 # never a whole list: a list may have a hundred million lines, read in the job.
 SPLIT_LIST_SAMPLE_LINES = 1000
+SPLIT_LIST_SAMPLE_BYTES = 4 << 20
 SPLIT_LIST_PROBES = 5  # names of each list looked for below --input_dir (paths only: a bare name needs the listing)
 
 
 def _list_sample(split: str, path: str, input_dir: str) -> list[str]:
     """The names (`split_lists.line_name`) of the first non-blank lines of a split list, up to
-    SPLIT_LIST_SAMPLE_LINES, looking at no more than ten times as many lines.
+    SPLIT_LIST_SAMPLE_LINES, looking at no more than ten times as many lines and SPLIT_LIST_SAMPLE_BYTES.
 
     Raises:
-        UserError: for a missing, unreadable or empty list, or one that is not a regular file.
+        UserError: for a missing, unreadable or empty list, one that is not a regular file, or one whose first
+            lines hold a line over rows.MAX_LINE_BYTES (not a list of names).
     """
     flag, what = f"--split_lists {split}={path}:", "list of the split's images, one a line"
     inputs.check_file(f"--split_lists {split} list", path, what)
-    names, looked = [], 0
+    names, looked, size, ended = [], 0, 0, True
     try:
         with _damaged_is_an_error(f"--split_lists {split} list", path), reading.open_file(path) as raw:
             for line in reading.file_lines(raw):
                 looked += 1
-                name = "" if isinstance(line, reading.LongLine) else split_lists.line_name(line, input_dir)
+                if isinstance(line, reading.LongLine):
+                    raise UserError(f"{flag} its line {looked} is over {reading.MAX_LINE_BYTES >> 20} MiB "
+                                    f"({line.size} bytes): a line names one image; is it the {what}?")
+                size += len(line)
+                name = split_lists.line_name(line, input_dir)
                 if name:
                     names.append(name)
-                if len(names) >= SPLIT_LIST_SAMPLE_LINES or looked >= 10 * SPLIT_LIST_SAMPLE_LINES:
+                if (len(names) >= SPLIT_LIST_SAMPLE_LINES or looked >= 10 * SPLIT_LIST_SAMPLE_LINES
+                        or size >= SPLIT_LIST_SAMPLE_BYTES):
+                    ended = False
                     break
     except UserError:
         raise
@@ -680,7 +688,7 @@ def _list_sample(split: str, path: str, input_dir: str) -> list[str]:
             raise UserError(f"--split_lists {split} list {path} does not exist: give the {what}") from None
         raise UserError(f"--split_lists {split} list {path} cannot be read ({type(e).__name__}: "
                         f"{shown(str(e), 120)}): give the {what}") from None
-    if not names and looked < 10 * SPLIT_LIST_SAMPLE_LINES:
+    if not names and ended:
         raise UserError(f"{flag} the list is empty: write one image a line, as its path below --input_dir "
                         "(apple_pie/1005649) or its file name")
     return names
@@ -690,6 +698,7 @@ def _probe_list_names(settings: Settings, names: list[str], rule: split_lists.Ma
     """Whether one of `names` (paths below --input_dir) is a file there: with extensions the file itself, without
     them a file of that name and any extension (a pattern, matched by the file system)."""
     for name in names:
+        name = name if rule.with_extensions else split_lists.without_image_extension(name)
         if any(c in name for c in GLOB_CHARACTERS) or name.startswith("../") or name == "..":
             continue
         path = FileSystems.join(settings.input_dir, name)

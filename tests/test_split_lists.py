@@ -293,12 +293,14 @@ def test_a_list_that_cannot_be_read_is_one_line(tmp_path, capsys, fifos):
     food101(tmp_path / "food", per_class=2)
     meta = tmp_path / "food" / "meta"
     (meta / "empty.txt").write_text("\n \n")
+    (meta / "binary.txt").write_bytes(b"\n" + b"\x00" * (1 << 21))  # not a list: never held
     fifos.append(hostile_files.fifo(meta / "pipe.txt"))
     base = [f"--input_dir={tmp_path / 'food' / 'images'}", f"--output_dir={tmp_path / 'out'}"]
     for name, says in [("nope", f"--split_lists test list {meta / 'nope.txt'} does not exist: give the list"),
                        ("pipe", f"--split_lists test list {meta / 'pipe.txt'} is a FIFO (named pipe), not a regular "
                                 "file, and is not read"),
-                       ("empty", "the list is empty: write one image a line")]:
+                       ("empty", "the list is empty: write one image a line"),
+                       ("binary", f"its line 2 is over 1 MiB ({1 << 21} bytes): a line names one image")]:
         code, stderr = main_in_process(capsys, *base, lists_flag(tmp_path / "food", train="train", test=name))
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and says in lines[0], (name, stderr)
