@@ -62,3 +62,8 @@ class ImageAnnotations(NamedTuple):
     objects: tuple[Annotation, ...] = ()
     problems: tuple[AnnotationProblem, ...] = ()  # annotations of this image already rejected by the parser
     semantic_mask: str = ""  # full path of a per-image class-id mask (PNG, palette or grey) for semantic segmentation
+    # Boxes and polygons as fractions of the image's width and height (YOLO), made pixels once its size is known.
+    normalised: bool = False
+    # The frame the coordinates refer to when the format fixes it: 'upright' (after the EXIF orientation, as
+    # YOLO's tools read images) or 'stored' (the pixels as stored in the file); '' to decide from frame_size.
+    frame: str = ""
