@@ -322,14 +322,17 @@ def _place(annotation: Annotation, mapping: _Mapping, scale: tuple[float, float]
                         bool(annotation.difficult), bool(annotation.truncated or cut), mask, annotation.where)
 
 
-def place_annotations(annotations: ImageAnnotations, placement: Placement,
-                      semantic_mask: bytes | None = None) -> PlacedAnnotations:
+def place_annotations(annotations: ImageAnnotations, placement: Placement, semantic_mask: bytes | None = None,
+                      masks: bool | None = None) -> PlacedAnnotations:
     """The image's objects in its output frame (see the module's docstring), and the annotations rejected.
 
     `placement` is the converted image's (`EncodedImage.placement`); `semantic_mask` the bytes of the file
     `annotations.semantic_mask` names, when it names one. Boxes are clipped to the image, then to the crop
     (`box_outside_image` when nothing is left); one under a pixel of the output wide or high is `box_too_small`;
     one that is not a box `bad_box`; an object whose segmentation cannot be rasterised `bad_segmentation`.
+    `masks`: None gives every object a mask when one of the image's objects has a segmentation; True always (a
+    dataset of instance masks: one per object in every record, its box for an object without a segmentation);
+    False never (boxes only: nothing is rasterised).
     """
     image = annotations.relpath
     frame = decide_frame(annotations.frame, annotations.frame_size, placement)
@@ -337,7 +340,9 @@ def place_annotations(annotations: ImageAnnotations, placement: Placement,
     if frame:
         mapping = _Mapping(placement, frame)
         scale = tuple(float(v) for v in mapping.frame_size) if annotations.normalised else (1.0, 1.0)
-        content = _content(placement) if any(a.segmentation is not None for a in annotations.objects) else None
+        if masks is None:
+            masks = any(a.segmentation is not None for a in annotations.objects)
+        content = _content(placement) if masks else None
         for annotation in annotations.objects:
             result = _place(annotation, mapping, scale, content, image)
             (problems if isinstance(result, AnnotationProblem) else placed).append(result)
