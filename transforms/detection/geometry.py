@@ -95,8 +95,8 @@ class _Mapping:
     def __init__(self, placement: Placement, frame: str):
         self.placement, self.frame = placement, frame
         self.frame_size = tuple(placement.stored_size if frame == STORED else placement.upright_size)
-        (s0x, s0y, s1x, s1y), (c0x, c0y, c1x, c1y) = placement.source_box, placement.content_box
-        self.source, self.content = (s0x, s0y, s1x, s1y), (c0x, c0y, c1x, c1y)
+        self.source, self.content = placement.source_box, placement.content_box
+        (s0x, s0y, s1x, s1y), (c0x, c0y, c1x, c1y) = self.source, self.content
         self.kx, self.ky = (c1x - c0x) / (s1x - s0x), (c1y - c0y) / (s1y - s0y)  # output px per source px
 
     def _upright(self, x, y):
