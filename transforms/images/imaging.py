@@ -47,6 +47,9 @@ class EncodedImage(NamedTuple):
     sha256: str = ""  # hex SHA-256 of the source file's bytes, set by transforms.images.convert.read_and_convert
     stats: ImageStats | None = None  # the source's upright size and the stored pixels' sums (transforms.images.stats)
     kept: bool = False  # the source's own image data is stored (`encode.passes_through`): no decode-encode loss
+    # Where the source's pixels went (orientation, kept box, output box): what annotations follow
+    # (transforms.detection.geometry); set by `convert_image`.
+    placement: pixels.Placement | None = None
 
 
 @functools.cache
@@ -165,9 +168,10 @@ def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored
     if image.format not in ("JPEG", "MPO"):
         orientation = decode.exif_orientation(image)  # PNG and WebP may keep EXIF after the pixels
     kept = encode.image_data_only(data) if encode.passes_through(image, data, orientation, settings) else None
-    if kept is not None:
+    if kept is not None:  # upright, at the output size or --resize_mode=none: the placement is the identity
         return EncodedImage(kept, image.width, image.height, "jpeg", False,
-                            stats=_stats(image if rgb is None else rgb, image.size), kept=True)
+                            stats=_stats(image if rgb is None else rgb, image.size), kept=True,
+                            placement=pixels.placement(stored_size, orientation, settings))
     try:
         if rgb is None:
             image = decode.to_rgb(image, settings.background)
@@ -187,4 +191,8 @@ def _decode_and_encode(image: Image.Image, data: bytes, orientation: int, stored
             INTERNAL_ERROR, f"{type(e).__name__} after decoding: {e} (a bug in the converter: please report it)"
         ) from None
     width, height = pixels.size_of(image)
-    return EncodedImage(encoded, width, height, settings.image_format, upscaled, stats=stats)
+    placement = pixels.placement(stored_size, orientation, settings)
+    if placement.output_size != (width, height):  # the pixels and the annotations must follow one mapping
+        raise ImageRejected(INTERNAL_ERROR, f"the output is {width}x{height}, its placement says "
+                            "{}x{} (a bug in the converter: please report it)".format(*placement.output_size))
+    return EncodedImage(encoded, width, height, settings.image_format, upscaled, stats=stats, placement=placement)

@@ -1,0 +1,69 @@
+"""The annotations of one image, as every input format (COCO, Pascal VOC, YOLO, CSV/JSONL boxes) gives them.
+
+Coordinates are in pixels of the source image file as its annotation file describes it: `frame_size` is the
+(width, height) the annotation file says the image has (None when the format does not say: YOLO, most CSVs), and
+the geometry (transforms.detection.geometry) decides from it and the file's EXIF orientation whether the
+coordinates refer to the stored pixels or to the upright image. Boxes are (xmin, ymin, xmax, ymax), floats, in
+pixels with the top-left corner of the top-left pixel at (0, 0) (COCO's convention; VOC's 1-based inclusive integer
+corners are converted by its parser, YOLO's normalised centre boxes by its).
+
+No Beam and no image bytes here: these are the elements the parsers yield and the graph carries.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Box(NamedTuple):
+    xmin: float
+    ymin: float
+    xmax: float
+    ymax: float
+
+
+class Segmentation(NamedTuple):
+    """An instance's mask, as its format gives it: polygons (each a flat x0, y0, x1, y1, ... in pixels), or a COCO
+    run-length encoding ({'size': [h, w], 'counts': str or list}); at most one of the two is set."""
+
+    polygons: tuple[tuple[float, ...], ...] = ()
+    rle: dict | None = None
+
+
+class Annotation(NamedTuple):
+    """One object: its class name as the annotation gives it, its box, and what the formats record about it."""
+
+    class_name: str
+    box: Box
+    is_crowd: bool = False
+    difficult: bool = False
+    truncated: bool = False
+    area: float | None = None  # COCO's `area` (of the segmentation, in source pixels); None: the box's
+    segmentation: Segmentation | None = None
+    where: str = ""  # where it is written, for errors.jsonl: "annotations.json: annotation id 17", "0001.xml: object 3"
+
+
+class AnnotationProblem(NamedTuple):
+    """An annotation that cannot be used, found while parsing (the image itself may still be kept)."""
+
+    reason: str  # machine-readable, e.g. 'unknown_class', 'box_outside_image', 'bad_annotation'
+    detail: str  # one line for people, naming the file and the annotation
+    image: str = ""  # the image's relative path or file name as the annotation file names it ('' when unknown)
+
+
+class ImageAnnotations(NamedTuple):
+    """Everything known about one image before its bytes are read."""
+
+    relpath: str  # path relative to --input_dir, '/'-separated (the record's image/filename)
+    path: str  # the full path (local or gs://) of the image file
+    source_id: str  # a number as text, stable across runs: COCO's image id; else derived from relpath
+    split: str = ""  # 'train' / 'validation' / 'test' from the dataset's own folders or files; '' for the hash split
+    frame_size: tuple[int, int] | None = None  # (width, height) as the annotation file gives them
+    objects: tuple[Annotation, ...] = ()
+    problems: tuple[AnnotationProblem, ...] = ()  # annotations of this image already rejected by the parser
+    semantic_mask: str = ""  # full path of a per-image class-id mask (PNG, palette or grey) for semantic segmentation
+    # Boxes and polygons as fractions of the image's width and height (YOLO), made pixels once its size is known.
+    normalised: bool = False
+    # The frame the coordinates refer to when the format fixes it: 'upright' (after the EXIF orientation, as
+    # YOLO's tools read images) or 'stored' (the pixels as stored in the file); '' to decide from frame_size.
+    frame: str = ""
