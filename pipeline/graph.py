@@ -1,4 +1,5 @@
-"""The Beam graph: ListImages -> AssignLabels (or ReadManifest) -> AssignShards -> WriteShards -> PublishDataset."""
+"""The Beam graph: ListImages -> AssignLabels (or LabelFromPaths; or ReadManifest) -> AssignShards -> WriteShards ->
+PublishDataset."""
 
 from __future__ import annotations
 

@@ -270,7 +270,7 @@ def place_by_path(relpath: str, label_from: regex.Pattern, *, split_folders: boo
     label = match.group(LABEL_GROUP) if match else None
     if not label:
         how = "does not match the path" if match is None else "matches, but its group label captures nothing"
-        return NO_LABEL_IN_PATH, f"--label_from={label_from.pattern!r} {how}: no class name in it"
+        return NO_LABEL_IN_PATH, f"--label_from='{label_from.pattern}' {how}: no class name in it"
     group = (match.group(GROUP_GROUP) or "") if GROUP_GROUP in label_from.groupindex else ""
     return PathLabel(split, label, group)
 
