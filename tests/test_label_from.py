@@ -332,3 +332,31 @@ def test_an_append_labels_the_new_files_with_the_dataset_classes(tmp_path):
         "cat.1.jpg": ("cat", 0), "dog.1.jpg": ("dog", 1), "cat.2.jpg": ("cat", 0), "dog.2.jpg": ("dog", 1)}
     assert (out / "labels.txt").read_text() == "cat\ndog\n"  # a new class would shift the ids: skipped
     assert [(row["relpath"], row["reason"]) for row in error_rows(out)] == [("owl.1.jpg", "unknown_class")]
+
+
+def test_gs_split_folders_of_named_images_keep_their_splits(gcs_emulator, dogs_vs_cats, tmp_path):
+    bucket = gcs_emulator.create_bucket("label-from-splits")
+    assert gcs_emulator.upload_tree(dogs_vs_cats, f"{bucket}/dogs-vs-cats") == 23
+    out = tmp_path / "out"
+    assert convert(f"{bucket}/dogs-vs-cats", out, NO_AUTH, f"--label_from={DOTS}", "--image_size=8") == 0
+    records = labels_of(out)
+    assert len(records) == 22
+    assert all(name == path.split("/")[1].split(".")[0] and split == path.split("/")[0]
+               for path, (name, _, split) in records.items())
+    assert [(row["relpath"], row["reason"]) for row in error_rows(out)] == [("train/notes_1.jpg", NO_LABEL_IN_PATH)]
+
+
+def test_a_manifest_shares_the_rule_for_labels_in_two_spellings(tmp_path):
+    """The labelling --label_from reuses is the manifest's: its labels found in the job get the same rule."""
+    from tests.datasets import convert_manifest
+
+    write_images(tmp_path, ["a.jpg", "b.jpg", "c.jpg", "d.jpg"])
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("path,label\na.jpg,dog\nb.jpg,Dog\nc.jpg,dog\nd.jpg,owl\n")
+    out = tmp_path / "out"
+    assert convert_manifest(manifest, out, "--image_size=8") == 0
+    assert (out / "labels.txt").read_text() == "dog\nowl\n"
+    assert sorted(labels_of(out)) == ["a.jpg", "c.jpg", "d.jpg"]
+    (row,) = error_rows(out)
+    assert (row["relpath"], row["reason"]) == ("b.jpg", "same_label_other_spelling")
+    assert row["detail"].startswith("row 2: the label 'Dog' and the class 'dog' differ only in letter case")
