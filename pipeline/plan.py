@@ -465,9 +465,11 @@ def plan_label_from(settings: Settings, split_folders: bool, top_folders: list[s
         raise UserError(f"{flag} finds no label in any of the {len(looked)} image paths looked at (the first: "
                         f"{first}, a path below {below}): give a pattern whose group label matches a part of "
                         f"them, such as {hint}")
-    firsts = list({where.class_name: (image, where) for image, where in reversed(labelled)}.values())[::-1]
-    shown_labels = ", ".join(f"{shown(image[1], 40)} -> {shown(where.class_name, 40)}" for image, where in
-                             sorted(firsts, key=lambda pair: pair[0][1])[:3])
+    firsts: dict[str, str] = {}  # the first path of each label the sample holds
+    for image, where in labelled:
+        firsts.setdefault(where.class_name, image[1])
+    shown_labels = ", ".join(f"{shown(path, 40)} -> {shown(label, 40)}"
+                             for path, label in sorted((path, label) for label, path in firsts.items())[:3])
     notes = [split_folder_note(top_folders)] if split_folders else []
     notes.append(f"labels from the paths ({flag}): {shown_labels}; the classes are "
                  + ("--labels_file's" if settings.labels_file else "the distinct labels, found in the job"))

@@ -80,6 +80,14 @@ def test_a_path_gives_its_split_folder_label_and_group():
     assert reason == NO_LABEL_IN_PATH and "captures nothing" in detail
 
 
+def test_a_pattern_that_backtracks_rejects_the_image_at_the_time_limit():
+    from transforms.labels.layout import LABEL_FROM_TIMEOUT
+
+    pattern = compile_group_by(r"(?P<label>(a|aa)+)b$")
+    reason, detail = place_by_path("a" * 80 + "c.jpg", pattern, split_folders=False)
+    assert reason == LABEL_FROM_TIMEOUT and detail.startswith("--label_from=") and "backtracks" in detail
+
+
 def test_a_suggestion_fits_the_names_and_says_what_it_gives():
     assert suggest_label_from(["cat.0.jpg", "cat.1.jpg", "dog.0.jpg"]) == (DOTS, [("cat.0.jpg", "cat"),
                                                                                   ("dog.0.jpg", "dog")])
