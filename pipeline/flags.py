@@ -76,6 +76,15 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "--input_dir becomes a record of the one split test, with an id key (its file name without the "
              "extension) and no label or class_name; two files with one id keep the first by name and reject "
              "the other as duplicate_id. Default: off, class folders give the labels.")
+    add("--label_from", default=None,
+        help="Regular expression with a named group label, searched in each image's path below --input_dir (split "
+             "folder included, e.g. train/cat.123.jpg): the label group is the image's class name, for images named "
+             "by class in a flat folder or flat split folders, e.g. '(?P<label>[^/.]+)\\.\\d+\\.[^/.]+$' "
+             "(cat.123.jpg -> cat) or '(?P<label>[^/]+)_\\d+\\.[^/.]+$' (american_bulldog_3.jpg -> "
+             "american_bulldog). An optional named group group is the image's --group_by group. Class folders, "
+             "if any, are not the labels then; split folders still give the splits. The classes are the labels "
+             "found (sorted), or --labels_file's. An image whose path it does not match is skipped as "
+             "no_label_in_path. Default: none, class folders give the labels.")
     add("--output_dir", default=None, **required,
         help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "

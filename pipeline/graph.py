@@ -1,4 +1,5 @@
-"""The Beam graph: ListImages -> AssignLabels (or ReadManifest) -> AssignShards -> WriteShards -> PublishDataset."""
+"""The Beam graph: ListImages -> AssignLabels (or LabelFromPaths; or ReadManifest) -> AssignShards -> WriteShards ->
+PublishDataset."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from transforms.inputs.listing import FOUND, SKIPPED, ListImages
 from transforms.inputs.manifest import CLASS_NAMES, ReadManifest
 from transforms.inputs.manifest import STATS as MANIFEST_STATS
 from transforms.inputs.metadata import JoinMetadata
+from transforms.inputs.path_labels import LabelFromPaths
 from transforms.inputs.split_lists import JoinSplitLists
 from transforms.labels.assign import GROUPS, UNLABELED, AssignLabels, UniqueIds
 from transforms.labels.assign import REJECTED as DUPLICATE_IDS
+from transforms.labels.layout import has_group_capture
 from transforms.labels.sharding import AssignShards
 from transforms.output.describe import PublishDataset
 from transforms.output.ownership import run_dir, shards_dir
@@ -66,18 +69,35 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             list_rejections = [joined[split_lists.REJECTED]]
             # the names no file has count as found, as a manifest's rows do: each is in errors.jsonl
             found = (found, joined[split_lists.FOUND]) | "FoundAndListed" >> beam.Flatten()
-        # FileRef (or ListedFile) -> ImageRef (label, split, shuffle key)
-        labeled = files | "AssignLabels" >> AssignLabels(
-            plan.class_names,
-            split_folders=plan.split_folders,
-            seed=settings.seed,
-            validation_split=settings.validation_split,
-            test_split=settings.test_split,
-            group_by=settings.group_by,
-            unlabeled=settings.unlabeled,
-        )
-        images, not_listed = labeled.images, [listed[SKIPPED], *list_rejections, labeled[UNLABELED]]
-        groups = labeled[GROUPS]
+        class_names = plan.class_names
+        if settings.label_from:
+            # FileRef (or ListedFile) -> ImageRef: the class name --label_from finds in the path; ids found in the
+            # job, unless given
+            labeled = files | "LabelFromPaths" >> LabelFromPaths(
+                settings.label_from,
+                plan.class_names if settings.labels_file or plan.base is not None else None,
+                split_folders=plan.split_folders,
+                seed=settings.seed,
+                validation_split=settings.validation_split,
+                test_split=settings.test_split,
+                group_by=settings.group_by,
+            )
+            images, groups = labeled["images"], labeled[GROUPS]
+            not_listed = [listed[SKIPPED], *list_rejections, labeled[SKIPPED]]
+            class_names = labeled.get(CLASS_NAMES, plan.class_names)  # found in the job: a PCollection of one list
+        else:
+            # FileRef (or ListedFile) -> ImageRef (label, split, shuffle key)
+            labeled = files | "AssignLabels" >> AssignLabels(
+                plan.class_names,
+                split_folders=plan.split_folders,
+                seed=settings.seed,
+                validation_split=settings.validation_split,
+                test_split=settings.test_split,
+                group_by=settings.group_by,
+                unlabeled=settings.unlabeled,
+            )
+            images, not_listed = labeled.images, [listed[SKIPPED], *list_rejections, labeled[UNLABELED]]
+            groups = labeled[GROUPS]
         if settings.unlabeled:
             # ImageRef -> ImageRef of distinct ids (a record's id is its file name without the extension); on an
             # append, an id the dataset holds is its record's file's only
@@ -88,7 +108,6 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             unique = images | "UniqueIds" >> UniqueIds(taken)
             images = unique.images
             not_listed.append(unique[DUPLICATE_IDS])
-        class_names = plan.class_names
         if settings.metadata:
             # ImageRef -> ImageRef with its --metadata row's extras: the file and the images joined by relpath
             joined = images | "JoinMetadata" >> JoinMetadata(settings.metadata, plan.metadata_format,
@@ -151,7 +170,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["held"] = sources  # the dataset's sources lines, counted per split against its description
     if resume is not None:
         inputs["resumed"] = written[RESUMED]
-    grouped = (bool(settings.group_by) and not settings.unlabeled) or plan.manifest_groups
+    grouped = ((bool(settings.group_by) and not settings.unlabeled) or plan.manifest_groups
+               or has_group_capture(settings.label_from))
     if grouped:
         inputs["groups"] = groups
     if settings.metadata:

@@ -29,7 +29,13 @@ from transforms.base.features import format_spec, parse_spec
 from transforms.base.paths import bucket_problem, is_local
 from transforms.base.transient import JOB_READS_PER_S, process_start_rate
 from transforms.images.settings import ImageSettings
-from transforms.labels.layout import UNLABELED_SPLIT, compile_group_by
+from transforms.labels.layout import (
+    LABEL_FROM_EXAMPLE,
+    UNLABELED_SPLIT,
+    compile_group_by,
+    has_group_capture,
+    label_from_problem,
+)
 
 NAMED_COLOURS = {
     "white": (255, 255, 255),
@@ -85,6 +91,7 @@ class Settings:
     multi_label: bool = False  # --manifest's labels column: several classes per image
     unlabeled: bool = False  # --unlabeled: a flat folder of images, no labels, one split (UNLABELED_SPLIT)
     split_lists: tuple = ()  # --split_lists: (split, path) of each list, in SPLITS order; () for none
+    label_from: str | None = None  # --label_from: a regex whose group `label` finds each listed image's class name
 
     @property
     def overwrite(self) -> bool:
@@ -124,6 +131,7 @@ class Settings:
             "file_format": self.file_format,
             "shard_names": self.shard_names,
             "group_by": self.group_by,
+            "label_from": self.label_from,
             "duplicates": self.duplicates,
             "features": format_spec(self.features) or None,
             "metadata": self.metadata,
@@ -252,6 +260,21 @@ def expand_placeholders(path: str, flag: str, now: float | None = None, run_date
     return re.sub(r"\{([^{}]*)\}", substitute, path)
 
 
+def parse_label_from(text: str | None, group_by: str | None) -> str | None:
+    """--label_from as a regular expression with a named group `label` (and, if any, a group `group` that
+    --group_by does not contradict), or None when not given."""
+    if text is None or text == "":
+        return None
+    problem = label_from_problem(text)
+    if problem:
+        raise UserError(f"--label_from='{text}' {problem}: give a Python regular expression with a group "
+                        f"(?P<label>...), e.g. --label_from={LABEL_FROM_EXAMPLE}")
+    if group_by and has_group_capture(text):
+        raise UserError(f"--label_from='{text}' has a group named group, which gives each image's group, and "
+                        "--group_by is given too: drop --group_by, or rename the group in --label_from")
+    return text
+
+
 def parse_group_by(text: str | None) -> str | None:
     """--group_by as a regular expression that compiles, or None when not given."""
     if text is None or text == "":
@@ -352,6 +375,12 @@ def validate(options: PipelineOptions) -> Settings:
     if o.unlabeled and manifest:
         raise UserError("--unlabeled converts a flat folder of images, and --manifest lists labeled images: give "
                         "the folder of images as --input_dir, or drop --unlabeled")
+    if o.label_from and manifest:
+        raise UserError("--label_from takes the labels from the paths of listed files, and --manifest lists them "
+                        "with their labels: drop one of the two")
+    if o.label_from and o.unlabeled:
+        raise UserError("--label_from labels the images, and --unlabeled converts them without labels: drop one "
+                        "of the two")
     if o.unlabeled and o.labels_file:
         raise UserError("--labels_file names the classes, and --unlabeled writes no labels: drop one of the two")
     split_lists = parse_split_lists(o.split_lists)
@@ -440,6 +469,7 @@ def validate(options: PipelineOptions) -> Settings:
         if_exists = "overwrite"
     run_date = parse_run_date(o.run_date)
     group_by = parse_group_by(o.group_by)
+    label_from = parse_label_from(o.label_from, group_by)
     image = ImageSettings(
         width=width,
         height=height,
@@ -487,6 +517,7 @@ def validate(options: PipelineOptions) -> Settings:
         multi_label=bool(o.multi_label),
         unlabeled=bool(o.unlabeled),
         split_lists=split_lists,
+        label_from=label_from,
     )
 
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,13 +34,19 @@ from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
 from transforms.inputs.listing import Folder, classify, list_folder, list_top
 from transforms.labels.layout import (
+    LABEL_FROM_EXAMPLE,
     NO_CLASS_FOLDER,
+    NO_LABEL_IN_PATH,
     UNLABELED_SPLIT,
+    PathLabel,
     class_name_problem,
+    compile_group_by,
     nested_class_folders,
+    place_by_path,
     same_class_names,
     split_folder_layout,
     split_folder_note,
+    suggest_label_from,
 )
 from transforms.labels.sharding import ShardSizing
 
@@ -362,7 +369,9 @@ def plan_dataset(settings: Settings) -> Plan:
             folder_classes = sorted({_name(p.folder, input_dir).split("/")[1] for p in probes if _has_images(p)})
         else:
             folder_classes = sorted(top_with_images)
-        nested = nested_class_folders([image[1] for p in probes for image in p.images], split_folders)
+        # with --label_from, folders are not classes: a folder of folders is no mistake
+        nested = None if settings.label_from else nested_class_folders(
+            [image[1] for p in probes for image in p.images], split_folders)
         if nested:
             if settings.split_lists and len(nested) == 1:  # Food-101's root given: food-101/images/<class>/
                 folder = next(iter(nested))
@@ -375,6 +384,8 @@ def plan_dataset(settings: Settings) -> Plan:
         raise
     except Exception as e:
         raise UserError(f"--input_dir {input_dir} cannot be listed ({type(e).__name__}: {e})") from None
+    if settings.label_from:
+        return plan_label_from(settings, split_folders, sorted(top_with_images), folder_classes, loose, probes)
     for name in folder_classes:
         problem = class_name_problem(name)
         if problem:
@@ -385,9 +396,12 @@ def plan_dataset(settings: Settings) -> Plan:
                         "that read as one: merge them into one folder, or rename one")
     if not folder_classes:
         where = "its split folders" if split_folders else input_dir
+        hint = label_from_hint([ref.relpath for ref in loose[:SUGGESTION_NAMES]])
         raise UserError(
             f"found {len(loose)} images directly in {where} but no class folders: expected "
-            "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
+            "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class; "
+            f"if the file names hold the labels, give {hint}, or list the images and their labels in a --manifest "
+            "(docs/manifest.md)"
             + ("" if split_folders else "; to convert them without labels (a test set to predict), give --unlabeled")
         )
     notes = [split_folder_note(top_with_images)] if split_folders else []
@@ -427,6 +441,77 @@ def plan_dataset(settings: Settings) -> Plan:
     )
     if settings.split_lists:
         plan_split_lists(settings, plan)
+    return plan_metadata(settings, plan) if settings.metadata else plan
+
+
+SUGGESTION_NAMES = 20  # the first image names a --label_from suggestion must fit
+
+
+def label_from_hint(relpaths: list[str]) -> str:
+    """A --label_from to suggest: a pattern that finds a label in each of a folder's first image names
+    (`relpaths`), with what it gives on them, or the option's form with an example."""
+    found = suggest_label_from(relpaths)
+    if found is None:
+        return f"--label_from=REGEX with a named group label, e.g. --label_from={LABEL_FROM_EXAMPLE}"
+    pattern, examples = found
+    shown_examples = ", ".join(f"{shown(name, 40)} -> {shown(label, 40)}" for name, label in examples)
+    return f"--label_from={shlex.quote(pattern)} ({shown_examples})"
+
+
+def plan_label_from(settings: Settings, split_folders: bool, top_folders: list[str], folder_classes: list[str],
+                    loose: list[FileRef], probes: list[_Probe]) -> Plan:
+    """Plan a --label_from run: the layout (split folders or not) as found, the classes from --labels_file (else
+    found in the job: Plan.class_names is empty), shard sizes from a sample of the images the pattern labels.
+
+    Raises:
+        UserError: the pattern finds a label in none of the image paths looked at.
+    """
+    pattern = compile_group_by(settings.label_from)
+    looked = [(ref.path, ref.relpath, ref.size) for ref in loose[:SAMPLE_IMAGES]]
+    looked += [image for p in probes for image in p.images][:max(0, 2 * SAMPLE_IMAGES - len(looked))]
+    placed = [(image, place_by_path(image[1], pattern, split_folders=split_folders)) for image in looked]
+    labelled = [(image, where) for image, where in placed if isinstance(where, PathLabel)]
+    flag = f"--label_from={shlex.quote(settings.label_from)}"
+    if not labelled:
+        first = shown(looked[0][1], 80) if looked else "none"
+        below = "--input_dir, split folder included" if split_folders else "--input_dir"
+        hint = label_from_hint([relpath for _, relpath, _ in looked[:SUGGESTION_NAMES]])
+        raise UserError(f"{flag} finds no label in any of the {len(looked)} image paths looked at (the first: "
+                        f"{first}, a path below {below}): give a pattern whose group label matches a part of "
+                        f"them, such as {hint}")
+    firsts: dict[str, str] = {}  # the first path of each label the sample holds
+    for image, where in labelled:
+        firsts.setdefault(where.class_name, image[1])
+    shown_labels = ", ".join(f"{shown(path, 40)} -> {shown(label, 40)}"
+                             for path, label in sorted((path, label) for label, path in firsts.items())[:3])
+    notes = [split_folder_note(top_folders)] if split_folders else []
+    notes.append(f"labels from the paths ({flag}): {shown_labels}; the classes are "
+                 + ("--labels_file's" if settings.labels_file else "the distinct labels, found in the job"))
+    unlabelled = [image[1] for image, where in placed if not isinstance(where, PathLabel)]
+    if unlabelled:
+        notes.append(f"{len(unlabelled)} of the {len(looked)} image paths looked at have no label for {flag} "
+                     f"(e.g. {shown(unlabelled[0], 80)}): such images are skipped ({NO_LABEL_IN_PATH})")
+    if folder_classes:
+        listed = ", ".join(shown(name, 40) for name in folder_classes[:5]) + (", ..." if len(folder_classes) > 5
+                                                                             else "")
+        notes.append(f"the folders ({listed}) are not the labels: --label_from takes each image's class from its "
+                     "path; drop --label_from to take the classes from the folders")
+    class_names = read_labels_file(settings.labels_file) if settings.labels_file else []
+    if class_names:
+        unknown = sorted({where.class_name for _, where in labelled} - set(class_names))
+        if unknown:
+            notes.append(f"{len(unknown)} label(s) found in the sample are not in the labels file, and their "
+                         f"images will be skipped as unknown_class: {', '.join(shown(n, 40) for n in unknown[:10])}")
+        labelled = [(image, where) for image, where in labelled if where.class_name in class_names]
+    sample_files = [image for image, _ in labelled][:SAMPLE_IMAGES]
+    sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
+    upscale = None if settings.quiet else upscale_notice(settings, sample_files, sample)
+    plan = Plan(
+        class_names=class_names,
+        split_folders=split_folders,
+        sizing=shard_sizing(settings, sample, [size for _, _, size in sample_files]),
+        notes=([upscale] if upscale else []) + notes,
+    )
     return plan_metadata(settings, plan) if settings.metadata else plan
 
 

@@ -97,6 +97,13 @@ PARAMETERS = {
         "Unlabeled",
         "true: convert a flat folder of images without labels (a test set to predict) into the one split test, each "
         "record with an id (its file name without the extension) and no label."),
+    "label_from": Parameter(
+        "Labels from file names",
+        "Regular expression with a named group label, searched in each image's path below input_dir (split folder "
+        "included): the label group is the image's class name, e.g. (?P<label>[^/.]+)\\.\\d+\\.[^/.]+$ for "
+        "cat.123.jpg, for images named by class in a flat folder; an optional named group group is the image's "
+        "group. An image it does not match is skipped as no_label_in_path.",
+        default="none, class folders give the labels"),
     "labels_file": Parameter(
         "Labels file",
         "Text file with one class name per line; line i gets label id i. Give it to keep label ids stable across "

@@ -22,13 +22,13 @@ MANIFEST_BOUNDED_SIDE_INPUTS = {
     "ReadManifest/Read/AllCounts": "the row counts of the manifest's ranges as one list: one per 64 MiB",
     "ReadManifest/Read/RangeStarts": "one (rows before, CSV state, lines before) per 64 MiB range of the manifest",
     "ReadManifest/SummariseRows": "one small dict: the count of rows that span lines, and the first ten",
-    "ReadManifest/ClassList": "the distinct labels as one list: one per class",
+    "ReadManifest/ClassList": "the distinct labels and their counts as one list: one per class",
     "ReadManifest/ClassNames": "the class names: one per class",
 }
 MANIFEST_PER_IMAGE_STEPS = ("ReadManifest/Read/ReadRows", "ReadManifest/Read/CountRows", "ReadManifest/ParseRows",
                             "ReadManifest/ByPath",
                             "ReadManifest/FirstOfPath", "ReadManifest/Label", "ReadManifest/RowLabels",
-                            "ReadManifest/DistinctLabels", "ReadManifest/SettleGroups",
+                            "ReadManifest/CountLabels", "ReadManifest/SettleGroups",
                             "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertChunks",
                             "WriteShards/AssembleShards")
 

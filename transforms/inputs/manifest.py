@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import posixpath
+import unicodedata
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -40,14 +41,18 @@ from transforms.inputs.rows import (
     record_fields,
 )
 from transforms.labels.layout import (
+    BAD_LABEL_IN_PATH,
     GROUP_BY_TIMEOUT,
+    SAME_LABEL_OTHER_SPELLING,
     UNKNOWN_CLASS,
     GroupByTimeout,
     class_name_problem,
     compile_group_by,
     group_of,
     hash_split,
+    kept_spellings,
     shuffle_key,
+    spelling_key,
 )
 
 SKIPPED = "skipped"
@@ -74,16 +79,18 @@ LABELS_SEPARATOR = ";"  # between the class names of a CSV `labels` cell
 
 
 class ManifestRow(NamedTuple):
-    """A usable manifest row: where its file is, its class name and its split ('' for the hash split)."""
+    """A usable manifest row: where its file is, its class name and its split ('' for the hash split). An image
+    that --label_from labels from its listed path is one too (row 0, its size known)."""
 
-    row: int  # 1 = the first row after a CSV's header, or the first line of a JSON Lines file
+    row: int  # 1 = the first row after a CSV's header, or the first line of a JSON Lines file; 0: a listed file
     path: str  # full path or URL
     relpath: str  # the path as the manifest gives it (names the image in errors.jsonl and the shuffle order)
     class_name: str  # '' when the row has only a `labels` field
     split: str
     labels: tuple[str, ...] | None = None  # the `labels` field's class names as written; None without one
     group: str = ""  # the `group` field ('' without one)
-    columns: tuple = ()  # (column, value as the file gives it) of its other columns, typed by _Label
+    columns: tuple = ()  # (column, value as the file gives it) of its other columns, typed by LabelRow
+    size: int | None = None  # bytes, when the listing gave them; None: the launcher's sample mean stands in
 
 
 class RowProblem(Exception):
@@ -263,27 +270,33 @@ def _row_labels(row: ManifestRow, multi_label: bool):
     yield from ((row.labels or ()) if multi_label else (row.class_name,))
 
 
-def class_names_of(labels) -> list[str]:
-    """The sorted class names of the distinct labels, without those that labels.txt cannot hold (their rows
-    are rejected as manifest_bad_label)."""
-    return sorted(name for name in labels if name and not class_name_problem(name))
+def class_names_of(counted) -> list[str]:
+    """The sorted class names of the (label, number of rows) pairs, without those that labels.txt cannot hold
+    (their rows are rejected as manifest_bad_label) and, of labels that differ only in letter case or Unicode
+    normal form, all but the most frequent (`kept_spellings`: the others' rows are rejected)."""
+    return kept_spellings((name, n) for name, n in counted if name and not class_name_problem(name))
 
 
-class _Label(beam.DoFn):
+class LabelRow(beam.DoFn):
     """ManifestRow -> ImageRef: class id(s) and split; SKIPPED for a row whose class is not known or cannot be
     written to labels.txt; with `groups`, (group or '', split, relpath) on GROUPS. `class_ids` None: they come
-    as the side input `class_names` (found in the job)."""
+    as the side input `class_names` (found in the job), and a label that differs from one of them only in letter
+    case or Unicode normal form is rejected (SAME_LABEL_OTHER_SPELLING). `from_paths`: the rows are listed files
+    labelled by --label_from (their reasons and details say so, not a row number)."""
 
     def __init__(self, class_ids: dict[str, int] | None, seed: int, validation_split: float, test_split: float,
                  size: int, multi_label: bool = False, group_by: str | None = None, groups: bool = False,
-                 features: tuple = ()):
+                 features: tuple = (), from_paths: bool = False):
         self._class_ids, self._seed, self._size = class_ids, seed, size
         self._splits = (validation_split, test_split)
         self._multi_label, self._group_by, self._groups = multi_label, group_by, groups or bool(group_by)
         self._group_re = None
         self._names = {i: name for name, i in (class_ids or {}).items()}
         self._found_names = None
+        self._spellings: dict[str, str] = {}  # spelling_key -> the class name, for class names found in the job
         self._features = features
+        self._from_paths = from_paths
+        self._rejected = "files_rejected_by_label" if from_paths else "manifest_rows_rejected"
 
     def setup(self):
         self._group_re = compile_group_by(self._group_by) if self._group_by else None
@@ -292,24 +305,25 @@ class _Label(beam.DoFn):
         if class_names is not None and self._found_names is not class_names:  # found in the job: a side input
             self._found_names, self._class_ids = class_names, {name: i for i, name in enumerate(class_names)}
             self._names = dict(enumerate(class_names))
+            self._spellings = {spelling_key(name): name for name in class_names}
         ref = self._bad_label(row) or (self._multi(row) if self._multi_label else self._single(row))
         if isinstance(ref, Rejection):
-            counters.inc("files_unlabeled" if ref.stage == "skipped" else "manifest_rows_rejected")
+            counters.inc("files_unlabeled" if ref.stage == "skipped" else self._rejected)
             yield beam.pvalue.TaggedOutput(SKIPPED, ref)
             return
         try:
             extras = row_extras(self._features, dict(row.columns)) if self._features else ()
         except BadValue as e:
-            counters.inc("manifest_rows_rejected")
+            counters.inc(self._rejected)
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_VALUE,
                                                               f"row {row.row}: {e}"))
             return
         try:  # a group column, else --group_by's match in the path as written; a row without one is its own group
             group = row.group or group_of(row.relpath, self._group_re)
         except GroupByTimeout as e:
-            counters.inc("manifest_rows_rejected")
+            counters.inc(self._rejected)
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", GROUP_BY_TIMEOUT,
-                                                              f"row {row.row}: {e}"))
+                                                              f"{_where(row)}{e}"))
             return
         counters.inc(counters.TO_CONVERT)
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
@@ -326,25 +340,49 @@ class _Label(beam.DoFn):
         for name in names:
             problem = name and class_name_problem(name)
             if problem:
+                if self._from_paths:
+                    return Rejection(row.relpath, "rejected", BAD_LABEL_IN_PATH,
+                                     f"the label {quoted_name(name)} that --label_from finds in the path has "
+                                     f"{problem}: rename the file")
                 return Rejection(row.relpath, "rejected", BAD_LABEL,
                                  f"row {row.row}: the label {quoted_name(name)} has {problem}: rename it")
         return None
+
+    def _other_spelling(self, row: ManifestRow, name: str) -> Rejection | None:
+        """A label found in the job that is a class's name in another letter case or Unicode normal form."""
+        kept = self._spellings.get(spelling_key(name))
+        if kept is None:
+            return None
+        fix = "rename the files" if self._from_paths else "correct the label"
+        form = unicodedata.normalize("NFC", name) == unicodedata.normalize("NFC", kept)
+        show = ascii if form else quoted_name  # two normal forms print the same: shown escaped (e\u0301)
+        how = "their Unicode normal form (composed, or with combining marks)" if form else "letter case"
+        return Rejection(row.relpath, "rejected", SAME_LABEL_OTHER_SPELLING,
+                         f"{_where(row)}the label {show(name)} and the class {show(kept)} differ only in {how}, and "
+                         f"a class has one name, the spelling of most of its images: {fix}, or give --labels_file "
+                         "to choose the classes")
 
     def _single(self, row: ManifestRow) -> ImageRef | Rejection:
         if not row.class_name:
             return Rejection(row.relpath, "rejected", MISSING_LABEL, f"row {row.row}: no label for {row.relpath!r}")
         label = self._class_ids.get(row.class_name)
         if label is None:
-            detail = f"row {row.row}: label {row.class_name!r} is not in the labels file"
+            other = self._other_spelling(row, row.class_name)
+            if other is not None:
+                return other
+            detail = f"{_where(row)}label {row.class_name!r} is not in the labels file"
             return Rejection(row.relpath, "skipped", UNKNOWN_CLASS, detail)
-        return ImageRef(row.path, row.relpath, self._size, "", row.class_name, label,
-                        shuffle_key(row.relpath, self._seed))
+        size = self._size if row.size is None else row.size
+        return ImageRef(row.path, row.relpath, size, "", row.class_name, label, shuffle_key(row.relpath, self._seed))
 
     def _multi(self, row: ManifestRow) -> ImageRef | Rejection:
         if row.labels is None:
             return Rejection(row.relpath, "rejected", MISSING_LABEL,
                              f"row {row.row}: no labels field for {row.relpath!r}")
         unknown = sorted({name for name in row.labels if name not in self._class_ids})
+        other = next(filter(None, (self._other_spelling(row, name) for name in unknown)), None)
+        if other is not None:
+            return other
         if unknown:
             shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             return Rejection(row.relpath, "skipped", UNKNOWN_CLASS,
@@ -355,6 +393,11 @@ class _Label(beam.DoFn):
         names = tuple(self._names[i] for i in ids)
         return ImageRef(row.path, row.relpath, self._size, "", LABELS_SEPARATOR.join(names), -1,
                         shuffle_key(row.relpath, self._seed), ids, names)
+
+
+def _where(row: ManifestRow) -> str:
+    """The start of a detail: the manifest row's number, or the flag that labelled a listed file."""
+    return f"row {row.row}: " if row.row else "--label_from: "
 
 
 GROUPED = "grouped"  # (group, GroupMember) of every labelled row that has a group
@@ -411,7 +454,7 @@ class ReadManifest(beam.PTransform):
         self._manifest, self._fmt, self._base, self._range_bytes = manifest, fmt, base, range_bytes
         self._class_names, self._multi_label = class_names, multi_label
         ids = None if class_names is None else {name: i for i, name in enumerate(class_names)}
-        self._label = _Label(ids, seed, validation_split, test_split, size, multi_label, group_by, groups,
+        self._label = LabelRow(ids, seed, validation_split, test_split, size, multi_label, group_by, groups,
                              features=features)
 
     def expand(self, pbegin):
@@ -428,26 +471,32 @@ class ReadManifest(beam.PTransform):
                   | "ByPath" >> beam.Map(lambda r: (name_bytes(r.path), r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
-        if self._class_names is None:
-            # the sorted distinct labels: a combine per label, then one short list (the classes, not the rows)
-            names = (firsts.rows
-                     | "RowLabels" >> beam.FlatMap(_row_labels, self._multi_label)
-                     | "DistinctLabels" >> beam.Distinct()
-                     | "ClassList" >> beam.combiners.ToList()
-                     | "ClassNames" >> beam.Map(class_names_of))
-            labeled = firsts.rows | "Label" >> beam.ParDo(
-                self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(
-                    SKIPPED, GROUPS, GROUPED, main="images")
-        else:
-            names = None
-            labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(
-                SKIPPED, GROUPS, GROUPED, main="images")
-        # The rows of each group together (spread over the workers by group): their splits settled as one
-        settled = (labeled[GROUPED]
-                   | "GroupByGroup" >> beam.GroupByKey()
-                   | "SettleGroups" >> beam.FlatMap(_settle).with_outputs(GROUPS, main="images"))
-        images = (labeled.images, settled.images) | "AllImages" >> beam.Flatten()
-        groups = (labeled[GROUPS], settled[GROUPS]) | "AllGroups" >> beam.Flatten()
+        labeled = label_rows(firsts.rows, self._label, self._class_names is None, self._multi_label)
         skipped = ((parsed[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
-        out = {"images": images, SKIPPED: skipped, FOUND: found, GROUPS: groups, STATS: stats}
-        return out if names is None else {**out, CLASS_NAMES: names}
+        return {**labeled, SKIPPED: skipped, FOUND: found, STATS: stats}
+
+
+def label_rows(rows, label: LabelRow, find_names: bool, multi_label: bool = False) -> dict:
+    """ManifestRow -> {"images": ImageRef, SKIPPED: Rejection, GROUPS: (group or '', split, relpath)} and, with
+    `find_names`, CLASS_NAMES: one sorted list, the class names found in the job. Steps applied in the caller's
+    composite (ReadManifest's rows, or the files --label_from labels: transforms.inputs.path_labels)."""
+    names = None
+    if find_names:
+        # the sorted distinct labels: a combine per label, then one short list (the classes, not the rows)
+        names = (rows
+                 | "RowLabels" >> beam.FlatMap(_row_labels, multi_label)
+                 | "CountLabels" >> beam.combiners.Count.PerElement()
+                 | "ClassList" >> beam.combiners.ToList()
+                 | "ClassNames" >> beam.Map(class_names_of))
+        labeled = rows | "Label" >> beam.ParDo(label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(
+            SKIPPED, GROUPS, GROUPED, main="images")
+    else:
+        labeled = rows | "Label" >> beam.ParDo(label).with_outputs(SKIPPED, GROUPS, GROUPED, main="images")
+    # The rows of each group together (spread over the workers by group): their splits settled as one
+    settled = (labeled[GROUPED]
+               | "GroupByGroup" >> beam.GroupByKey()
+               | "SettleGroups" >> beam.FlatMap(_settle).with_outputs(GROUPS, main="images"))
+    images = (labeled.images, settled.images) | "AllImages" >> beam.Flatten()
+    groups = (labeled[GROUPS], settled[GROUPS]) | "AllGroups" >> beam.Flatten()
+    out = {"images": images, SKIPPED: labeled[SKIPPED], GROUPS: groups}
+    return out if names is None else {**out, CLASS_NAMES: names}

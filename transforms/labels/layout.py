@@ -27,8 +27,15 @@ NO_CLASS_FOLDER = "no_class_folder"
 UNKNOWN_CLASS = "unknown_class"
 OUTSIDE_SPLIT_FOLDERS = "outside_split_folders"
 IN_A_SUBFOLDER = "in_a_subfolder"  # --unlabeled takes the images directly in the input folder
+NO_LABEL_IN_PATH = "no_label_in_path"  # --label_from does not match the path, or its label group captures nothing
+# Rejection reason: the label --label_from finds is one labels.txt cannot hold (class_name_problem).
+BAD_LABEL_IN_PATH = "bad_label_in_path"
 # Rejection reason (stage 'rejected'): --group_by found no answer on this path within its time limit.
 GROUP_BY_TIMEOUT = "group_by_timeout"
+LABEL_FROM_TIMEOUT = "label_from_timeout"  # the same, for --label_from
+# Rejection reason: a label found in the job that differs from a class's name only in letter case or Unicode normal
+# form (kept_spellings), from --label_from or a manifest without --labels_file.
+SAME_LABEL_OTHER_SPELLING = "same_label_other_spelling"
 # A match on one path takes microseconds; a pattern that backtracks (nested repeats such as (a|aa)+$) can take
 # longer than the age of the universe. The `regex` engine (re's syntax) stops a match at this limit.
 GROUP_BY_TIMEOUT_S = 1.0
@@ -93,6 +100,24 @@ def same_class_names(names: Iterable[str]) -> tuple[str, str, str] | None:
             return first, name, how
         seen[key] = name
     return None
+
+
+def spelling_key(name: str) -> str:
+    """What two names that differ only in letter case or Unicode normal form (`same_class_names`) share."""
+    return _folded(name)
+
+
+def kept_spellings(counted: Iterable[tuple[str, int]]) -> list[str]:
+    """The sorted class names of (label, number of images) pairs when labels found in the job may differ only in
+    letter case or Unicode normal form ('Cat' and 'cat'): of each such set the label of the most images is kept
+    (on a tie the first in sorted order); the images of the others are rejected (SAME_LABEL_OTHER_SPELLING), never
+    made a second class that reads as the first."""
+    best: dict[str, tuple[int, str]] = {}
+    for name, count in counted:
+        key = _folded(name)
+        if key not in best or (-count, name) < (-best[key][0], best[key][1]):
+            best[key] = (count, name)
+    return sorted(name for _, name in best.values())
 
 
 def skip_reason(relpath: str) -> tuple[str, str] | None:
@@ -183,15 +208,102 @@ def group_of(relpath: str, group_by: regex.Pattern | None) -> str:
     """
     if group_by is None:
         return ""
-    try:
-        match = group_by.search(relpath, timeout=GROUP_BY_TIMEOUT_S)
-    except TimeoutError:
-        raise GroupByTimeout(
-            f"--group_by={group_by.pattern!r} found no answer on this path within {GROUP_BY_TIMEOUT_S:g} s: the "
-            "pattern backtracks (nested repeats such as (a+)+ or (a|aa)+); simplify it") from None
+    match = _search(group_by, relpath, "--group_by")
     if match is None:
         return ""
     return (match.group(1) if group_by.groups else match.group(0)) or ""
+
+
+def _search(pattern: regex.Pattern, relpath: str, flag: str) -> regex.Match | None:
+    try:
+        return pattern.search(relpath, timeout=GROUP_BY_TIMEOUT_S)
+    except TimeoutError:
+        raise GroupByTimeout(
+            f"{flag}={pattern.pattern!r} found no answer on this path within {GROUP_BY_TIMEOUT_S:g} s: the "
+            "pattern backtracks (nested repeats such as (a+)+ or (a|aa)+); simplify it") from None
+
+
+LABEL_GROUP, GROUP_GROUP = "label", "group"  # --label_from's named groups: the class name, and the image's group
+LABEL_FROM_EXAMPLE = r"'(?P<label>[^/]+)_\d+\.[^/.]+$' (Abyssinian_12.jpg -> Abyssinian)"
+
+
+def label_from_problem(pattern: str) -> str | None:
+    """Why `pattern` cannot be --label_from, as the end of a sentence ('is not a regular expression (...)'), else
+    None: it must compile (`compile_group_by`'s engine) and have a named group `label`."""
+    try:
+        compiled = compile_group_by(pattern)
+    except regex.error as e:
+        return f"is not a regular expression ({e})"
+    if LABEL_GROUP not in compiled.groupindex:
+        return "has no named group label, which says which part of the path is the class name"
+    return None
+
+
+def has_group_capture(pattern: str | None) -> bool:
+    """Whether --label_from `pattern` names a group `group` (the image's --group_by group)."""
+    return bool(pattern) and GROUP_GROUP in compile_group_by(pattern).groupindex
+
+
+class PathLabel(NamedTuple):
+    """What --label_from and the layout give an image: its split ('' for the hash split), class name and group."""
+
+    split: str
+    class_name: str
+    group: str = ""
+
+
+def place_by_path(relpath: str, label_from: regex.Pattern, *, split_folders: bool
+                  ) -> PathLabel | tuple[str, str]:
+    """The split folder's split (with split folders; else '', for the hash split), the class name and group that
+    --label_from finds in `relpath` (the path below the input folder, split folder included), or a (reason,
+    detail) skip: outside the split folders, or no match or an empty label (NO_LABEL_IN_PATH); LABEL_FROM_TIMEOUT
+    is a rejection. Class folders play no part: the pattern decides the class wherever the image is."""
+    split = ""
+    if split_folders:
+        split = split_of(relpath.split("/")[0]) if "/" in relpath else None
+        if split is None:
+            return OUTSIDE_SPLIT_FOLDERS, "not inside a train/, validation/ (or val/, dev/) or test/ folder"
+    try:
+        match = _search(label_from, relpath, "--label_from")
+    except GroupByTimeout as e:
+        return LABEL_FROM_TIMEOUT, str(e)
+    label = match.group(LABEL_GROUP) if match else None
+    if not label:
+        how = "does not match the path" if match is None else "matches, but its group label captures nothing"
+        return NO_LABEL_IN_PATH, f"--label_from='{label_from.pattern}' {how}: no class name in it"
+    group = (match.group(GROUP_GROUP) or "") if GROUP_GROUP in label_from.groupindex else ""
+    return PathLabel(split, label, group)
+
+
+# --label_from patterns the flat-folder error suggests, tried in this order on the folder's first names: a label, a
+# separator, a number, the extension ('cat.123.jpg', 'Abyssinian_12.jpg', 'rose-7.png', 'img 3.jpg').
+LABEL_FROM_SUGGESTIONS = (
+    r"(?P<label>[^/.]+)\.\d+\.[^/.]+$",
+    r"(?P<label>[^/]+)_\d+\.[^/.]+$",
+    r"(?P<label>[^/]+)-\d+\.[^/.]+$",
+    r"(?P<label>[^/]+) \d+\.[^/.]+$",
+)
+
+
+def suggest_label_from(relpaths: list[str]) -> tuple[str, list[tuple[str, str]]] | None:
+    """The --label_from pattern of LABEL_FROM_SUGGESTIONS that finds a label in the most of `relpaths` (a folder's
+    first image names, below the input folder), at least half of them, with (name, label) for the first name of
+    each of up to three labels; None when none fits."""
+    best: list[tuple[str, str]] = []
+    chosen = ""
+    for pattern in LABEL_FROM_SUGGESTIONS:
+        compiled = compile_group_by(pattern)
+        labels = [(path, match.group(LABEL_GROUP)) for path in relpaths
+                  for match in [_search(compiled, path, "--label_from")] if match]
+        if len(labels) > len(best):
+            best, chosen = labels, pattern
+    if not best or 2 * len(best) < len(relpaths):
+        return None
+    shown: dict[str, str] = {}
+    for path, label in best:
+        if label not in shown and len(shown) < 3:
+            shown[label] = posixpath.basename(path)
+    return chosen, [(name, label) for label, name in shown.items()]
 
 
 def place(
