@@ -532,14 +532,15 @@ def plan_manifest(settings: Settings) -> Plan:
     path_column = _path_column(columns)
     # several files (entries, or a glob): each one's split folder gives the split of its rows without one
     several = len(paths) > 1 or len(settings.manifests) > 1 or any(_is_glob(entry) for entry in settings.manifests)
+    common = _common_folder(paths)
     readings = tuple(manifest.RowReading(
         _folder(path) if settings.paths_below_manifest else settings.input_dir,
         split_of(_folder(path).rsplit("/", 1)[-1]) or "" if several else "",
-        _shown_file(path, settings.input_dir) if several else "",
+        _shown_file(path, common) if several else "",
         path_column, class_columns, settings.multi_label,
         # each file's relative paths below its own folder: named from the files' common folder (train/a.jpg)
-        _folder(_shown_file(path, settings.input_dir)) + "/" if several and settings.paths_below_manifest
-        and "/" in _shown_file(path, settings.input_dir) else "") for path in paths)
+        _folder(_shown_file(path, common)) + "/" if several and settings.paths_below_manifest
+        and "/" in _shown_file(path, common) else "") for path in paths)
     notes = [_files_note(paths, readings)] if several else []
     sample_rows = []
     per_file = max(2, -(-MANIFEST_SAMPLE_ROWS // len(paths)))
@@ -674,6 +675,16 @@ def _folder(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else "."
 
 
+def _common_folder(paths: list[str]) -> str:
+    """The deepest folder that holds every one of the files ('' for none)."""
+    common = []
+    for parts in zip(*(_folder(path).split("/") for path in paths), strict=False):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return "/".join(common)
+
+
 def _shown_file(path: str, folder: str) -> str:
     """A manifest file's name in messages and errors.jsonl: below `folder` when it is in it, else its path."""
     prefix = folder.rstrip("/") + "/"
@@ -721,7 +732,7 @@ def one_hot_columns(path: str, fmt: str, columns: list[str], names: list[str], s
     found = tuple((column, name) for column, name in zip(columns, names, strict=True) if column not in known)
     if not found:
         raise UserError(f"--manifest {path} has no {_label_column(settings)} column and no class columns (columns: "
-                        f"{shown_columns(columns)}): {_column_hint(settings)}")
+                        f"{shown_columns(columns)}): {_column_hint(settings, True)}")
     for _, name in found:
         problem = class_name_problem(name)
         if problem:
@@ -762,7 +773,7 @@ def _check_class_cells(path: str, fmt: str, class_columns: tuple, settings: Sett
             raise UserError(
                 f"--manifest {path} has no {_label_column(settings)} column, so its other columns are read as one 0/1 "
                 f"column per class (one-hot), and the column {quoted_name(name)} holds {shown(repr(values[0]), 40)} "
-                f"in row 1, not 0 or 1:{declare} {_column_hint(settings)}")
+                f"in row 1, not 0 or 1:{declare} {_column_hint(settings, True)}")
     if several > 1 and several * 2 > rows and not settings.multi_label:
         raise UserError(f"--manifest {path}: {several} of its first {rows} rows set several class columns to 1 "
                         "(multi-hot), and without --multi_label each row needs exactly one: give --multi_label")
@@ -772,12 +783,14 @@ def _label_column(settings: Settings) -> str:
     return "'labels'" if settings.multi_label else "'label'"
 
 
-def _column_hint(settings: Settings) -> str:
-    """What a manifest's header should hold, for the options given."""
+def _column_hint(settings: Settings, one_hot: bool = False) -> str:
+    """What a manifest's header should hold, for the options given (`one_hot`: a CSV, which may instead hold one
+    0/1 column per class)."""
     if settings.multi_label:
-        return ("name the image column path and the class column labels (class names separated by ';'), or give a "
-                "CSV with one 0/1 column per class")
-    return "name the image column path and the class column label, or give a CSV with one 0/1 column per class"
+        hint = "name the image column path and the class column labels (class names separated by ';')"
+    else:
+        hint = "name the image column path and the class column label"
+    return hint + (", or keep one 0/1 column per class and no other" if one_hot else "")
 
 
 def _class_columns_note(class_columns: tuple, settings: Settings) -> str:

@@ -245,9 +245,10 @@ def hot_classes(fields: dict, row: int, class_columns: tuple) -> tuple[str, ...]
         value = fields.get(column)
         hot = CLASS_CELLS.get(value.strip()) if isinstance(value, str) else None
         if hot is None:
-            shown = "empty" if value is None or value == "" else f"holds {quoted_name(str(value))[:40]}"
-            raise RowProblem(BAD_CLASS_VALUE, f"row {row}: the class column {quoted_name(name)} is {shown}, not 0 or "
-                                              "1: a CSV without a label column has one 0/1 column per class")
+            text = value.strip() if isinstance(value, str) else value
+            shown = "is empty" if text is None or text == "" else f"holds {quoted_name(str(text))[:40]}"
+            raise RowProblem(BAD_CLASS_VALUE, f"row {row}: the class column {quoted_name(name)} {shown}, not 0 or 1: "
+                                              "a CSV without a label column has one 0/1 column per class")
         if hot:
             names.append(name)
     return tuple(names)
@@ -289,7 +290,10 @@ def _row(fields: dict, row: int, how: RowReading, file: int):
         return row_values(fields, row, how)._replace(file=file)
     except RowProblem as p:
         path = fields.get(how.path_column)
-        relpath = str(path) if path else in_file(f"row {row}", how.shown)
+        path = path.strip() if isinstance(path, str) else path
+        named = how.prefix + path if path and how.prefix and isinstance(path, str) and is_local(path) and not (
+            path.startswith("/")) else path
+        relpath = str(named) if named else in_file(f"row {row}", how.shown)
         return Rejection(relpath, "rejected", p.reason, in_file(p.detail, how.shown))
 
 

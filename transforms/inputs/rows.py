@@ -701,7 +701,8 @@ _FIRST_RANGE = {0: RangeStart(0, START, 0)}  # the starts of a file of one range
 
 class _RangeRows(beam.DoFn):
     """Range -> RowFields for each data row that starts in it, plus ROWS: the number of its rows, and SPANNING:
-    (row, first line, lines, file) of each usable CSV row whose quoted field spans lines."""
+    (row, first line, lines) of each usable CSV row whose quoted field spans lines (with several files, and its
+    file's index)."""
 
     def __init__(self, paths: tuple[str, ...], fmt: str):
         self._paths, self._fmt = paths, fmt
@@ -720,7 +721,8 @@ class _RangeRows(beam.DoFn):
         for result in range_fields(self._paths[item.file], item, self._fmt, start, self.header(item.file)):
             rows += 1
             if result.lines > 1 and not isinstance(result.fields, str):
-                yield beam.pvalue.TaggedOutput(SPANNING, (result.row, result.line, result.lines, result.file))
+                where = (result.row, result.line, result.lines)  # and with several files, which one
+                yield beam.pvalue.TaggedOutput(SPANNING, (*where, result.file) if len(self._paths) > 1 else where)
             yield result
         yield beam.pvalue.TaggedOutput(ROWS, rows)
 
@@ -732,7 +734,7 @@ EXAMPLES = 10
 
 
 def spanned(item: tuple, names: tuple[str, ...] = ()) -> tuple:
-    """SPANNING's (row, first line, lines, file) -> a SummariseRows event: (SPANNING_ROWS, row, 'lines a-b'); with
+    """SPANNING's (row, first line, lines[, file]) -> a SummariseRows event: (SPANNING_ROWS, row, 'lines a-b'); with
     `names` (the files' names, when there are several), 'name lines a-b'."""
     row, line, lines, *file = item
     where = _lines(line, lines)
@@ -780,7 +782,7 @@ class ReadRows(beam.PTransform):
     """PBegin -> RowFields of every data row of a CSV (with a header) or JSON Lines file, or of several files of one
     format, read in parallel: each cut into byte ranges, each range's records counted (so that every row gets the
     number a sequential read of its file gives it), then every range parsed where it lands. ROWS: the number of
-    rows of each range; SPANNING: (row, first line, lines, file) of each usable row that spans lines. Used for
+    rows of each range; SPANNING: (row, first line, lines[, file]) of each usable row that spans lines. Used for
     --manifest and --metadata.
     """
 
