@@ -321,8 +321,9 @@ def label_files_hint(input_dir: str, label_files: list[str]) -> str:
     labels, with the --manifest that reads the CSV and JSON Lines ones ('' when there is none)."""
     if not label_files:
         return ""
-    shown_files = ", ".join(shown(name, 60) for name in label_files[:4]) + (", ..." if len(label_files) > 4 else "")
     manifests = [name for name in label_files if name.lower().endswith(MANIFEST_ENDINGS)]
+    named = manifests or label_files  # a README.txt beside a _classes.csv is not named
+    shown_files = ", ".join(shown(name, 60) for name in named[:4]) + (", ..." if len(named) > 4 else "")
     base = input_dir.rstrip("/")
     if not manifests:
         return (f"; {shown_files} may hold the labels: a manifest is a CSV or JSON Lines file with a path column "
@@ -522,8 +523,8 @@ def plan_manifest(settings: Settings) -> Plan:
     headers = _read_headers(paths, settings.multi_label)
     fmt, columns, names = headers[0]
     if any(h[0] != fmt for h in headers):
-        other = next(path for path, h in zip(paths, headers, strict=True) if h[0] != fmt)
-        raise UserError(f"--manifest: {paths[0]} is {_FORMATS[fmt]} and {other} {_FORMATS[headers[1][0]]}: give "
+        other, other_fmt = next((path, h[0]) for path, h in zip(paths, headers, strict=True) if h[0] != fmt)
+        raise UserError(f"--manifest: {paths[0]} is {_FORMATS[fmt]} and {other} {_FORMATS[other_fmt]}: give "
                         "files of one format")
     for path, (_, file_columns, _) in zip(paths, headers, strict=True):
         check_manifest_columns(path, file_columns, settings, fmt)
@@ -611,7 +612,7 @@ def manifest_files(settings: Settings) -> list[str]:
         UserError: for a pattern that matches no file, or more than MAX_MANIFEST_FILES files.
     """
     paths: list[str] = []
-    for entry in settings.manifests:
+    for entry in settings.manifests or (settings.manifest,):
         if not _is_glob(entry) or (is_local(entry) and os.path.isfile(entry)):
             paths.append(entry)
             continue

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 
+import apache_beam as beam
 import pytest
+from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from pipeline.errors import UserError
 from tests.conftest import convert, run_tool
 from tests.datasets import convert_manifest, error_rows, read_records
+from tests.pipelines import TestPipeline
 from transforms.base.examples import Example
 from transforms.base.tfrecord import iter_records
 from transforms.inputs import manifest as m
+from transforms.inputs.rows import SPANNING, ReadRows
 
 CLASSES = ["Hardhat", "no-hardhat", "person"]  # as the header writes them (a capital letter kept)
 SPLIT_OF = {"train": "train", "valid": "validation", "test": "test"}
@@ -150,6 +154,7 @@ def test_the_flat_split_folder_error_names_the_label_files_and_the_command(tmp_p
     flat.mkdir()
     Image.new("RGB", (8, 8)).save(flat / "a.jpg")
     (flat / "labels.csv").write_text("filename,cat\na.jpg,1\n")
+    (flat / "README.roboflow.txt").write_text("exported from roboflow")  # not named beside a CSV
     with pytest.raises(UserError) as error:
         convert(flat, tmp_path / "out")
     assert str(error.value) == (
@@ -228,3 +233,30 @@ def test_a_gcs_glob_reads_each_split_folders_file(gcs_emulator, tmp_path, monkey
     assert got == {f"{split}/{name}": (SPLIT_OF[split], [cells.split(", ").index("1")])
                    for split, split_rows in rows.items() for name, cells in split_rows}
     assert not [p for p in matched if p.startswith(bucket) and "*" in p]  # the two files were asked for by name
+
+
+def test_the_label_files_hint_gives_the_manifest_that_reads_them():
+    from pipeline.plan import label_files_hint
+
+    assert label_files_hint("/d", []) == ""
+    assert label_files_hint("/d/", ["train/a.csv", "valid/b.csv"]) == (
+        "; train/a.csv, valid/b.csv look like label files: give --manifest=/d/train/a.csv,/d/valid/b.csv")
+    assert label_files_hint("/d", ["train/_classes.csv", "README.txt", "valid/_classes.csv"]) == (
+        "; train/_classes.csv, valid/_classes.csv look like label files: give --manifest='/d/*/_classes.csv'")
+    assert label_files_hint("/d", ["annotations.json"]) == (
+        "; annotations.json may hold the labels: a manifest is a CSV or JSON Lines file with a path column and a "
+        "label column, or one 0/1 column per class (docs/manifest.md), given as --manifest")
+
+
+def test_read_rows_over_several_files_numbers_each_files_rows_and_says_which_file(tmp_path):
+    """ReadRows (PBegin -> RowFields) over two files of different column orders, cut into ranges: each row numbered
+    as a sequential read of its own file numbers it, with its file's index; a quoted line break keeps its file."""
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    first.write_text("filename, x, y\na.jpg, 1, 0\nb.jpg, 0, 1\nc.jpg, 1, 0\n")
+    second.write_text('y,filename,x\n0,"d\ne.jpg",1\n1,f.jpg,0\n')
+    with TestPipeline() as p:
+        read = p | ReadRows([str(first), str(second)], "csv", range_bytes=9)
+        assert_that(read.fields | beam.Map(lambda r: (r.file, r.row, r.fields["filename"], r.fields["y"].strip())),
+                    equal_to([(0, 1, "a.jpg", "0"), (0, 2, "b.jpg", "1"), (0, 3, "c.jpg", "0"),
+                              (1, 1, "d\ne.jpg", "0"), (1, 2, "f.jpg", "1")]), label="Fields")
+        assert_that(read[SPANNING], equal_to([(1, 2, 2, 1)]), label="Spanning")
