@@ -50,10 +50,12 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "Required, unless --manifest is given (then it is the folder that relative manifest paths are below).")
     add("--manifest", default=None,
         help="CSV (with a header) or JSON Lines file, local or gs://, listing the images instead of class "
-             "folders: columns path (relative to the manifest's folder or --input_dir, absolute, or gs://), "
-             "label (a class name) and optionally split (train, validation, test, or a name that stands for one "
-             "as a split folder's does: val, valid, dev, training, ...). "
-             "Default: none, class folders.")
+             "folders: columns path (or filename; relative to the manifest's folder or --input_dir, absolute, or "
+             "gs://), label (a class name) and optionally split (train, validation, test, or a name that stands "
+             "for one as a split folder's does: val, valid, dev, training, ...); or, in a CSV without a label "
+             "column, one 0/1 column per class (one-hot; multi-hot with --multi_label), as Roboflow's "
+             "_classes.csv. Several files: comma-separated, or a glob in quotes such as 'data/*/_classes.csv'; "
+             "a row without a split column takes its file's split folder's. Default: none, class folders.")
     add("--features", default=None,
         help="Types of the extra manifest (or --metadata) columns, each written into every Example under the "
              "column's name: name:type,... such as score:float,size:int[2],box:float[4],tags:string_list, or "
@@ -69,7 +71,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "found are counted in the summary. Default: none.")
     add("--multi_label", **ON_OFF,
         help="With --manifest: each image has several classes, from a labels column (class names separated by "
-             "';' in a CSV, a JSON list in JSON Lines) instead of label; each record stores the list of class ids "
+             "';' in a CSV, a JSON list in JSON Lines) instead of label, or from a CSV's 0/1 class columns "
+             "(multi-hot); each record stores the list of class ids "
              "(sorted, no repeats) under the label key and their names under class_name. Default: off, one label.")
     add("--unlabeled", **ON_OFF,
         help="Convert a flat folder of images without labels (a test set to predict): every image directly in "

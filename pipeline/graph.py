@@ -40,11 +40,11 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     if settings.manifest:
         # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job
         read = p | "ReadManifest" >> ReadManifest(
-            settings.manifest,
+            plan.manifest_files or settings.manifest,  # its files (entries and globs matched by the launcher)
             plan.manifest_format,
-            settings.input_dir,
-            # None: the rows' labels, found in the job; an append's are the dataset's
-            plan.class_names if settings.labels_file or plan.base is not None else None,
+            plan.manifest_readings or settings.input_dir,  # how each file's rows are read
+            # None: the rows' labels, found in the job; an append's are the dataset's; a one-hot header's
+            plan.class_names if settings.labels_file or plan.base is not None or plan.class_columns else None,
             seed=settings.seed,
             validation_split=settings.validation_split,
             test_split=settings.test_split,
@@ -180,7 +180,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["manifest"] = manifest_stats
     if settings.split_lists:
         inputs["split_lists"] = list_stats
-    split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders
+    split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders or plan.folder_splits
                 else "split_lists" if settings.split_lists else "group_hash" if grouped else "path_hash")
     inputs | "PublishDataset" >> PublishDataset(
         settings.output_dir,

@@ -82,8 +82,9 @@ def run(argv: list[str] | None = None) -> int:
     settings = validate(options)
     check_split_list_flags(argv, settings)
     configure_logging(settings)
-    if settings.manifest and cloud.is_dataflow(options) and not is_gcs(settings.manifest):
-        raise UserError(f"--manifest {settings.manifest} is not a gs:// path, and Dataflow workers read the manifest: "
+    local_manifest = next((entry for entry in settings.manifests if not is_gcs(entry)), None)
+    if local_manifest and cloud.is_dataflow(options):
+        raise UserError(f"--manifest {local_manifest} is not a gs:// path, and Dataflow workers read the manifest: "
                         "copy it to a bucket (gcloud storage cp) and give its gs:// path")
     if settings.metadata and cloud.is_dataflow(options) and not is_gcs(settings.metadata):
         raise UserError(f"--metadata {settings.metadata} is not a gs:// path, and Dataflow workers read it: "
@@ -94,7 +95,7 @@ def run(argv: list[str] | None = None) -> int:
                             "to a bucket (gcloud storage cp) and give its gs:// path")
     cloud.configure(options, settings.input_dir, settings.output_dir)  # gs:// access, Dataflow checks
     # seconds, not minutes, to say there is no network
-    cloud.check_network(options, [settings.input_dir, settings.output_dir, settings.manifest, settings.metadata,
+    cloud.check_network(options, [settings.input_dir, settings.output_dir, *settings.manifests, settings.metadata,
                                   settings.labels_file, *(path for _, path in settings.split_lists)])
     start_time = time.time()
     local = None
@@ -109,7 +110,7 @@ def run(argv: list[str] | None = None) -> int:
             return cloud.launch_nothing(options, done) if cloud.is_template_launch(options) else 0
         plan = plan_dataset(settings)  # pipeline/plan.py: the classes, the shard sizes
         for note in plan.notes + ignored_options(argv, options, settings, dataflow=cloud.is_dataflow(options),
-                                                 split_folders=plan.split_folders):
+                                                 split_folders=plan.split_folders or plan.folder_splits):
             _LOG.warning(note)
         run_id = new_run_id()
         old = _prepare_output(options, settings, plan, run_id)  # the folder's lock; leftovers leave

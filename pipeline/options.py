@@ -86,6 +86,10 @@ class Settings:
     group_by: str | None = None
     duplicates: str = "keep"
     manifest: str | None = None  # CSV or JSON Lines of path,label[,split]; input_dir is then the base of its paths
+    # --manifest's files or glob patterns, as given (comma-separated); (manifest,) for one file
+    manifests: tuple[str, ...] = ()
+    # without --input_dir, a manifest's relative paths are below its own folder (each file's, with several)
+    paths_below_manifest: bool = False
     features: tuple = ()  # --features: the declared FeatureTypes (transforms.base.features), in the order given
     metadata: str | None = None  # --metadata: CSV or JSON Lines of path + extra columns, joined to folder images
     multi_label: bool = False  # --manifest's labels column: several classes per image
@@ -320,9 +324,15 @@ def check_gcs_paths(o) -> None:
     inside the run)."""
     for name in PATH_OPTIONS:
         value = getattr(o, name, None) or ""
-        problem = bucket_problem(value)
-        if problem:
-            raise UserError(f"--{name}={value}: {problem}")
+        for piece in manifest_pieces(value) if name == "manifest" else [value]:
+            problem = bucket_problem(piece)
+            if problem:
+                raise UserError(f"--{name}={piece}: {problem}")
+
+
+def manifest_pieces(value: str) -> list[str]:
+    """--manifest's files or glob patterns: comma-separated (a file name holding a comma cannot be given)."""
+    return [piece.strip() for piece in value.split(",")] if value else []
 
 
 def _worker_memory_mb(options: PipelineOptions, o) -> int:
@@ -401,8 +411,13 @@ def validate(options: PipelineOptions) -> Settings:
     if features and not (manifest or metadata):
         raise UserError("--features types the extra columns of --manifest or --metadata: give one of them, or "
                         "drop --features")
-    # With --manifest, --input_dir is the base of the manifest's relative paths (default: the manifest's folder).
-    input_dir = o.input_dir or (manifest.rsplit("/", 1)[0] if "/" in manifest else ".")
+    # With --manifest, --input_dir is the base of the manifest's relative paths (default: the manifest's folder;
+    # with several files, each one's own, and input_dir the folder of the first before any glob character).
+    manifests = tuple(manifest_pieces(manifest)) if manifest else ()
+    if manifest and not all(manifests):
+        raise UserError(f"--manifest={manifest} has an empty entry: give files or glob patterns separated by commas, "
+                        "e.g. --manifest='data/*/_classes.csv'")
+    input_dir = o.input_dir or _manifest_folder(manifests[0])
     if not o.output_dir:
         raise UserError("--output_dir is required: the folder to write the TFRecord dataset to")
     for name in ("validation_split", "test_split"):
@@ -492,6 +507,8 @@ def validate(options: PipelineOptions) -> Settings:
     return Settings(
         input_dir=input_dir.rstrip("/") or "/",
         manifest=manifest,
+        manifests=manifests,
+        paths_below_manifest=bool(manifest) and not o.input_dir,
         output_dir=expand_placeholders(o.output_dir, "--output_dir", run_date=run_date).rstrip("/") or "/",
         labels_file=o.labels_file,
         validation_split=o.validation_split,
@@ -519,6 +536,12 @@ def validate(options: PipelineOptions) -> Settings:
         split_lists=split_lists,
         label_from=label_from,
     )
+
+
+def _manifest_folder(pattern: str) -> str:
+    """The folder of a manifest file, or of a glob pattern's part before its first glob character."""
+    fixed = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+    return fixed.rsplit("/", 1)[0] if "/" in fixed else "."
 
 
 def given_flags(argv: list[str]) -> set[str]:

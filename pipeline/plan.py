@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fnmatch
+import itertools
 import json
 import logging
 import os
@@ -32,7 +34,7 @@ from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_nam
 from transforms.base.records import FileRef
 from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
-from transforms.inputs.listing import Folder, classify, list_folder, list_top
+from transforms.inputs.listing import Folder, classify, gcs_list, list_folder, list_top
 from transforms.labels.layout import (
     LABEL_FROM_EXAMPLE,
     NO_CLASS_FOLDER,
@@ -74,10 +76,18 @@ class Plan:
     manifest_groups: bool = False  # with --manifest: it has a group column (every image of a group in one split)
     split_list_rule: split_lists.MatchRule | None = None  # with --split_lists: how their lines name the images
     split_list_sizes: dict = field(default_factory=dict)  # with --split_lists: each list's bytes (split -> size)
+    manifest_files: tuple = ()  # with --manifest: its files' paths (one, or those its entries and globs match)
+    manifest_readings: tuple = ()  # with --manifest: how each file's rows are read (manifest.RowReading)
+    class_columns: tuple = ()  # a one-hot manifest's ((column, class name), ...): the classes are the header's
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
     base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.inputs.append)
     record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
     resume_from: list = field(default_factory=list)  # output.resume.Earlier: the runs it resumes
+
+    @property
+    def folder_splits(self) -> bool:
+        """A manifest of one file per split folder (train/_classes.csv, ...): its files' folders give the splits."""
+        return bool(self.manifest_readings) and all(how.split for how in self.manifest_readings)
 
     def image_info(self, settings: Settings) -> dict:
         image = settings.image
@@ -290,8 +300,10 @@ def _has_images(probe: _Probe) -> bool:
     return bool(probe.images) or not probe.exhausted
 
 
-def _top(settings: Settings, below: Folder | None = None) -> tuple[int, list[FileRef], list[Folder]]:
-    """(entries seen, image files, subfolders) directly in the input folder, or in `below`."""
+def _top(settings: Settings, below: Folder | None = None, label_files: list | None = None
+         ) -> tuple[int, list[FileRef], list[Folder]]:
+    """(entries seen, image files, subfolders) directly in the input folder, or in `below`; the files that may
+    hold labels (LABEL_FILE_ENDINGS, their paths below the input folder) go to `label_files`, a few of them."""
     entries, images, folders = 0, [], []
     for item in list_top(settings.input_dir, settings.follow_symlinks, 1, below):
         if isinstance(item, Folder):
@@ -301,7 +313,38 @@ def _top(settings: Settings, below: Folder | None = None) -> tuple[int, list[Fil
         ref = classify(item, settings.input_dir)
         if isinstance(ref, FileRef):
             images.append(ref)
+        elif (label_files is not None and len(label_files) < LABEL_FILES_KEPT
+              and ref.relpath.lower().endswith(LABEL_FILE_ENDINGS)):
+            label_files.append(ref.relpath)
     return entries, images, folders
+
+
+# Files beside the images that may list their labels: named in the "no class folders" error, up to a few.
+LABEL_FILE_ENDINGS = (".csv", ".jsonl", ".ndjson", ".json", ".txt")
+MANIFEST_ENDINGS = (".csv", ".jsonl", ".ndjson")
+LABEL_FILES_KEPT = 20
+
+
+def label_files_hint(input_dir: str, label_files: list[str]) -> str:
+    """The part of the "no class folders" error that names the files beside the images that may hold their
+    labels, with the --manifest that reads the CSV and JSON Lines ones ('' when there is none)."""
+    if not label_files:
+        return ""
+    manifests = [name for name in label_files if name.lower().endswith(MANIFEST_ENDINGS)]
+    named = manifests or label_files  # a README.txt beside a _classes.csv is not named
+    shown_files = ", ".join(shown(name, 60) for name in named[:4]) + (", ..." if len(named) > 4 else "")
+    base = input_dir.rstrip("/")
+    if not manifests:
+        return (f"; {shown_files} may hold the labels: a manifest is a CSV or JSON Lines file with a path column "
+                "and a label column, or one 0/1 column per class (docs/manifest.md), given as --manifest")
+    names = {name.rsplit("/", 1)[-1] for name in manifests}
+    nested = all("/" in name for name in manifests)
+    if len(names) == 1 and nested and len(manifests) > 1:
+        command = f"--manifest='{base}/*/{names.pop()}'"
+    else:
+        command = "--manifest=" + ",".join(f"{base}/{name}" for name in manifests)
+    what = "look like label files" if len(manifests) > 1 else "looks like a label file"
+    return f"; {shown_files} {what}: give {command}"
 
 
 def _name(folder: Folder, input_dir: str) -> str:
@@ -335,8 +378,9 @@ def plan_dataset(settings: Settings) -> Plan:
         return plan_manifest(settings)
     input_dir = settings.input_dir
     flat_splits = []  # (name, images, path) of each split folder of images and no class folders
+    label_files: list[str] = []  # files beside loose images that may list their labels (for the error)
     try:
-        entries, loose, top_folders = _top(settings)
+        entries, loose, top_folders = _top(settings, label_files=label_files)
         if not entries and not top_folders:
             raise UserError(f"--input_dir {input_dir} is empty: put images in <input_dir>/<class>/<image>")
         probes = _probe_all(top_folders, settings)
@@ -358,9 +402,9 @@ def plan_dataset(settings: Settings) -> Plan:
                             "give every image's split, and --split_lists gives them too: drop --split_lists, or give "
                             "a folder of class folders")
         if split_folders:
-            class_probes, loose = [], []
+            class_probes, loose, label_files = [], [], []
             for split_folder in (p.folder for p in probes if _has_images(p)):
-                _, images, folders = _top(settings, split_folder)
+                _, images, folders = _top(settings, split_folder, label_files)
                 loose += images
                 if images and not folders:
                     flat_splits.append((_name(split_folder, input_dir), len(images), split_folder.path))
@@ -396,12 +440,16 @@ def plan_dataset(settings: Settings) -> Plan:
                         "that read as one: merge them into one folder, or rename one")
     if not folder_classes:
         where = "its split folders" if split_folders else input_dir
-        hint = label_from_hint([ref.relpath for ref in loose[:SUGGESTION_NAMES]])
+        # label files beside the images (Roboflow's _classes.csv) are the likeliest labels; else the file names
+        hint = label_files_hint(input_dir, label_files)
+        if not hint:
+            names = label_from_hint([ref.relpath for ref in loose[:SUGGESTION_NAMES]])
+            hint = (f"; if the file names hold the labels, give {names}, or list the images and their labels in a "
+                    "--manifest (docs/manifest.md)")
         raise UserError(
             f"found {len(loose)} images directly in {where} but no class folders: expected "
-            "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class; "
-            f"if the file names hold the labels, give {hint}, or list the images and their labels in a --manifest "
-            "(docs/manifest.md)"
+            "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
+            + hint
             + ("" if split_folders else "; to convert them without labels (a test set to predict), give --unlabeled")
         )
     notes = [split_folder_note(top_with_images)] if split_folders else []
@@ -570,24 +618,60 @@ MANIFEST_SAMPLE_LIMIT = 1000  # rows looked at for the sample at most, should th
 
 
 def plan_manifest(settings: Settings) -> Plan:
-    """Plan a --manifest run: check its header, take the class names from --labels_file (without it, the job
-    finds them: Plan.class_names is empty) and size shards from its first rows' files."""
-    path = settings.manifest
-    fmt, columns = read_header(path, "--manifest", "path,label[,split]", '"path": ..., "label": ...')
-    check_manifest_columns(path, columns, settings)
+    """Plan a --manifest run: find its files (entries and glob patterns), check each one's header, take the class
+    names from --labels_file, or from the header's class columns of a one-hot CSV (without either, the job finds
+    them: Plan.class_names is empty), and size shards from the first rows' files."""
+    paths = manifest_files(settings)
+    headers = _read_headers(paths, settings.multi_label)
+    fmt, columns, names = headers[0]
+    if any(h[0] != fmt for h in headers):
+        other, other_fmt = next((path, h[0]) for path, h in zip(paths, headers, strict=True) if h[0] != fmt)
+        raise UserError(f"--manifest: {paths[0]} is {_FORMATS[fmt]} and {other} {_FORMATS[other_fmt]}: give "
+                        "files of one format")
+    for path, (_, file_columns, _) in zip(paths, headers, strict=True):
+        check_manifest_columns(path, file_columns, settings, fmt)
+    class_columns = one_hot_columns(paths[0], fmt, columns, names, settings)
+    _same_columns(paths, headers, class_columns)
+    path_column = _path_column(columns)
+    # several files (entries, or a glob): each one's split folder gives the split of its rows without one
+    several = len(paths) > 1 or len(settings.manifests) > 1 or any(_is_glob(entry) for entry in settings.manifests)
+    common = _common_folder(paths)
+    readings = tuple(manifest.RowReading(
+        _folder(path) if settings.paths_below_manifest else settings.input_dir,
+        split_of(_folder(path).rsplit("/", 1)[-1]) or "" if several else "",
+        _shown_file(path, common) if several else "",
+        path_column, class_columns, settings.multi_label,
+        # each file's relative paths below its own folder: named from the files' common folder (train/a.jpg)
+        _folder(_shown_file(path, common)) + "/" if several and settings.paths_below_manifest
+        and "/" in _shown_file(path, common) else "") for path in paths)
+    notes = [_files_note(paths, readings)] if several else []
     sample_rows = []
-    with _damaged_is_an_error("--manifest", path), reading.open_file(path) as raw:  # from the start (.gz: no seek)
-        for number, row in manifest.read_rows(reading.file_lines(raw), fmt, settings.input_dir):
-            if isinstance(row, manifest.ManifestRow):
-                sample_rows.append(row)
-            if len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
-                break
-    notes = []
-    found = plan_features(settings, columns, f"--manifest {path}", notes)
+    per_file = max(2, -(-MANIFEST_SAMPLE_ROWS // len(paths)))
+    for path, how in zip(paths[:MANIFEST_SAMPLE_ROWS], readings, strict=False):
+        with _damaged_is_an_error("--manifest", path), reading.open_file(path) as raw:  # from the start (.gz: no seek)
+            kept = 0
+            for number, row in manifest.read_rows(reading.file_lines(raw), fmt, how):
+                if isinstance(row, manifest.ManifestRow):
+                    sample_rows.append(row)
+                    kept += 1
+                if kept >= per_file or len(sample_rows) >= MANIFEST_SAMPLE_ROWS or number >= MANIFEST_SAMPLE_LIMIT:
+                    break
+        if len(sample_rows) >= MANIFEST_SAMPLE_ROWS:
+            break
+    found = plan_features(settings, [c for c in columns if c not in {path_column, *dict(class_columns)}],
+                          f"--manifest {paths[0]}", notes)
     if settings.multi_label and "label" in columns:
         notes.append("the manifest's label column is ignored: --multi_label reads the labels column")
-    # without --labels_file the job finds the class names (the rows' distinct labels)
-    class_names = read_labels_file(settings.labels_file) if settings.labels_file else []
+    # without --labels_file the job finds the class names (the rows' distinct labels), unless the header has them
+    header_classes = manifest.class_names_of((name, 1) for _, name in class_columns)
+    if settings.labels_file:
+        class_names = read_labels_file(settings.labels_file)
+        if class_columns:
+            notes += _labels_file_notes(paths[0], header_classes, class_names, settings.labels_file)
+    else:
+        class_names = header_classes
+    if class_columns:
+        notes.append(_class_columns_note(class_columns, settings))
     sample_files = []
     for row in sample_rows:
         try:
@@ -607,7 +691,228 @@ def plan_manifest(settings: Settings) -> Plan:
         manifest_file_size=int(sum(sizes) / len(sizes)) if sizes else 100_000,
         features=found,
         manifest_groups="group" in columns,
+        manifest_files=tuple(paths),
+        manifest_readings=readings,
+        class_columns=class_columns,
     )
+
+
+_FORMATS = {"csv": "CSV", "jsonl": "JSON Lines"}
+# --manifest's entries and glob patterns may name this many files at most: each one's header is read here.
+MAX_MANIFEST_FILES = 1000
+
+
+def manifest_files(settings: Settings) -> list[str]:
+    """--manifest's files: each comma-separated entry a file, or a glob pattern (Beam's FileSystems.match, local
+    or gs://) matched here, its files sorted; a file named twice counts once.
+
+    A gs:// pattern with a glob character in a folder's name (`gs://b/data/*/_classes.csv`) has its folders
+    listed a level at a time (a delimiter listing: the names of the folders, not the objects in them); Cloud
+    Storage's own match would list every object below `data/`, each image included.
+
+    Raises:
+        UserError: for a pattern that matches no file, or more than MAX_MANIFEST_FILES files.
+    """
+    paths: list[str] = []
+    for entry in settings.manifests or (settings.manifest,):
+        if not _is_glob(entry) or (is_local(entry) and os.path.isfile(entry)):
+            paths.append(entry)
+            continue
+        try:
+            matched = _match(entry)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - what the file system says, named
+            raise UserError(f"--manifest {entry} cannot be matched ({type(e).__name__}: {shown(str(e), 120)}): "
+                            "check the pattern") from None
+        if not matched:
+            raise UserError(f"--manifest {entry} matches no file: check the pattern (quote it in the shell, "
+                            f"--manifest='{entry}', so that the shell does not expand it)")
+        paths += matched
+    paths = list(dict.fromkeys(paths))
+    if len(paths) > MAX_MANIFEST_FILES:
+        raise UserError(f"--manifest names {len(paths)} files, more than {MAX_MANIFEST_FILES}: the launcher reads "
+                        "each one's header; join them into fewer files")
+    return paths
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _match(pattern: str) -> list[str]:
+    """The files a glob pattern matches, sorted."""
+    folder, _, name = pattern.rpartition("/")
+    if is_gcs(pattern) and _is_glob(folder):
+        return sorted(path for each in _gcs_folders(folder) for path in _match(f"{each}/{name}"))
+    if not _is_glob(pattern):
+        return [pattern] if FileSystems.exists(pattern) else []
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/"))
+
+
+def _gcs_folders(pattern: str) -> list[str]:
+    """The gs:// folders a pattern of folders names (`gs://b/data/*`), listed a level at a time."""
+    parts = pattern.split("/")  # 'gs:', '', bucket, ...
+    folders = ["/".join(parts[:3])]
+    for part in parts[3:]:
+        if not _is_glob(part):
+            folders = [f"{folder}/{part}" for folder in folders]
+            continue
+        folders = [item.path for folder in folders for item in gcs_list(folder, folders_too=True)
+                   if isinstance(item, Folder) and fnmatch.fnmatchcase(item.path.rsplit("/", 1)[-1], part)]
+    return folders
+
+
+def _read_headers(paths: list[str], multi_label: bool) -> list[tuple[str, list[str], list[str]]]:
+    """(format, columns, names as written) of each file's header, a few files at a time."""
+    label = "labels" if multi_label else "label"
+    read = lambda path: read_header_names(path, "--manifest", f"path,{label}[,split]",  # noqa: E731
+                                          f'"path": ..., "{label}": ...')
+    if len(paths) == 1:
+        return [read(paths[0])]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS) as pool:
+        return list(pool.map(read, paths))
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else "."
+
+
+def _common_folder(paths: list[str]) -> str:
+    """The deepest folder that holds every one of the files ('' for none)."""
+    common = []
+    for parts in zip(*(_folder(path).split("/") for path in paths), strict=False):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return "/".join(common)
+
+
+def _shown_file(path: str, folder: str) -> str:
+    """A manifest file's name in messages and errors.jsonl: below `folder` when it is in it, else its path."""
+    prefix = folder.rstrip("/") + "/"
+    return path[len(prefix):] if folder not in ("", ".") and path.startswith(prefix) else path
+
+
+def _path_column(columns: list[str]) -> str:
+    return next((c for c in manifest.PATH_COLUMNS if c in columns), "path")
+
+
+def _same_columns(paths: list[str], headers: list, class_columns: tuple) -> None:
+    """Several manifest files have one set of columns (in any order); else one line naming the difference."""
+    first = set(headers[0][1])
+    for path, (_, columns, _) in zip(paths[1:], headers[1:], strict=True):
+        if set(columns) == first:
+            continue
+        missing, extra = sorted(first - set(columns)), sorted(set(columns) - first)
+        what = "class columns" if class_columns else "columns"
+        diff = "; ".join(part for part in (
+            f"it lacks {shown_columns(missing, 5)}" if missing else "",
+            f"it has {shown_columns(extra, 5)} too" if extra else "") if part)
+        raise UserError(f"--manifest: {path} and {paths[0]} have different {what} ({diff}): give every file the "
+                        "same columns, in any order" + (" (a column of 0s for a class without images)"
+                                                        if class_columns else ""))
+
+
+def _files_note(paths: list[str], readings: tuple) -> str:
+    """The note that names a manifest's files and the split each one's folder gives."""
+    shown_files = ", ".join(f"{how.shown} ({how.split or 'hash split'})" for how in readings[:6])
+    return (f"--manifest: {len(paths)} files, read together: {shown_files}{', ...' if len(paths) > 6 else ''}; a "
+            "row's split is its split column's, else its file's folder's, else the hash split")
+
+
+def one_hot_columns(path: str, fmt: str, columns: list[str], names: list[str], settings: Settings) -> tuple:
+    """The class columns of a CSV manifest without a label or labels column: ((column, class name), ...), every
+    column that is not the path, split, group or a --features column, named as the header writes it (stripped);
+    () for a manifest with a label (or labels) column.
+
+    Raises:
+        UserError: for a class name labels.txt cannot hold, two names that read as one, or no class column.
+    """
+    if "label" in columns or "labels" in columns or fmt != "csv":
+        return ()
+    known = {*manifest.PATH_COLUMNS, *features.RESERVED_COLUMNS, *(f.name for f in settings.features)}
+    found = tuple((column, name) for column, name in zip(columns, names, strict=True) if column not in known)
+    if not found:
+        raise UserError(f"--manifest {path} has no {_label_column(settings)} column and no class columns (columns: "
+                        f"{shown_columns(columns)}): {_column_hint(settings, True)}")
+    for _, name in found:
+        problem = class_name_problem(name)
+        if problem:
+            raise UserError(f"--manifest {path}: the class column {quoted_name(name)} has {problem}: rename it")
+    same = same_class_names([name for _, name in found])
+    if same:
+        raise UserError(f"--manifest {path} has the class columns {_pair(same)}, which {same[2]}, so they would be "
+                        "two classes that read as one: keep one of them")
+    _check_class_cells(path, fmt, found, settings)
+    return found
+
+
+def _check_class_cells(path: str, fmt: str, class_columns: tuple, settings: Settings) -> None:
+    """The first rows' class cells: a column none of whose cells is 0 or 1 is no class column (a feature, or a
+    label column under another name), and rows that mostly set several classes want --multi_label: one line each,
+    before any image is read."""
+    cells: dict[str, list[str]] = {column: [] for column, _ in class_columns}
+    several = rows = 0
+    with _damaged_is_an_error("--manifest", path), reading.open_file(path) as raw:
+        _, records = reading.read_records(reading.file_lines(raw), fmt)
+        for item in itertools.islice(records, MANIFEST_SAMPLE_LIMIT):
+            if isinstance(item.fields, str):
+                continue
+            rows += 1
+            hot = 0
+            for column, _ in class_columns:
+                value = str(item.fields.get(column) or "").strip()
+                cells[column].append(value)
+                hot += manifest.CLASS_CELLS.get(value, False)
+            several += hot > 1
+            if rows >= MANIFEST_SAMPLE_ROWS:
+                break
+    for column, name in class_columns:
+        values = cells[column]
+        if values and not any(v in manifest.CLASS_CELLS for v in values):
+            declare = f" or type it with --features={column}:string to keep it as a feature," if len(
+                class_columns) > 1 else ""
+            raise UserError(
+                f"--manifest {path} has no {_label_column(settings)} column, so its other columns are read as one 0/1 "
+                f"column per class (one-hot), and the column {quoted_name(name)} holds {shown(repr(values[0]), 40)} "
+                f"in row 1, not 0 or 1:{declare} {_column_hint(settings, True)}")
+    if several > 1 and several * 2 > rows and not settings.multi_label:
+        raise UserError(f"--manifest {path}: {several} of its first {rows} rows set several class columns to 1 "
+                        "(multi-hot), and without --multi_label each row needs exactly one: give --multi_label")
+
+
+def _label_column(settings: Settings) -> str:
+    return "'labels'" if settings.multi_label else "'label'"
+
+
+def _column_hint(settings: Settings, one_hot: bool = False) -> str:
+    """What a manifest's header should hold, for the options given (`one_hot`: a CSV, which may instead hold one
+    0/1 column per class)."""
+    if settings.multi_label:
+        hint = "name the image column path and the class column labels (class names separated by ';')"
+    else:
+        hint = "name the image column path and the class column label"
+    return hint + (", or keep one 0/1 column per class and no other" if one_hot else "")
+
+
+def _class_columns_note(class_columns: tuple, settings: Settings) -> str:
+    names = [name for _, name in class_columns]
+    hot = ("multi-hot (--multi_label): a row's classes are its columns holding 1, none for an image of no class"
+           if settings.multi_label else "one-hot: a row's class is its one column holding 1")
+    ids = "ids from --labels_file" if settings.labels_file else "ids in sorted order"
+    return f"--manifest: {len(names)} class columns ({ids}), {hot}: {shown_columns(names, 10)}"
+
+
+def _labels_file_notes(path: str, header_classes: list[str], class_names: list[str], labels_file: str) -> list[str]:
+    unknown = [name for name in header_classes if name not in set(class_names)]
+    if len(unknown) == len(header_classes):
+        raise UserError(f"none of the {len(header_classes)} class columns of --manifest {path} is a class in the "
+                        f"labels file {labels_file}: check that the column names match its lines")
+    if not unknown:
+        return []
+    return [f"{len(unknown)} class column(s) are not in the labels file and their rows will be skipped as "
+            f"unknown_class: {shown_columns(unknown, 10)}"]
 
 
 def plan_features(settings: Settings, columns: list[str], where: str, notes: list[str]) -> tuple:
@@ -655,8 +960,16 @@ def shown_columns(columns: list[str], first: int = 20) -> str:
 
 def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"path": ...'
                 ) -> tuple[str, list[str]]:
-    """(format, column names) of a CSV or JSON Lines file, from its first line (read within a bound); `header`
-    and `fields` show the user what the first line should hold.
+    """(format, column names) of a CSV or JSON Lines file: read_header_names without the names as written."""
+    fmt, columns, _ = read_header_names(path, flag, header, fields)
+    return fmt, columns
+
+
+def read_header_names(path: str, flag: str, header: str = "path,...", fields: str = '"path": ...'
+                      ) -> tuple[str, list[str], list[str]]:
+    """(format, column names, the names as written) of a CSV or JSON Lines file, from its first line (read within a
+    bound); the column names are stripped and lower case, the names as written only stripped. `header` and
+    `fields` show the user what the first line should hold.
 
     Raises:
         UserError: for a missing file, one that is not a regular file, or cannot be read; an empty one; a first
@@ -690,7 +1003,7 @@ def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"
         raise UserError(f"{flag} {path}: {bad}")
     fmt = manifest.manifest_format(path, first)
     if fmt == "csv":
-        columns = manifest.csv_header(first)
+        columns, names = manifest.csv_header(first), manifest.csv_names(first)
     else:
         try:
             row = bounded.loads(first)
@@ -699,12 +1012,12 @@ def read_header(path: str, flag: str, header: str = "path,...", fields: str = '"
         except (ValueError, TypeError):
             raise UserError(f"{flag} {path}: its first line is not a JSON object: write one "
                             f"{{{fields}}} object per line, or give a .csv") from None
-        columns = [str(k).lower() for k in row]
+        columns, names = [str(k).lower() for k in row], [str(k) for k in row]
     twice = sorted({c for c in columns if columns.count(c) > 1})
     if twice:  # the last one would win, silently
         raise UserError(f"{flag} {path} has the column '{shown(twice[0])}' more than once (columns: "
                         f"{shown_columns(columns)}): name each column once (column names are not case-sensitive)")
-    return fmt, columns
+    return fmt, columns, names
 
 
 def plan_metadata(settings: Settings, plan: Plan) -> Plan:
@@ -836,22 +1149,24 @@ def plan_split_lists(settings: Settings, plan: Plan) -> None:
                       f"({split_lists.NOT_IN_SPLIT_LISTS})")
 
 
-def check_manifest_columns(path: str, columns: list[str], settings: Settings) -> None:
-    """The manifest's header has what the options need: path, and label (or labels with --multi_label)."""
-    if "path" not in columns:
+def check_manifest_columns(path: str, columns: list[str], settings: Settings, fmt: str = "csv") -> None:
+    """The manifest's header has what the options need: path (or filename), and label (or labels with
+    --multi_label), or in a CSV neither: one 0/1 column per class (`one_hot_columns`)."""
+    if not any(c in columns for c in manifest.PATH_COLUMNS):
         raise UserError(f"--manifest {path} has no 'path' column (columns: {shown_columns(columns)}): "
-                        "name the image column path and the class column label")
+                        f"{_column_hint(settings)}")
+    one_hot = fmt == "csv"  # a CSV without label or labels columns: one 0/1 column per class
     if settings.multi_label:
-        if "labels" not in columns:
+        if "labels" not in columns and ("label" in columns or not one_hot):
             raise UserError(f"--manifest {path} has no 'labels' column, which --multi_label reads (columns: "
                             f"{shown_columns(columns)}): name the column of class names labels (separated by ';'), "
                             "or drop --multi_label for one label per image")
     elif "labels" in columns:
         raise UserError(f"--manifest {path} has a 'labels' column: give --multi_label to read several classes per "
                         "image from it, or name a one-class column label")
-    elif "label" not in columns:
+    elif "label" not in columns and not one_hot:
         raise UserError(f"--manifest {path} has no 'label' column (columns: {shown_columns(columns)}): "
-                        "name the image column path and the class column label")
+                        f"{_column_hint(settings)}")
     if settings.group_by and "group" in columns:
         raise UserError(f"--manifest {path} has a 'group' column and --group_by is given: the column gives each "
                         "image's group, so drop --group_by (or rename the column)")
@@ -894,6 +1209,8 @@ def plan_record(settings: Settings, plan: Plan) -> dict:
             "metadata_format": plan.metadata_format,
             "manifest_groups": plan.manifest_groups,
             **({"split_lists": [list(plan.split_list_rule), plan.split_list_sizes]} if plan.split_list_rule else {}),
+            "manifest_files": [[path, *how] for path, how in zip(plan.manifest_files, plan.manifest_readings,
+                                                                 strict=True)],
         },
         "code": {"version": __version__, "code": code_hash(), "format_version": FORMAT_VERSION,
                  "libraries": converter_libraries()},

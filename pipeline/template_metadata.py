@@ -73,10 +73,11 @@ PARAMETERS = {
         regex=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", default="none, the UTC launch date"),
     "manifest": Parameter(
         "Manifest",
-        "CSV (with a header) or JSON Lines file listing the images instead of class folders: columns path (relative "
-        "to input_dir, or gs://), label (a class name), and optionally split (train, validation, test, or a name that "
-        "stands for one as a split folder's does: val, valid, dev, training, ...). A manifest over 256 MiB needs "
-        "labels_file.", gcs="read_file", default="none, class folders"),
+        "CSV (with a header) or JSON Lines file listing the images instead of class folders: columns path (or "
+        "filename; relative to input_dir, or gs://), label (a class name), and optionally split (train, validation, "
+        "test, or a name that stands for one as a split folder's does: val, valid, dev, training, ...); or, in a CSV "
+        "without a label column, one 0/1 column per class (Roboflow's _classes.csv). Several files: comma-separated, "
+        "or a glob such as gs://bucket/data/*/_classes.csv.", gcs="read_file", default="none, class folders"),
     "features": Parameter(
         "Typed extra features",
         "Types of the extra manifest (or metadata) columns, written into every Example under the column's name: "
@@ -92,7 +93,8 @@ PARAMETERS = {
     "multi_label": Parameter(
         "Multi-label",
         "true: with manifest, each image has several classes, from a labels column (names separated by ';' in a CSV, "
-        "a JSON list in JSON Lines); records store the list of class ids under the label key."),
+        "a JSON list in JSON Lines) or a CSV's 0/1 class columns; records store the list of class ids under the "
+        "label key."),
     "unlabeled": Parameter(
         "Unlabeled",
         "true: convert a flat folder of images without labels (a test set to predict) into the one split test, each "

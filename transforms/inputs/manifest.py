@@ -1,15 +1,17 @@
-"""ReadManifest: the images and labels of a CSV or JSON Lines manifest, read inside the job.
+"""ReadManifest: the images and labels of a CSV or JSON Lines manifest (or of several), read inside the job.
 
-A manifest lists one image per row: `path` (relative to the manifest's folder or --input_dir, absolute, or
-gs://), `label` (a class name) and, optionally, `split` (train, validation, test, or a name a split folder may
-have: val, valid, dev, ...); with
---multi_label a `labels` column (several class names) instead of `label`; optionally `group` (the images of
-one group share a split). Its other columns are typed extra features (transforms.base.features), written into
-each Example. The file is cut into byte ranges that any worker reads (a compressed one is read as one
-stream); every row keeps its row number for errors.jsonl, as a sequential read gives it (the records of each
-range are counted first). A row that cannot be used becomes a Rejection with its row number; a path listed
-twice keeps its first row. Without --labels_file, the class names are the rows' distinct labels, found in
-the job.
+A manifest lists one image per row: `path` (or `filename`; relative to the manifest's folder or --input_dir,
+absolute, or gs://), `label` (a class name) and, optionally, `split` (train, validation, test, or a name a split
+folder may have: val, valid, dev, ...; without one, the split its file's folder names, as Roboflow's
+train/_classes.csv); with --multi_label a `labels` column (several class names) instead of `label`; or, in a CSV
+with neither, one 0/1 column per class (one-hot, Roboflow's `_classes.csv`; multi-hot with --multi_label);
+optionally `group` (the images of one group share a split). Its other columns are typed extra features
+(transforms.base.features), written into each Example. The file is cut into byte ranges that any worker reads
+(a compressed one is read as one stream); every row keeps its row number for errors.jsonl, as a sequential read
+gives it (the records of each range are counted first), and with several files its file's name. A row that
+cannot be used becomes a Rejection with its row number; a path listed twice keeps its first row. Without
+--labels_file, the class names are the rows' distinct labels, found in the job (a one-hot header's are known at
+launch).
 """
 
 from __future__ import annotations
@@ -70,12 +72,45 @@ UNKNOWN_SPLIT = "manifest_unknown_split"
 DUPLICATE_PATH = "manifest_duplicate_path"
 BAD_LABEL = "manifest_bad_label"
 BAD_PATH = "manifest_bad_path"  # a relative path that leads out of its base with '..', or names a folder
-BAD_VALUE_REASONS = {"label": BAD_LABEL, "path": BAD_PATH}
+NOT_ONE_HOT = "manifest_not_one_hot"  # a one-hot row (class columns) without exactly one 1, and no --multi_label
+BAD_CLASS_VALUE = "manifest_bad_class_value"  # a class column's cell that is neither 0 nor 1
+BAD_VALUE_REASONS = {"label": BAD_LABEL, "path": BAD_PATH, "filename": BAD_PATH}
 CLASS_NAMES = "class_names"
 
 GROUPS = "groups"  # with a group column or --group_by: (group or '', split, relpath) of every labelled image
 
 LABELS_SEPARATOR = ";"  # between the class names of a CSV `labels` cell
+PATH_COLUMNS = ("path", "filename")  # the image's column: `path`, else `filename` (Roboflow's _classes.csv)
+# A class column's cell (one-hot or multi-hot), stripped: 1 sets the class, 0 does not; anything else is a rejected
+# row (manifest_bad_class_value), never guessed. "1.0" is what pandas writes for a float column of ones.
+CLASS_CELLS = {"1": True, "0": False, "1.0": True, "0.0": False}
+
+
+class RowReading(NamedTuple):
+    """How the rows of one manifest file are read: the folder its relative paths are below, the split of a row
+    without one (its folder's, '' for the hash split), its name in errors.jsonl ('' when the manifest is one file),
+    its path column, with class columns ((column, class name), ...) the rows' classes are their 1s, and the
+    prefix of a relative path as its record names it (the file's folder below the others': 'valid/', so that
+    valid/_classes.csv's `a.jpg` is `valid/a.jpg`, as a folder listing names it)."""
+
+    base: str
+    split: str = ""
+    shown: str = ""
+    path_column: str = "path"
+    class_columns: tuple = ()
+    multi_label: bool = False
+    prefix: str = ""
+
+
+def _reading(base: str | RowReading) -> RowReading:
+    return base if isinstance(base, RowReading) else RowReading(base)
+
+
+def in_file(detail: str, shown: str) -> str:
+    """A row's detail ('row 12: ...') naming its file too ('valid/_classes.csv row 12: ...'), when `shown`."""
+    if not shown:
+        return detail
+    return f"{shown} {detail}" if detail.startswith("row ") else f"{shown}: {detail}"
 
 
 class ManifestRow(NamedTuple):
@@ -91,6 +126,13 @@ class ManifestRow(NamedTuple):
     group: str = ""  # the `group` field ('' without one)
     columns: tuple = ()  # (column, value as the file gives it) of its other columns, typed by LabelRow
     size: int | None = None  # bytes, when the listing gave them; None: the launcher's sample mean stands in
+    source: str = ""  # its file's name in errors.jsonl ('' when the manifest is one file)
+    file: int = 0  # its file's index among the manifest's files
+
+    @property
+    def where(self) -> str:
+        """'row 12', or 'valid/_classes.csv row 12' when the manifest is several files."""
+        return f"{self.source} row {self.row}" if self.source else f"row {self.row}"
 
 
 class RowProblem(Exception):
@@ -111,7 +153,12 @@ def manifest_format(path: str, first_line: str) -> str:
 
 def csv_header(first_line: str) -> list[str]:
     """The column names of a CSV header line (stripped, lower case)."""
-    return [name.strip().lower() for name in next(csv.reader([first_line.lstrip("\ufeff")]), [])]
+    return [name.lower() for name in csv_names(first_line)]
+
+
+def csv_names(first_line: str) -> list[str]:
+    """The column names of a CSV header line as written, stripped (`filename, Hardhat` -> filename, Hardhat)."""
+    return [name.strip() for name in next(csv.reader([first_line.lstrip("\ufeff")]), [])]
 
 
 def normal_path(path: str) -> str:
@@ -159,13 +206,23 @@ def _text(fields: dict, name: str, row: int, numbers: bool = False, strip: bool 
                                                             f"is a JSON string{hint}")
 
 
-def row_values(fields: dict, row: int, base: str) -> ManifestRow:
-    """A ManifestRow from a row's {column: value}; raises RowProblem for a row that cannot be used."""
+def row_values(fields: dict, row: int, base: str | RowReading) -> ManifestRow:
+    """A ManifestRow from a row's {column: value}; raises RowProblem for a row that cannot be used. `base`: the
+    folder of relative paths, or how the row's file is read (RowReading)."""
+    how = _reading(base)
     # A label is kept as written: ' ant' is no class name (labels.txt cannot hold it, and a class folder ' ant' is
     # refused), so its row is rejected as manifest_bad_label, never merged into 'ant'.
-    path, label = _text(fields, "path", row), _text(fields, "label", row, numbers=True, strip=False)
+    path, label = _text(fields, how.path_column, row), _text(fields, "label", row, numbers=True, strip=False)
     split, group = _text(fields, "split", row).lower(), _text(fields, "group", row, numbers=True)
     labels = label_list(fields.get("labels"), row)
+    if how.class_columns:  # one-hot (or multi-hot) columns: the row's classes are its 1s
+        names = hot_classes(fields, row, how.class_columns)
+        if how.multi_label:
+            label, labels = "", names
+        elif len(names) == 1:
+            label, labels = names[0], None
+        else:
+            raise RowProblem(NOT_ONE_HOT, not_one_hot(row, names))
     if not path:
         raise RowProblem(MISSING_PATH, f"row {row}: no path")
     try:
@@ -177,9 +234,41 @@ def row_values(fields: dict, row: int, base: str) -> ManifestRow:
     if split and split_of(split) is None:
         raise RowProblem(UNKNOWN_SPLIT, f"row {row}: split {split!r} is not train, validation or test (nor a "
                                         "name that stands for one, such as val, valid, dev or training)")
-    columns = tuple((name, value) for name, value in fields.items() if name not in RESERVED_COLUMNS)
-    return ManifestRow(row, resolve(path, base), path, label, split_of(split) or "", labels, group,
-                       columns=columns)
+    if how.class_columns or how.path_column != "path":
+        known = {how.path_column, *RESERVED_COLUMNS, *(column for column, _ in how.class_columns)}
+    else:
+        known = RESERVED_COLUMNS
+    columns = tuple((name, value) for name, value in fields.items() if name not in known)
+    named = how.prefix + path if how.prefix and is_local(path) and not path.startswith("/") else path
+    return ManifestRow(row, resolve(path, how.base), named, label, split_of(split) or how.split, labels, group,
+                       columns=columns, source=how.shown)
+
+
+def hot_classes(fields: dict, row: int, class_columns: tuple) -> tuple[str, ...]:
+    """The class names whose column holds 1 in a row, in the columns' order; RowProblem for a cell that is
+    neither 0 nor 1 (CLASS_CELLS, spaces around it aside: Roboflow writes `img.jpg, 0, 1`)."""
+    names = []
+    for column, name in class_columns:
+        value = fields.get(column)
+        hot = CLASS_CELLS.get(value.strip()) if isinstance(value, str) else None
+        if hot is None:
+            text = value.strip() if isinstance(value, str) else value
+            shown = "is empty" if text is None or text == "" else f"holds {quoted_name(str(text))[:40]}"
+            raise RowProblem(BAD_CLASS_VALUE, f"row {row}: the class column {quoted_name(name)} {shown}, not 0 or 1: "
+                                              "a CSV without a label column has one 0/1 column per class")
+        if hot:
+            names.append(name)
+    return tuple(names)
+
+
+def not_one_hot(row: int, names: tuple[str, ...]) -> str:
+    """Why a one-hot row without --multi_label is not used: no class, or several."""
+    if not names:
+        return (f"row {row}: no class set (every class column is 0); one-hot rows need exactly one 1, or give "
+                "--multi_label (an image of no class)")
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return (f"row {row}: {len(names)} classes set ({shown}); one-hot rows need exactly one 1, or give "
+            "--multi_label")
 
 
 def label_list(value, row: int) -> tuple[str, ...] | None:
@@ -203,27 +292,35 @@ def label_list(value, row: int) -> tuple[str, ...] | None:
     return tuple(name.strip() for name in names if name.strip())
 
 
-def _row(fields: dict, row: int, base: str):
+def _row(fields: dict, row: int, how: RowReading, file: int):
     try:
-        return row_values(fields, row, base)
+        return row_values(fields, row, how)._replace(file=file)
     except RowProblem as p:
-        return Rejection(str(fields.get("path") or f"row {row}"), "rejected", p.reason, p.detail)
+        path = fields.get(how.path_column)
+        path = path.strip() if isinstance(path, str) else path
+        named = how.prefix + path if path and how.prefix and isinstance(path, str) and is_local(path) and not (
+            path.startswith("/")) else path
+        relpath = str(named) if named else in_file(f"row {row}", how.shown)
+        return Rejection(relpath, "rejected", p.reason, in_file(p.detail, how.shown))
 
 
-def parse_record(record: Record, row: int, fmt: str, header: list[str], base: str):
+def parse_record(record: Record, row: int, fmt: str, header: list[str], base: str | RowReading):
     """A ManifestRow or Rejection for the record of data row `row`."""
     return manifest_row(row, record_fields(record, fmt, header), base)
 
 
-def manifest_row(row: int, fields: dict | str, base: str):
-    """A ManifestRow or Rejection from a data row's fields (or why they cannot be read)."""
+def manifest_row(row: int, fields: dict | str, base: str | RowReading, file: int = 0):
+    """A ManifestRow or Rejection from a data row's fields (or why they cannot be read); `file`: the index of its
+    file among the manifest's."""
+    how = _reading(base)
     if isinstance(fields, str):
         reason = _PROBLEMS.get(getattr(fields, "kind", ""), BAD_ROW)
-        return Rejection(f"row {row}", "rejected", reason, f"row {row}: {fields}")
-    return _row(fields, row, base)
+        where = in_file(f"row {row}", how.shown)
+        return Rejection(where, "rejected", reason, f"{where}: {fields}")
+    return _row(fields, row, how, file)
 
 
-def read_rows(lines, fmt: str, base: str):
+def read_rows(lines, fmt: str, base: str | RowReading):
     """(row number, ManifestRow or Rejection) for every data row of a manifest, streamed (one reader): `lines`
     its text lines (file_lines)."""
     _, rows = read_records(lines, fmt)
@@ -231,16 +328,16 @@ def read_rows(lines, fmt: str, base: str):
         yield fields.row, manifest_row(fields.row, fields.fields, base)
 
 
-def parse_range(path: str, item: Range, fmt: str, base: str, start: RangeStart, header: list[str]):
+def parse_range(path: str, item: Range, fmt: str, base: str | RowReading, start: RangeStart, header: list[str]):
     """(row number, ManifestRow or Rejection) of every record that starts in the range."""
     for fields in range_fields(path, item, fmt, start, header):
         yield fields.row, manifest_row(fields.row, fields.fields, base)
 
 
-def _to_manifest_row(item: RowFields, base: str):
-    """RowFields -> ManifestRow, or SKIPPED: its Rejection."""
+def _to_manifest_row(item: RowFields, readings: tuple[RowReading, ...]):
+    """RowFields -> ManifestRow, or SKIPPED: its Rejection (`readings`: how each file's rows are read)."""
     row, fields = item.row, item.fields
-    result = manifest_row(row, fields, base)
+    result = manifest_row(row, fields, readings[item.file], item.file)
     if isinstance(result, Rejection):
         counters.inc("manifest_rows_rejected")
         yield beam.pvalue.TaggedOutput(SKIPPED, result)
@@ -256,12 +353,12 @@ def _count_rows(rows: int):
 def _first_of_path(item):
     """(path, rows) -> the first row; the others as duplicate Rejections."""
     _, rows = item
-    rows = sorted(rows)
+    rows = sorted(rows, key=lambda r: (r.file, r.row))
     yield rows[0]
     for extra in rows[1:]:
         yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(
             extra.relpath, "rejected", DUPLICATE_PATH,
-            f"row {extra.row}: the path is listed again, first in row {rows[0].row}; the first row is kept"))
+            f"{extra.where}: the path is listed again, first in {rows[0].where}; the first row is kept"))
 
 
 def _row_labels(row: ManifestRow, multi_label: bool):
@@ -316,7 +413,7 @@ class LabelRow(beam.DoFn):
         except BadValue as e:
             counters.inc(self._rejected)
             yield beam.pvalue.TaggedOutput(SKIPPED, Rejection(row.relpath, "rejected", BAD_VALUE,
-                                                              f"row {row.row}: {e}"))
+                                                              f"{row.where}: {e}"))
             return
         try:  # a group column, else --group_by's match in the path as written; a row without one is its own group
             group = row.group or group_of(row.relpath, self._group_re)
@@ -345,7 +442,7 @@ class LabelRow(beam.DoFn):
                                      f"the label {quoted_name(name)} that --label_from finds in the path has "
                                      f"{problem}: rename the file")
                 return Rejection(row.relpath, "rejected", BAD_LABEL,
-                                 f"row {row.row}: the label {quoted_name(name)} has {problem}: rename it")
+                                 f"{row.where}: the label {quoted_name(name)} has {problem}: rename it")
         return None
 
     def _other_spelling(self, row: ManifestRow, name: str) -> Rejection | None:
@@ -364,7 +461,7 @@ class LabelRow(beam.DoFn):
 
     def _single(self, row: ManifestRow) -> ImageRef | Rejection:
         if not row.class_name:
-            return Rejection(row.relpath, "rejected", MISSING_LABEL, f"row {row.row}: no label for {row.relpath!r}")
+            return Rejection(row.relpath, "rejected", MISSING_LABEL, f"{row.where}: no label for {row.relpath!r}")
         label = self._class_ids.get(row.class_name)
         if label is None:
             other = self._other_spelling(row, row.class_name)
@@ -378,7 +475,7 @@ class LabelRow(beam.DoFn):
     def _multi(self, row: ManifestRow) -> ImageRef | Rejection:
         if row.labels is None:
             return Rejection(row.relpath, "rejected", MISSING_LABEL,
-                             f"row {row.row}: no labels field for {row.relpath!r}")
+                             f"{row.where}: no labels field for {row.relpath!r}")
         unknown = sorted({name for name in row.labels if name not in self._class_ids})
         other = next(filter(None, (self._other_spelling(row, name) for name in unknown)), None)
         if other is not None:
@@ -386,7 +483,7 @@ class LabelRow(beam.DoFn):
         if unknown:
             shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
             return Rejection(row.relpath, "skipped", UNKNOWN_CLASS,
-                             f"row {row.row}: label(s) {shown} not in the labels file")
+                             f"{row.where}: label(s) {shown} not in the labels file")
         ids = tuple(sorted({self._class_ids[name] for name in row.labels}))
         if not ids:
             counters.inc("images_without_labels")
@@ -397,7 +494,7 @@ class LabelRow(beam.DoFn):
 
 def _where(row: ManifestRow) -> str:
     """The start of a detail: the manifest row's number, or the flag that labelled a listed file."""
-    return f"row {row.row}: " if row.row else "--label_from: "
+    return f"{row.where}: " if row.row else "--label_from: "
 
 
 GROUPED = "grouped"  # (group, GroupMember) of every labelled row that has a group
@@ -440,18 +537,22 @@ class ReadManifest(beam.PTransform):
 
     The manifest is cut into byte ranges (`range_bytes`, default transforms.inputs.rows.RANGE_BYTES), each read by any
     worker: the records of every range but the last are counted first, so that each range knows its first row
-    number (transforms.inputs.rows.ReadRows).
+    number (transforms.inputs.rows.ReadRows). `manifest` may be several files of the format `fmt` (one CSV per
+    split folder), all read at once; `base` is then how each one's rows are read (a RowReading per file).
     `class_names` None: they are the rows' distinct labels, found in the job. `size` stands in for each
     file's size (the launcher's sample mean): the file is read to its end (up to --max_file_mb) whatever it
     is, and shard sizing uses it as the source bytes.
     """
 
-    def __init__(self, manifest: str, fmt: str, base: str, class_names: list[str] | None, *, seed: int,
-                 validation_split: float, test_split: float, size: int, multi_label: bool = False,
-                 group_by: str | None = None, groups: bool = False, features: tuple = (),
-                 range_bytes: int | None = None):
+    def __init__(self, manifest: str | tuple[str, ...], fmt: str, base: str | tuple[RowReading, ...],
+                 class_names: list[str] | None, *, seed: int, validation_split: float, test_split: float, size: int,
+                 multi_label: bool = False, group_by: str | None = None, groups: bool = False,
+                 features: tuple = (), range_bytes: int | None = None):
         super().__init__()
-        self._manifest, self._fmt, self._base, self._range_bytes = manifest, fmt, base, range_bytes
+        self._manifest = (manifest,) if isinstance(manifest, str) else tuple(manifest)
+        self._readings = (_reading(base),) if isinstance(base, str) else tuple(base)
+        assert len(self._readings) == len(self._manifest), "one RowReading per manifest file"
+        self._fmt, self._range_bytes = fmt, range_bytes
         self._class_names, self._multi_label = class_names, multi_label
         ids = None if class_names is None else {name: i for i, name in enumerate(class_names)}
         self._label = LabelRow(ids, seed, validation_split, test_split, size, multi_label, group_by, groups,
@@ -459,12 +560,12 @@ class ReadManifest(beam.PTransform):
 
     def expand(self, pbegin):
         read = pbegin | "Read" >> ReadRows(self._manifest, self._fmt, self._range_bytes)
-        parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._base).with_outputs(
+        parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._readings).with_outputs(
             SKIPPED, main="rows")
         found = read[ROWS] | "CountManifestRows" >> beam.Map(_count_rows)
         # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each)
         stats = (read[SPANNING]
-                 | "SpanningRows" >> beam.Map(reading.spanned)
+                 | "SpanningRows" >> beam.Map(reading.spanned, tuple(r.shown for r in self._readings if r.shown))
                  | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
                   # by the path's bytes: a local path may hold surrogates (os_name), which Beam's str coder refuses

@@ -510,25 +510,28 @@ def header_of(record: Record | None) -> list[str]:
 
 class Range(NamedTuple):
     """Bytes [start, end) of the manifest: the records whose first line starts in them. end < 0: the whole
-    file, as a stream (a compressed manifest cannot be cut)."""
+    file, as a stream (a compressed manifest cannot be cut). `file`: which of ReadRows' files (0: the first)."""
 
     index: int
     start: int
     end: int
     last: bool = True
+    file: int = 0
 
 
 def is_compressed(path: str) -> bool:
     return CompressionTypes.detect_compression_type(path) != CompressionTypes.UNCOMPRESSED
 
 
-def manifest_ranges(path: str, range_bytes: int = RANGE_BYTES) -> list[Range]:
-    """The manifest's ranges: one per `range_bytes` (at least one); a compressed manifest is one stream."""
+def manifest_ranges(path: str, range_bytes: int = RANGE_BYTES, file: int = 0) -> list[Range]:
+    """The manifest's ranges: one per `range_bytes` (at least one); a compressed manifest is one stream. `file`:
+    the file's index among ReadRows' files."""
     if is_compressed(path):
-        return [Range(0, 0, -1)]
+        return [Range(0, 0, -1, file=file)]
     size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     count = max(1, -(-size // range_bytes))
-    return [Range(i, i * range_bytes, min(size, (i + 1) * range_bytes), i == count - 1) for i in range(count)]
+    return [Range(i, i * range_bytes, min(size, (i + 1) * range_bytes), i == count - 1, file)
+            for i in range(count)]
 
 
 def range_lines(raw, item: Range):
@@ -626,13 +629,14 @@ def range_starts(counts) -> dict[int, RangeStart]:
 
 class RowFields(NamedTuple):
     """A data row of a manifest or metadata file: its number, and its {column: value} or why it cannot be read;
-    its first physical line and its number of lines. (A named tuple travels pickled: a JSON string may hold a
-    lone surrogate, which Beam's str coder refuses.)"""
+    its first physical line and its number of lines; which of ReadRows' files holds it (0: the first). (A named
+    tuple travels pickled: a JSON string may hold a lone surrogate, which Beam's str coder refuses.)"""
 
     row: int
     fields: dict | str
     line: int = 0
     lines: int = 1
+    file: int = 0
 
 
 def range_fields(path: str, item: Range, fmt: str, start: RangeStart, header: list[str]):
@@ -651,7 +655,7 @@ def range_fields(path: str, item: Range, fmt: str, start: RangeStart, header: li
                 fields = record_fields(record, fmt, header, line)
             except UnclosedQuote as e:
                 raise e.of(path) from None
-            yield RowFields(row, fields, line, record.lines)
+            yield RowFields(row, fields, line, record.lines, item.file)
 
 
 def read_records(lines, fmt: str):
@@ -674,43 +678,57 @@ def read_records(lines, fmt: str):
 
 
 class _CountRecords(beam.DoFn):
-    """Range -> (index, RangeCount): what the range adds to the row and line numbers after it (every range but
-    the last)."""
+    """Range -> ((file, index), RangeCount): what the range adds to the row and line numbers after it in its file
+    (every range but the last)."""
 
-    def __init__(self, manifest: str, fmt: str):
-        self._manifest, self._fmt = manifest, fmt
+    def __init__(self, paths: tuple[str, ...], fmt: str):
+        self._paths, self._fmt = paths, fmt
 
     def process(self, item: Range):
         if item.last:
             return
-        with FileSystems.open(self._manifest, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        with FileSystems.open(self._paths[item.file], compression_type=CompressionTypes.UNCOMPRESSED) as raw:
             lines, _ = range_lines(raw, item)
-            yield item.index, count_records(lines, self._fmt)
+            yield (item.file, item.index), count_records(lines, self._fmt)
+
+
+def file_starts(counts) -> dict[int, dict[int, RangeStart]]:
+    """{file: {range index: RangeStart}} from ((file, index), RangeCount) of every range but each file's last."""
+    by_file: dict[int, list] = {}
+    for (file, index), count in counts:
+        by_file.setdefault(file, []).append((index, count))
+    return {file: range_starts(items) for file, items in by_file.items()}
+
+
+_FIRST_RANGE = {0: RangeStart(0, START, 0)}  # the starts of a file of one range (none of its ranges is counted)
 
 
 class _RangeRows(beam.DoFn):
     """Range -> RowFields for each data row that starts in it, plus ROWS: the number of its rows, and SPANNING:
-    (row, first line, lines) of each usable CSV row whose quoted field spans lines."""
+    (row, first line, lines) of each usable CSV row whose quoted field spans lines (with several files, and its
+    file's index)."""
 
-    def __init__(self, path: str, fmt: str):
-        self._path, self._fmt = path, fmt
-        self._header = None
+    def __init__(self, paths: tuple[str, ...], fmt: str):
+        self._paths, self._fmt = paths, fmt
+        self._headers: dict[int, list[str]] = {}
 
-    def header(self) -> list[str]:
-        if self._header is None and self._fmt == LINES:
-            self._header = []  # plain lines: no header
-        elif self._header is None:
-            with open_file(self._path) as raw:
+    def header(self, file: int = 0) -> list[str]:
+        if file not in self._headers and self._fmt == LINES:
+            self._headers[file] = []  # plain lines: no header
+        elif file not in self._headers:
+            with open_file(self._paths[file]) as raw:
                 first = next(group_records(file_lines(raw), self._fmt), None)
-            self._header = header_of(first) if self._fmt == "csv" else jsonl_header(first)
-        return self._header
+            self._headers[file] = header_of(first) if self._fmt == "csv" else jsonl_header(first)
+        return self._headers[file]
 
     def process(self, item: Range, starts: dict):
         rows = 0
-        for result in range_fields(self._path, item, self._fmt, starts[item.index], self.header()):
+        start = starts.get(item.file, _FIRST_RANGE)[item.index]
+        for result in range_fields(self._paths[item.file], item, self._fmt, start, self.header(item.file)):
             rows += 1
             if result.lines > 1 and not isinstance(result.fields, str):
-                yield beam.pvalue.TaggedOutput(SPANNING, (result.row, result.line, result.lines))
+                where = (result.row, result.line, result.lines)  # and with several files, which one
+                yield beam.pvalue.TaggedOutput(SPANNING, (*where, result.file) if len(self._paths) > 1 else where)
             yield result
         yield beam.pvalue.TaggedOutput(ROWS, rows)
 
@@ -721,10 +739,12 @@ SPANNING_ROWS = "spanning_rows"  # its kind in a SummariseRows dict
 EXAMPLES = 10
 
 
-def spanned(item: tuple) -> tuple:
-    """SPANNING's (row, first line, lines) -> a SummariseRows event: (SPANNING_ROWS, row, 'lines a-b')."""
-    row, line, lines = item
-    return SPANNING_ROWS, row, _lines(line, lines)
+def spanned(item: tuple, names: tuple[str, ...] = ()) -> tuple:
+    """SPANNING's (row, first line, lines[, file]) -> a SummariseRows event: (SPANNING_ROWS, row, 'lines a-b'); with
+    `names` (the files' names, when there are several), 'name lines a-b'."""
+    row, line, lines, *file = item
+    where = _lines(line, lines)
+    return SPANNING_ROWS, row, f"{names[file[0]]} {where}" if names and file else where
 
 
 class SummariseRows(beam.CombineFn):
@@ -765,28 +785,30 @@ class SummariseRows(beam.CombineFn):
 
 
 class ReadRows(beam.PTransform):
-    """PBegin -> RowFields of every data row of a CSV (with a header) or JSON Lines file, read in parallel: cut
-    into byte ranges, each range's records counted (so that every row gets the number a sequential read gives
-    it), then every range parsed where it lands. ROWS: the number of rows of each range; SPANNING: (row, first
-    line, lines) of each usable row that spans lines. Used for --manifest and --metadata.
+    """PBegin -> RowFields of every data row of a CSV (with a header) or JSON Lines file, or of several files of one
+    format, read in parallel: each cut into byte ranges, each range's records counted (so that every row gets the
+    number a sequential read of its file gives it), then every range parsed where it lands. ROWS: the number of
+    rows of each range; SPANNING: (row, first line, lines[, file]) of each usable row that spans lines. Used for
+    --manifest and --metadata.
     """
 
-    def __init__(self, path: str, fmt: str, range_bytes: int = 0):
+    def __init__(self, path: str | tuple[str, ...] | list[str], fmt: str, range_bytes: int = 0):
         super().__init__()
-        self._path, self._fmt, self._range_bytes = path, fmt, range_bytes or RANGE_BYTES
+        self._paths = (path,) if isinstance(path, str) else tuple(path)
+        self._fmt, self._range_bytes = fmt, range_bytes or RANGE_BYTES
 
     def expand(self, pbegin):
-        path, range_bytes = self._path, self._range_bytes
+        range_bytes = self._range_bytes
         ranges = (pbegin
-                  | "File" >> beam.Create([path])
-                  # one Range per 64 MiB: a few numbers per range
-                  | "Ranges" >> beam.FlatMap(lambda p: manifest_ranges(p, range_bytes))
+                  | "File" >> beam.Create(list(enumerate(self._paths)))
+                  # one Range per 64 MiB of each file: a few numbers per range
+                  | "Ranges" >> beam.FlatMapTuple(lambda file, p: manifest_ranges(p, range_bytes, file))
                   | "SpreadRanges" >> beam.Reshuffle())
-        counts = ranges | "CountRows" >> beam.ParDo(_CountRecords(path, self._fmt))
-        # {range index: RangeStart}: one per range
+        counts = ranges | "CountRows" >> beam.ParDo(_CountRecords(self._paths, self._fmt))
+        # {file: {range index: RangeStart}}: one per range
         starts = (counts
                   | "AllCounts" >> beam.combiners.ToList()
-                  | "RangeStarts" >> beam.Map(range_starts))
+                  | "RangeStarts" >> beam.Map(file_starts))
         return ranges | "ReadRows" >> beam.ParDo(
-            _RangeRows(path, self._fmt), starts=beam.pvalue.AsSingleton(starts)).with_outputs(
+            _RangeRows(self._paths, self._fmt), starts=beam.pvalue.AsSingleton(starts)).with_outputs(
                 ROWS, SPANNING, main="fields")
