@@ -20,6 +20,7 @@ import posixpath
 from typing import NamedTuple
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.base import counters
 from transforms.base.dataset_format import split_of
@@ -44,6 +45,7 @@ from transforms.labels.layout import (
     UNKNOWN_CLASS,
     GroupByTimeout,
     class_name_problem,
+    class_order,
     compile_group_by,
     group_of,
     hash_split,
@@ -52,7 +54,11 @@ from transforms.labels.layout import (
 
 SKIPPED = "skipped"
 FOUND = "found"
-STATS = "stats"  # one dict: {"spanning_rows": n, "examples": ...}, what the reading found (transforms.inputs.rows)
+STATS = "stats"  # one dict: {"spanning_rows": n, "examples": ..., the split counts}, what the reading found
+# In STATS: the labelled rows whose split the manifest gives, and those split by the hash (the summary says which)
+GIVEN_SPLIT_ROWS = "rows_with_split"
+HASHED_SPLIT_ROWS = "rows_split_by_hash"
+SPLIT_COUNTS = "split_counts"  # _Label's (kind, rows, '') events for STATS, once per bundle
 
 BAD_ROW = "manifest_bad_row"
 OPEN_QUOTE = "manifest_open_quote"  # a CSV quoted field never closed, or taking lines that read as rows
@@ -264,9 +270,9 @@ def _row_labels(row: ManifestRow, multi_label: bool):
 
 
 def class_names_of(labels) -> list[str]:
-    """The sorted class names of the distinct labels, without those that labels.txt cannot hold (their rows
-    are rejected as manifest_bad_label)."""
-    return sorted(name for name in labels if name and not class_name_problem(name))
+    """The class names of the distinct labels in id order (`class_order`: text order, or numeric when all are
+    integers), without those that labels.txt cannot hold (their rows are rejected as manifest_bad_label)."""
+    return class_order(name for name in labels if name and not class_name_problem(name))
 
 
 class _Label(beam.DoFn):
@@ -284,9 +290,18 @@ class _Label(beam.DoFn):
         self._names = {i: name for name, i in (class_ids or {}).items()}
         self._found_names = None
         self._features = features
+        self._split_rows = {GIVEN_SPLIT_ROWS: 0, HASHED_SPLIT_ROWS: 0}
 
     def setup(self):
         self._group_re = compile_group_by(self._group_by) if self._group_by else None
+
+    def start_bundle(self):
+        self._split_rows = dict.fromkeys(self._split_rows, 0)
+
+    def finish_bundle(self):
+        for kind, rows in self._split_rows.items():
+            if rows:
+                yield beam.pvalue.TaggedOutput(SPLIT_COUNTS, GlobalWindows.windowed_value((kind, rows, "")))
 
     def process(self, row: ManifestRow, class_names=None):
         if class_names is not None and self._found_names is not class_names:  # found in the job: a side input
@@ -312,6 +327,7 @@ class _Label(beam.DoFn):
                                                               f"row {row.row}: {e}"))
             return
         counters.inc(counters.TO_CONVERT)
+        self._split_rows[GIVEN_SPLIT_ROWS if row.split else HASHED_SPLIT_ROWS] += 1
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
         ref = ref._replace(split=split, extras=extras)
         if group:  # its split is settled with the rest of its group (SettleGroups)
@@ -392,8 +408,8 @@ def _settle(item):
 
 class ReadManifest(beam.PTransform):
     """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts), STATS
-    (one dict: the rows that span lines) and without given class names, CLASS_NAMES (one sorted list: the class
-    names found in the job).
+    (one dict: the rows that span lines, the rows that gave their split and those split by hash) and without given
+    class names, CLASS_NAMES (one list: the class names found in the job, in id order).
 
     The manifest is cut into byte ranges (`range_bytes`, default transforms.inputs.rows.RANGE_BYTES), each read by any
     worker: the records of every range but the last are counted first, so that each range knows its first row
@@ -419,17 +435,13 @@ class ReadManifest(beam.PTransform):
         parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._base).with_outputs(
             SKIPPED, main="rows")
         found = read[ROWS] | "CountManifestRows" >> beam.Map(_count_rows)
-        # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each)
-        stats = (read[SPANNING]
-                 | "SpanningRows" >> beam.Map(reading.spanned)
-                 | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
                   # by the path's bytes: a local path may hold surrogates (os_name), which Beam's str coder refuses
                   | "ByPath" >> beam.Map(lambda r: (name_bytes(r.path), r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
         if self._class_names is None:
-            # the sorted distinct labels: a combine per label, then one short list (the classes, not the rows)
+            # the distinct labels in id order: a combine per label, then one short list (the classes, not the rows)
             names = (firsts.rows
                      | "RowLabels" >> beam.FlatMap(_row_labels, self._multi_label)
                      | "DistinctLabels" >> beam.Distinct()
@@ -437,11 +449,18 @@ class ReadManifest(beam.PTransform):
                      | "ClassNames" >> beam.Map(class_names_of))
             labeled = firsts.rows | "Label" >> beam.ParDo(
                 self._label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(
-                    SKIPPED, GROUPS, GROUPED, main="images")
+                    SKIPPED, GROUPS, GROUPED, SPLIT_COUNTS, main="images")
         else:
             names = None
             labeled = firsts.rows | "Label" >> beam.ParDo(self._label).with_outputs(
-                SKIPPED, GROUPS, GROUPED, main="images")
+                SKIPPED, GROUPS, GROUPED, SPLIT_COUNTS, main="images")
+        # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each), and
+        # how many rows gave their split
+        spanning = read[SPANNING] | "SpanningRows" >> beam.Map(reading.spanned)
+        stats = ((spanning, labeled[SPLIT_COUNTS])
+                 | "RowEvents" >> beam.Flatten()
+                 | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows(
+                     (reading.SPANNING_ROWS,), (GIVEN_SPLIT_ROWS, HASHED_SPLIT_ROWS))))
         # The rows of each group together (spread over the workers by group): their splits settled as one
         settled = (labeled[GROUPED]
                    | "GroupByGroup" >> beam.GroupByKey()
