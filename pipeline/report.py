@@ -93,8 +93,8 @@ def split_shares_line(info: dict) -> str:
     total = sum(s["records"] for s in info["splits"].values())
     if not total:
         return ""
-    rows = info.get("manifest") or {}
-    if rows.get(GIVEN_SPLIT_ROWS) and not rows.get(HASHED_SPLIT_ROWS):  # --validation_split had no part in it
+    rows = info.get("manifest") or {}  # this run's rows: a grown dataset's older records may have been hashed
+    if rows.get(GIVEN_SPLIT_ROWS) and not rows.get(HASHED_SPLIT_ROWS) and not info.get("appends"):
         parts = [f"{split} {_percent(s['records'] / total)}" for split, s in info["splits"].items()]
         return ("Splits from the manifest's split column (every row gives one), of the images written: "
                 + ", ".join(parts) + ".")

@@ -123,3 +123,18 @@ def test_images_smaller_than_image_size_get_the_notice_with_a_manifest_too(tmp_p
     assert ("most input images are smaller than --image_size=64: 6 of 6 sampled, typically 24x24 px, will be "
             "upscaled about 2.7x") in result.stderr
     assert "run again with --image_size=24" in result.stderr
+
+
+def test_the_manifest_split_line_is_for_this_runs_rows_only():
+    from pipeline.report import split_shares_line
+
+    info = {"split_by": "path_hash", "options": {"validation_split": 0.2, "test_split": 0.0},
+            "splits": {"train": {"records": 6}, "validation": {"records": 2}},
+            "manifest": {"rows_with_split": 8, "rows_split_by_hash": 0}}
+    assert split_shares_line(info) == ("Splits from the manifest's split column (every row gives one), of the images "
+                                       "written: train 75.0 %, validation 25.0 %.")
+    # an append: the dataset's older records may have been split by the hash
+    grown = {**info, "appends": [{"run_id": "r"}]}
+    assert split_shares_line(grown).startswith("Split shares of the images written: train 75.0 % (asked 80 %)")
+    mixed = {**info, "manifest": {"rows_with_split": 7, "rows_split_by_hash": 1}}
+    assert "(asked 20 %)" in split_shares_line(mixed)
