@@ -32,9 +32,11 @@ from transforms.base import bounded, features
 from transforms.base.dataset_format import split_of
 from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef
+from transforms.images.convert import WINDOWS_PATH_HINT
 from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
 from transforms.inputs.listing import Folder, classify, gcs_list, list_folder, list_top
+from transforms.labels.detection import detection_export, detection_message, export_file
 from transforms.labels.layout import (
     LABEL_FROM_EXAMPLE,
     NO_CLASS_FOLDER,
@@ -42,6 +44,8 @@ from transforms.labels.layout import (
     UNLABELED_SPLIT,
     PathLabel,
     class_name_problem,
+    class_order,
+    class_order_note,
     compile_group_by,
     nested_class_folders,
     place_by_path,
@@ -257,6 +261,8 @@ def upscale_notice(settings: Settings, files: list[tuple[str, str, int]], sample
 # is not read to its end), and keeps at most this many images in all as its sample.
 PROBE_ENTRIES = 2_000
 SAMPLE_IMAGES = 200
+# The names of other files kept per folder (to recognise a detection export: transforms.labels.detection).
+OTHER_FILES = 20
 
 
 @dataclass
@@ -265,6 +271,7 @@ class _Probe:
 
     folder: Folder
     images: list = field(default_factory=list)  # (path, relpath, size)
+    others: list = field(default_factory=list)  # relpaths of its first OTHER_FILES files that are not images
     entries: int = 0
     exhausted: bool = False  # the folder holds fewer entries than the budget: `images` is all there is
 
@@ -279,6 +286,8 @@ def _probe(folder: Folder, input_dir: str, follow_symlinks: bool, want: int) -> 
             probe.images.append((ref.path, ref.relpath, ref.size))
             if len(probe.images) >= want:
                 return probe
+        elif len(probe.others) < OTHER_FILES:
+            probe.others.append(ref.relpath)
         if probe.entries >= PROBE_ENTRIES:
             return probe
     probe.exhausted = True
@@ -300,10 +309,11 @@ def _has_images(probe: _Probe) -> bool:
     return bool(probe.images) or not probe.exhausted
 
 
-def _top(settings: Settings, below: Folder | None = None, label_files: list | None = None
-         ) -> tuple[int, list[FileRef], list[Folder]]:
+def _top(settings: Settings, below: Folder | None = None, label_files: list | None = None,
+         others: list[str] | None = None) -> tuple[int, list[FileRef], list[Folder]]:
     """(entries seen, image files, subfolders) directly in the input folder, or in `below`; the files that may
-    hold labels (LABEL_FILE_ENDINGS, their paths below the input folder) go to `label_files`, a few of them."""
+    hold labels (LABEL_FILE_ENDINGS, their paths below the input folder) go to `label_files`, a few of them; the
+    relpaths of the first OTHER_FILES other files (and of every detection export's own file) go to `others`."""
     entries, images, folders = 0, [], []
     for item in list_top(settings.input_dir, settings.follow_symlinks, 1, below):
         if isinstance(item, Folder):
@@ -316,6 +326,9 @@ def _top(settings: Settings, below: Folder | None = None, label_files: list | No
         elif (label_files is not None and len(label_files) < LABEL_FILES_KEPT
               and ref.relpath.lower().endswith(LABEL_FILE_ENDINGS)):
             label_files.append(ref.relpath)
+        if (others is not None and not isinstance(ref, FileRef)
+                and (len(others) < OTHER_FILES or export_file(ref.relpath))):
+            others.append(ref.relpath)  # and data.yaml or a COCO file however many files come first
     return entries, images, folders
 
 
@@ -345,6 +358,16 @@ def label_files_hint(input_dir: str, label_files: list[str]) -> str:
         command = "--manifest=" + ",".join(f"{base}/{name}" for name in manifests)
     what = "look like label files" if len(manifests) > 1 else "looks like a label file"
     return f"; {shown_files} {what}: give {command}"
+
+
+def _refuse_detection_export(settings: Settings, probes: list[_Probe], files: list[str], folders: list[Folder]
+                             ) -> None:
+    """Refuse a YOLO, Pascal VOC or COCO export (boxes, not classes) from the names seen so far: the other files
+    `files`, the `folders` listed, the probes' first images and other files."""
+    seen = [*files, *(image[1] for p in probes for image in p.images), *(o for p in probes for o in p.others)]
+    export = detection_export(seen, [_name(f, settings.input_dir) for f in (*folders, *(p.folder for p in probes))])
+    if export is not None:
+        raise UserError(detection_message(settings.input_dir, export))
 
 
 def _name(folder: Folder, input_dir: str) -> str:
@@ -380,10 +403,13 @@ def plan_dataset(settings: Settings) -> Plan:
     flat_splits = []  # (name, images, path) of each split folder of images and no class folders
     label_files: list[str] = []  # files beside loose images that may list their labels (for the error)
     try:
-        entries, loose, top_folders = _top(settings, label_files=label_files)
+        other_files: list[str] = []  # the first names of files that are not images (and data.yaml, COCO files)
+        entries, loose, top_folders = _top(settings, label_files=label_files, others=other_files)
         if not entries and not top_folders:
             raise UserError(f"--input_dir {input_dir} is empty: put images in <input_dir>/<class>/<image>")
         probes = _probe_all(top_folders, settings)
+        if not settings.unlabeled:  # a YOLO, VOC or COCO export: boxes, not classes
+            _refuse_detection_export(settings, probes, other_files, top_folders)
         top_with_images = {_name(p.folder, input_dir) for p in probes if _has_images(p)}
         seen = entries + sum(p.entries for p in probes)
         if not top_with_images and not loose:
@@ -402,17 +428,20 @@ def plan_dataset(settings: Settings) -> Plan:
                             "give every image's split, and --split_lists gives them too: drop --split_lists, or give "
                             "a folder of class folders")
         if split_folders:
-            class_probes, loose, label_files = [], [], []
+            class_probes, loose, label_files, class_folders = [], [], [], []
             for split_folder in (p.folder for p in probes if _has_images(p)):
-                _, images, folders = _top(settings, split_folder, label_files)
+                _, images, folders = _top(settings, split_folder, label_files, other_files)
                 loose += images
                 if images and not folders:
                     flat_splits.append((_name(split_folder, input_dir), len(images), split_folder.path))
                 class_probes += _probe_all(folders, settings)
+                class_folders += folders
+            _refuse_detection_export(settings, class_probes, [*other_files, *(i.relpath for i in loose[:20])],
+                                     class_folders)
             probes = class_probes
-            folder_classes = sorted({_name(p.folder, input_dir).split("/")[1] for p in probes if _has_images(p)})
+            folder_classes = class_order({_name(p.folder, input_dir).split("/")[1] for p in probes if _has_images(p)})
         else:
-            folder_classes = sorted(top_with_images)
+            folder_classes = class_order(top_with_images)
         # with --label_from, folders are not classes: a folder of folders is no mistake
         nested = None if settings.label_from else nested_class_folders(
             [image[1] for p in probes for image in p.images], split_folders)
@@ -473,6 +502,10 @@ def plan_dataset(settings: Settings) -> Plan:
             )
     else:
         class_names, unknown = folder_classes, []
+        order = class_order_note(class_names)
+        if order:
+            notes.append(order + ("; an append keeps the ids of the dataset it grows (its labels.txt)"
+                                  if settings.if_exists == "append" else ""))
     known = set(class_names)
     sample_files = [image for p in probes for image in p.images if _class_of(image[1], split_folders) in known]
     sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
@@ -672,14 +705,21 @@ def plan_manifest(settings: Settings) -> Plan:
         class_names = header_classes
     if class_columns:
         notes.append(_class_columns_note(class_columns, settings))
-    sample_files = []
+    sample_files, missing = [], []
     for row in sample_rows:
         try:
             sample_files.append((row.path, row.relpath, FileSystems.match([row.path])[0].metadata_list[0]
                                  .size_in_bytes))
         except Exception:
-            continue  # a missing file is the job's to report (read_error)
+            missing.append(row)  # a missing file is the job's to report (read_error)
+    windows = [row for row in missing if "\\" in row.relpath]
+    if windows:  # said once here, and in each errors.jsonl detail (read_error)
+        notes.append(f"{len(windows)} of the first {len(sample_rows)} rows name files that are not found, e.g. row "
+                     f"{windows[0].row} '{shown(windows[0].relpath)}': {WINDOWS_PATH_HINT}")
     sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
+    upscale = None if settings.quiet else upscale_notice(settings, sample_files, sample)  # as for class folders
+    if upscale:
+        notes.insert(0, upscale)
     sizes = [s for _, _, s in sample_files]
     extra = features.mean_extras_bytes(found, (dict(row.columns) for row in sample_rows))
     return Plan(

@@ -61,6 +61,7 @@ class Tile:
     record_index: int  # position of the record in the split, in shard order
     box: tuple[int, int, int, int]  # (left, top, right, bottom) of the image pixels on the sheet
     caption_box: tuple[int, int, int, int]
+    caption: str = ""  # the text drawn under it (a single label's is cut with an ellipsis if it does not fit)
 
 
 def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
@@ -72,6 +73,19 @@ def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
 
 def caption_text(label: int, class_name: str) -> str:
     return f"{label}  {class_name}"
+
+
+def multi_label_caption(row: int, names: list[str], fits) -> str:
+    """A --multi_label record's caption in row `row`: the row's id, then the record's class names (the row's own
+    class first, as the record holds them after it) as many as `fits` (text -> bool) allows, and '+N' for the N
+    names left out: every label is shown or counted."""
+    if not names:
+        return f"{row}  (no class)"
+    for shown in range(len(names), 0, -1):
+        text = f"{row}  {';'.join(names[:shown])}" + (f" +{len(names) - shown}" if shown < len(names) else "")
+        if fits(text):
+            return text
+    return f"{row}  +{len(names)}"
 
 
 def caption_image(text: str, width: int, height: int = CAPTION_HEIGHT) -> Image.Image:
@@ -213,21 +227,25 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
                     sheet.paste(caption_image(f"{row}  {name}: no more in {split}", cell_w), caption_box[:2])
                 continue
             index, example = records[column]
+            # The caption shows what the record says, so a wrong label in the data is visible as such.
             if unlabeled:  # no label: the id, to match a prediction to its file
                 label, class_name = -1, example["id"].decode("utf-8")
+                caption = class_name
             elif example["label"].ndim:  # --multi_label: the row's class, and every name the record holds
-                label, class_name = row, ";".join(n.decode("utf-8") for n in example["class_name"])
+                label, held = row, [n.decode("utf-8") for n in example["class_name"]]
+                class_name = ";".join(held)
+                held.sort(key=lambda n: n != name)  # the row's own class first, the others in the record's order
+                caption = multi_label_caption(row, held, lambda text: draw.textlength(text, font=font) <= cell_w - 8)
             else:
                 label, class_name = int(example["label"]), example["class_name"].decode("utf-8")
+                caption = caption_text(label, class_name)
             image = fit_tile(example["image"], tile_size)
             x = left + (tile_size - image.width) // 2
             y = top + (tile_size - image.height) // 2
             sheet.paste(image, (x, y))
-            # The caption shows what the record says, so a wrong label in the data is visible as such.
-            caption = class_name if unlabeled else caption_text(label, class_name)
             sheet.paste(caption_image(caption, cell_w), caption_box[:2])
             tiles.append(Tile(row, column, label, class_name, example["source_path"].decode("utf-8"), index,
-                              (x, y, x + image.width, y + image.height), caption_box))
+                              (x, y, x + image.width, y + image.height), caption_box, caption))
     return sheet, tiles
 
 

@@ -14,6 +14,8 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.reader import load_info
 from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, SPLITS, TEMP_DIR, UNPUBLISHED_DIR
 from transforms.base.duplicate_kinds import summary_line
+from transforms.inputs.manifest import GIVEN_SPLIT_ROWS, HASHED_SPLIT_ROWS
+from transforms.labels.layout import class_order, class_order_note
 from transforms.output.files import exists, read_text
 
 # Up to this many classes the report shows every class; beyond, a summary per split.
@@ -54,6 +56,17 @@ def class_count_lines(info: dict) -> list[str]:
     return lines
 
 
+def class_order_line(info: dict) -> str:
+    """For a manifest's class names found in the job (no --labels_file) that are all integers: how they were ordered
+    (`class_order_note`), as the launcher says it for class folders; '' otherwise, and for an append onto a dataset
+    whose labels.txt has another order (it keeps its ids)."""
+    options, names = info.get("options") or {}, list(info.get("class_names") or ())
+    if not options.get("manifest") or options.get("labels_file") or class_order(names) != names:
+        return ""
+    note = class_order_note(names)
+    return f"Class ids: {note}." if note else ""
+
+
 def shard_size_line(info: dict) -> str:
     """e.g. 'Shards: 6 files of 148.2 MB to 151.0 MB (median 150.3 MB), 901.1 MB in all.'"""
     count = sum(len(s["shards"]) for s in info["splits"].values())
@@ -72,13 +85,19 @@ def _percent(share: float) -> str:
 
 
 def split_shares_line(info: dict) -> str:
-    """For splits made by a hash: the share of written images each split got, next to the share asked for."""
+    """For splits made by a hash: the share of written images each split got, next to the share asked for; when
+    every row of a manifest gave its split, only the shares."""
     options = info.get("options") or {}
     if info.get("split_by") not in ("path_hash", "group_hash") or "validation_split" not in options:
         return ""
     total = sum(s["records"] for s in info["splits"].values())
     if not total:
         return ""
+    rows = info.get("manifest") or {}  # this run's rows: a grown dataset's older records may have been hashed
+    if rows.get(GIVEN_SPLIT_ROWS) and not rows.get(HASHED_SPLIT_ROWS) and not info.get("appends"):
+        parts = [f"{split} {_percent(s['records'] / total)}" for split, s in info["splits"].items()]
+        return ("Splits from the manifest's split column (every row gives one), of the images written: "
+                + ", ".join(parts) + ".")
     asked = {"validation": options["validation_split"], "test": options.get("test_split", 0.0)}
     asked["train"] = 1.0 - asked["validation"] - asked["test"]
     parts = [f"{split} {_percent(info['splits'].get(split, {}).get('records', 0) / total)} "
@@ -262,6 +281,8 @@ def format_summary(info: dict) -> str:
         )
     lines.append(shard_size_line(info))
     lines.extend(class_count_lines(info))
+    if class_order_line(info):
+        lines.append(class_order_line(info))
     if info.get("multi_label"):
         without = {split: s.get("images_without_labels", 0) for split, s in info["splits"].items()}
         lines.append("Multi-label: an image counts once for each of its classes; images of no class: "

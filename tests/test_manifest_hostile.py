@@ -133,7 +133,8 @@ def test_rows_that_span_lines_are_in_the_summary_and_the_description(tmp_path, c
     assert _run(data / "m.csv", out) == 0
     info = _info(out)
     assert _counted(info) == (3, 3, 0, 0)
-    assert info["manifest"] == {"spanning_rows": 2, "examples": {"spanning_rows": [
+    assert info["manifest"] == {"spanning_rows": 2, "rows_with_split": 0, "rows_split_by_hash": 3,
+                                "examples": {"spanning_rows": [
         {"row": 1, "detail": "lines 2-3"}, {"row": 3, "detail": "lines 5-7"}]}}
     assert ("Manifest: 2 rows hold line breaks inside a quoted field, read as one row each (legal CSV): row 1 "
             "(lines 2-3), row 3 (lines 5-7)") in capsys.readouterr().out

@@ -139,3 +139,48 @@ def test_a_short_scan_shows_what_it_found_and_says_so(sample_output, caplog):
     assert tiles and all(t.record_index < 5 for t in tiles)  # only the first five records were read
     assert "Not every image to show was found in the first 5 records of train" in caplog.text
     assert "raise --max_records" in caplog.text
+
+
+def test_multi_label_captions_show_every_label_or_count_those_left_out(tmp_path):
+    """A record of many long class names: its caption in each row begins with that row's class, and the names that
+    do not fit the tile are counted ('+N'), never cut off unsaid (issue 48)."""
+    import csv
+
+    from pipeline.preview import caption_image, make_contact_sheet, multi_label_caption
+    from tests.datasets import convert_manifest, write_tiny_tree
+
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse"]
+    data = tmp_path / "data"
+    paths = write_tiny_tree(data, {"img": 4})
+    with open(data / "m.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("path", "labels"), (paths[0], ";".join(names)), (paths[1], "cat;dog"),
+                                 (paths[2], "frog"), (paths[3], ";".join(names[:5]))])
+    out = tmp_path / "out"
+    assert convert_manifest(data / "m.csv", out, "--multi_label", "--image_size=16", "--validation_split=0") == 0
+    wide = 160  # room for a few names
+    _, tiles = make_contact_sheet(str(out), "train", per_class=4, tile_size=wide)
+    held = {paths[0]: names, paths[1]: ["cat", "dog"], paths[2]: ["frog"], paths[3]: names[:5]}
+    assert {(t.source_path, t.row) for t in tiles} == {(p, names.index(n)) for p, ns in held.items() for n in ns}
+    cut = 0
+    for tile in tiles:
+        record = held[tile.source_path]
+        row_class = names[tile.row]
+        label_id, _, rest = tile.caption.partition("  ")
+        assert label_id == str(tile.row)
+        shown, more = ("", rest[1:]) if rest.startswith("+") else rest.partition(" +")[::2]
+        listed = shown.split(";") if shown else []
+        assert listed[:1] in ([row_class], [])  # the row's own class first
+        assert set(listed) <= set(record)
+        assert len(listed) + (int(more) if more else 0) == len(record)  # every label shown or counted
+        assert caption_image(tile.caption, wide).size == (wide, 22)
+        cut += bool(more)
+        if record is names:
+            assert 0 < len(listed) < len(names)  # some names, and the count of the others
+        if len(record) <= 2:
+            assert not more and listed == [row_class, *(n for n in record if n != row_class)]
+    assert cut >= 8  # the record of 8 names is cut in each of its 8 rows, and said so
+
+    assert multi_label_caption(3, ["cat", "dog", "owl"], lambda text: len(text) <= 13) == "3  cat;dog +1"
+    assert multi_label_caption(3, ["cat", "dog"], lambda text: True) == "3  cat;dog"
+    assert multi_label_caption(3, ["hippopotamus"], lambda text: len(text) <= 8) == "3  +1"
+    assert multi_label_caption(0, [], lambda text: True) == "0  (no class)"

@@ -179,6 +179,17 @@ class ReadPacing:
         return min(self.most, self.slots + max(1, reading))
 
 
+WINDOWS_PATH_HINT = "the path holds '\\' separators (Windows); write paths with '/'"
+
+
+def windows_path_hint(path: str, error: Exception) -> str:
+    """'; the path holds '\\' separators ...' when a file that is not found has a backslash in its path (a
+    manifest written on Windows), else ''."""
+    missing = isinstance(error, FileNotFoundError) or type(error).__name__ == "NotFound" or \
+        getattr(error, "code", None) == 404
+    return f"; {WINDOWS_PATH_HINT}" if missing and "\\" in path else ""
+
+
 def read_and_convert(path: str, settings: ImageSettings, deadline: float | None, size: int | None = None,
                      slots: int | None = None, pacing: ReadPacing | None = None) -> EncodedImage:
     """Read one file (listed with `size` bytes) and convert it; the result carries the SHA-256 of the bytes read.
@@ -211,7 +222,7 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
         except (ImageRejected, TransientReadError):
             raise
         except Exception as e:  # a vanished or unreadable file is this file's problem only
-            raise ImageRejected(READ_ERROR, describe(e, limit=1000)) from None
+            raise ImageRejected(READ_ERROR, describe(e, limit=1000) + windows_path_hint(path, e)) from None
         if deadline is not None and job is not None:  # waits for the read rate or a throttled store: not its time
             deadline += job.memory_waited - paused_before
         read_s = time.monotonic() - started

@@ -23,6 +23,7 @@ import unicodedata
 from typing import NamedTuple
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.base import counters
 from transforms.base.dataset_format import split_of
@@ -59,7 +60,11 @@ from transforms.labels.layout import (
 
 SKIPPED = "skipped"
 FOUND = "found"
-STATS = "stats"  # one dict: {"spanning_rows": n, "examples": ...}, what the reading found (transforms.inputs.rows)
+STATS = "stats"  # one dict: {"spanning_rows": n, "examples": ..., the split counts}, what the reading found
+# In STATS: the labelled rows whose split the manifest gives, and those split by the hash (the summary says which)
+GIVEN_SPLIT_ROWS = "rows_with_split"
+HASHED_SPLIT_ROWS = "rows_split_by_hash"
+SPLIT_COUNTS = "split_counts"  # _Label's (kind, rows, '') events for STATS, once per bundle
 
 BAD_ROW = "manifest_bad_row"
 OPEN_QUOTE = "manifest_open_quote"  # a CSV quoted field never closed, or taking lines that read as rows
@@ -368,9 +373,9 @@ def _row_labels(row: ManifestRow, multi_label: bool):
 
 
 def class_names_of(counted) -> list[str]:
-    """The sorted class names of the (label, number of rows) pairs, without those that labels.txt cannot hold
-    (their rows are rejected as manifest_bad_label) and, of labels that differ only in letter case or Unicode
-    normal form, all but the most frequent (`kept_spellings`: the others' rows are rejected)."""
+    """The class names, in id order (`class_order`), of the (label, number of rows) pairs, without those that
+    labels.txt cannot hold (their rows are rejected as manifest_bad_label) and, of labels that differ only in letter
+    case or Unicode normal form, all but the most frequent (`kept_spellings`: the others' rows are rejected)."""
     return kept_spellings((name, n) for name, n in counted if name and not class_name_problem(name))
 
 
@@ -394,9 +399,18 @@ class LabelRow(beam.DoFn):
         self._features = features
         self._from_paths = from_paths
         self._rejected = "files_rejected_by_label" if from_paths else "manifest_rows_rejected"
+        self._split_rows = {GIVEN_SPLIT_ROWS: 0, HASHED_SPLIT_ROWS: 0}
 
     def setup(self):
         self._group_re = compile_group_by(self._group_by) if self._group_by else None
+
+    def start_bundle(self):
+        self._split_rows = dict.fromkeys(self._split_rows, 0)
+
+    def finish_bundle(self):
+        for kind, rows in self._split_rows.items():
+            if rows:
+                yield beam.pvalue.TaggedOutput(SPLIT_COUNTS, GlobalWindows.windowed_value((kind, rows, "")))
 
     def process(self, row: ManifestRow, class_names=None):
         if class_names is not None and self._found_names is not class_names:  # found in the job: a side input
@@ -423,6 +437,7 @@ class LabelRow(beam.DoFn):
                                                               f"{_where(row)}{e}"))
             return
         counters.inc(counters.TO_CONVERT)
+        self._split_rows[GIVEN_SPLIT_ROWS if row.split else HASHED_SPLIT_ROWS] += 1
         split = row.split or hash_split(group or row.relpath, self._seed, *self._splits)
         ref = ref._replace(split=split, extras=extras)
         if group:  # its split is settled with the rest of its group (SettleGroups)
@@ -532,8 +547,8 @@ def _settle(item):
 
 class ReadManifest(beam.PTransform):
     """PBegin -> ImageRef for every usable manifest row, plus SKIPPED (Rejection), FOUND (row counts), STATS
-    (one dict: the rows that span lines) and without given class names, CLASS_NAMES (one sorted list: the class
-    names found in the job).
+    (one dict: the rows that span lines, the rows that gave their split and those split by hash) and without given
+    class names, CLASS_NAMES (one list: the class names found in the job, in id order).
 
     The manifest is cut into byte ranges (`range_bytes`, default transforms.inputs.rows.RANGE_BYTES), each read by any
     worker: the records of every range but the last are counted first, so that each range knows its first row
@@ -563,16 +578,20 @@ class ReadManifest(beam.PTransform):
         parsed = read.fields | "ParseRows" >> beam.FlatMap(_to_manifest_row, self._readings).with_outputs(
             SKIPPED, main="rows")
         found = read[ROWS] | "CountManifestRows" >> beam.Map(_count_rows)
-        # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each)
-        stats = (read[SPANNING]
-                 | "SpanningRows" >> beam.Map(reading.spanned, tuple(r.shown for r in self._readings if r.shown))
-                 | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows((reading.SPANNING_ROWS,))))
         firsts = (parsed.rows
                   # by the path's bytes: a local path may hold surrogates (os_name), which Beam's str coder refuses
                   | "ByPath" >> beam.Map(lambda r: (name_bytes(r.path), r))
                   | "GroupByPath" >> beam.GroupByKey()
                   | "FirstOfPath" >> beam.FlatMap(_first_of_path).with_outputs(SKIPPED, main="rows"))
         labeled = label_rows(firsts.rows, self._label, self._class_names is None, self._multi_label)
+        # one small dict: the rows whose quoted field holds line breaks (legal CSV, read as one row each), and
+        # how many rows gave their split
+        spanning = read[SPANNING] | "SpanningRows" >> beam.Map(reading.spanned,
+                                                               tuple(r.shown for r in self._readings if r.shown))
+        stats = ((spanning, labeled[SPLIT_COUNTS])
+                 | "RowEvents" >> beam.Flatten()
+                 | "SummariseRows" >> beam.CombineGlobally(reading.SummariseRows(
+                     (reading.SPANNING_ROWS,), (GIVEN_SPLIT_ROWS, HASHED_SPLIT_ROWS))))
         skipped = ((parsed[SKIPPED], firsts[SKIPPED], labeled[SKIPPED]) | "ManifestRejections" >> beam.Flatten())
         return {**labeled, SKIPPED: skipped, FOUND: found, STATS: stats}
 
@@ -590,14 +609,16 @@ def label_rows(rows, label: LabelRow, find_names: bool, multi_label: bool = Fals
                  | "ClassList" >> beam.combiners.ToList()
                  | "ClassNames" >> beam.Map(class_names_of))
         labeled = rows | "Label" >> beam.ParDo(label, class_names=beam.pvalue.AsSingleton(names)).with_outputs(
-            SKIPPED, GROUPS, GROUPED, main="images")
+            SKIPPED, GROUPS, GROUPED, SPLIT_COUNTS, main="images")
     else:
-        labeled = rows | "Label" >> beam.ParDo(label).with_outputs(SKIPPED, GROUPS, GROUPED, main="images")
+        labeled = rows | "Label" >> beam.ParDo(label).with_outputs(SKIPPED, GROUPS, GROUPED, SPLIT_COUNTS,
+                                                                    main="images")
     # The rows of each group together (spread over the workers by group): their splits settled as one
     settled = (labeled[GROUPED]
                | "GroupByGroup" >> beam.GroupByKey()
                | "SettleGroups" >> beam.FlatMap(_settle).with_outputs(GROUPS, main="images"))
     images = (labeled.images, settled.images) | "AllImages" >> beam.Flatten()
     groups = (labeled[GROUPS], settled[GROUPS]) | "AllGroups" >> beam.Flatten()
-    out = {"images": images, SKIPPED: labeled[SKIPPED], GROUPS: groups}
+    # SPLIT_COUNTS: (kind, rows, '') of the rows that gave their split and of those hashed, once per bundle
+    out = {"images": images, SKIPPED: labeled[SKIPPED], GROUPS: groups, SPLIT_COUNTS: labeled[SPLIT_COUNTS]}
     return out if names is None else {**out, CLASS_NAMES: names}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 import unicodedata
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -117,7 +118,59 @@ def kept_spellings(counted: Iterable[tuple[str, int]]) -> list[str]:
         key = _folded(name)
         if key not in best or (-count, name) < (-best[key][0], best[key][1]):
             best[key] = (count, name)
-    return sorted(name for _, name in best.values())
+    return class_order(name for _, name in best.values())
+
+
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also takes other scripts' digits, '+1' and '1_0'
+
+
+def _integer_names(names: list[str]) -> bool:
+    return bool(names) and all(_INTEGER.fullmatch(name) for name in names)
+
+
+def _same_number(names: list[str]) -> tuple[str, str] | None:
+    """Two of `names` (all integers) that are the same number ('01' and '1'), else None."""
+    seen: dict[int, str] = {}
+    for name in sorted(names):
+        if int(name) in seen:
+            return seen[int(name)], name
+        seen[int(name)] = name
+    return None
+
+
+def class_order(names: Iterable[str]) -> list[str]:
+    """The class names in the order of their ids (line i of labels.txt is id i), when no --labels_file gives it.
+
+    Text order, except when every name is an integer: then numeric order (1, 2, ..., 10, not 1, 10, 2), so that
+    class "10" gets id 9. Should two names be the same number ('01' and '1'), neither order is clear, and the
+    text order stays (`class_order_note` says so). Every place that orders class names (class folders, a
+    manifest's labels found in the job) calls this one function; an append keeps its dataset's order.
+    """
+    names = sorted(set(names))
+    if not _integer_names(names) or _same_number(names):
+        return names
+    return sorted(names, key=int)
+
+
+def class_order_note(names: Iterable[str]) -> str | None:
+    """The line that says how integer class names were ordered, when it is not plain text order, or when two names
+    are the same number; else None."""
+    names = sorted(set(names))
+    if not _integer_names(names):
+        return None
+    same = _same_number(names)
+    if same:
+        return (f"class names are all integers, but {same[0]!r} and {same[1]!r} are the same number: ids follow "
+                "their text order (" + ", ".join(f"{n} -> {i}" for i, n in enumerate(names[:4])) + ", ...); "
+                "rename one of them, or give --labels_file for the order you want")
+    ordered = class_order(names)
+    if ordered == names:
+        return None
+    shown = [f"{n} -> {i}" for i, n in enumerate(ordered)]
+    shown = shown if len(shown) <= 4 else [*shown[:3], "...", shown[-1]]
+    first = next(i for i, (text, number) in enumerate(zip(names, ordered, strict=True)) if text != number)
+    return (f"class names are all integers: ids follow their numeric order, {', '.join(shown)} (not their text "
+            f"order, where {names[first]} comes before {ordered[first]}); give --labels_file for another order")
 
 
 def skip_reason(relpath: str) -> tuple[str, str] | None:
