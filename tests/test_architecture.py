@@ -7,7 +7,7 @@ a top-level one, it only hides it. The rule:
 - the read-side tools (`pipeline/{reader,verify,preview,benchmark}.py` and `pipeline/readers/`, their
   helpers) never import the converter's launcher, graph, planning, output preparation or local runner;
 - `transforms/` is sub-packages by stage, each importing only itself and the ones before it in LAYERS
-  (base, labels, inputs, images, output): no module sits loose in `transforms/`;
+  (base, labels, inputs, images, detection, output): no module sits loose in `transforms/`;
 - in `transforms/images/`, the conversion's modules by step (IMAGE_STEPS: the fast core, the settings,
   diagnosis, pixels, decode, encode, and imaging, which ties them together) import only the ones before them;
 - the local-runner machinery (`pipeline/local/`) is imported by the launcher only;
@@ -32,7 +32,8 @@ PACKAGES = ("pipeline", "transforms")
 READERS = "pipeline.readers"
 READ_TOOLS = ("pipeline.reader", "pipeline.verify", "pipeline.preview", "pipeline.benchmark")
 # transforms/' sub-packages, ground floor first: each may import its own modules and those of the ones before it.
-LAYERS = ("transforms.base", "transforms.labels", "transforms.inputs", "transforms.images", "transforms.output")
+LAYERS = ("transforms.base", "transforms.labels", "transforms.inputs", "transforms.images", "transforms.detection",
+          "transforms.output")
 # transforms/images/' conversion by step, lowest first: each may import only the ones before it in this list.
 IMAGE_STEPS = ("transforms.images.fast", "transforms.images.settings", "transforms.images.diagnosis",
                "transforms.images.pixels", "transforms.images.decode", "transforms.images.encode",
@@ -190,7 +191,7 @@ def test_a_stage_imports_only_itself_and_the_stages_before_it(graph):
 
 
 def test_the_layer_rule_sees_an_upward_import():
-    assert _layer("transforms.base.paths") == 0 and _layer("transforms.output.write") == 4
+    assert _layer("transforms.base.paths") == 0 and _layer("transforms.output.write") == 5
     assert _layer("transforms.baseline") is None  # a prefix is not the package
 
 
