@@ -48,6 +48,9 @@ setuptools.setup(
         # --file_format=array_record on the workers: a 3.8 MB wheel, absl-py and etils; 0.8.2 is the first with a gs://
         # reader (and needs Python 3.11).
         "array-record>=0.8.2,<0.9",
+        # COCO annotation files streamed on the workers (transforms/detection/coco.py): its C backend (yajl2_c,
+        # in the wheels) parses a 1 GB file in a worker's memory; tested on 3.6.
+        "ijson>=3.2,<4",
     ],
     extras_require={
         "tf": [
