@@ -183,6 +183,7 @@ def _voc(root):
     write(f"{base}/Annotations/0007.xml", voc_xml("0007.jpg", [("cat", (5, 5, "x", 9), 0, 0)]))
     write(f"{base}/Annotations/0008.xml", voc_xml("0008.jpg", [("cat", (2, 2, 4, 4), 0, 0)]))
     write(f"{root}/secret.txt", "secret")
+    os.symlink(f"{root}/nowhere.xml", f"{base}/Annotations/0009.xml")  # an entry the listing cannot use
     for name in ("0001", "0002", "0004", "0005", "0006", "0007", "0008"):
         write(f"{base}/JPEGImages/{name}.jpg", IMAGE)
     write(f"{base}/ImageSets/Main/train.txt", "0001\n0003\n0008\n")
@@ -216,7 +217,7 @@ def test_voc_folder_with_image_sets_masks_and_broken_xml(tmp_path):
     assert _reasons(out[REJECTED]) == [
         ("bad_annotation_file", prefix + "0002.jpg"), ("bad_annotation_file", prefix + "0005.jpg"),
         ("bad_annotation_file", prefix + "0006.jpg"), ("conflicting_splits", prefix + "0008.jpg"),
-        ("missing_image", prefix + "0003.jpg")]
+        ("dangling_symlink", "VOCdevkit/VOC2012/Annotations/0009.xml"), ("missing_image", prefix + "0003.jpg")]
     assert "secret" not in json.dumps([r.detail for r in out[REJECTED]])
     assert _reasons(out[PROBLEMS]) == [("conflicting_splits", prefix + "0008.jpg"),
                                        ("missing_image", prefix + "0003.jpg")]

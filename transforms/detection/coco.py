@@ -42,6 +42,7 @@ from transforms.detection.parsing import (
     screen,
     settle,
     source_id_of,
+    subfolders,
 )
 from transforms.inputs.rows import TruncatedFile, open_file
 
@@ -71,21 +72,24 @@ def _join(folder: str, name: str) -> str:
 
 
 def find_coco(input_dir: str) -> list[CocoSource]:
-    """The COCO annotation files of a dataset folder, by name only (a glob per layout, no file read): Roboflow's
-    `[<split>/]_annotations.coco.json`, its images beside it, and the classic `annotations/instances_<name>.json`
-    whose images are in `<name>/`. Raises LayoutError when there is none."""
+    """The COCO annotation files of a dataset folder, by a few names (no file read, no whole listing): Roboflow's
+    `_annotations.coco.json` in the folder itself, else in each of its sub-folders (train/, valid/, test/), its
+    images beside it; and the classic `annotations/instances_<name>.json`, its images in `<name>/`. Raises
+    LayoutError when there is none."""
+    root = input_dir.rstrip("/")
     sources = []
-    patterns = [_join(input_dir, ROBOFLOW_FILE), _join(input_dir, f"*/{ROBOFLOW_FILE}"),
-                _join(input_dir, "annotations/instances_*.json")]
-    for result in FileSystems.match(patterns):
-        for meta in sorted(result.metadata_list, key=lambda m: m.path):
-            relpath = meta.path[len(input_dir.rstrip("/")) + 1:]
-            folder, _, name = relpath.rpartition("/")
-            if name == ROBOFLOW_FILE:
-                sources.append(CocoSource(meta.path, folder, folder_split(folder), relpath))
-            else:
-                images = name.removeprefix("instances_").removesuffix(".json")
-                sources.append(CocoSource(meta.path, images, folder_split(images), relpath))
+    if FileSystems.exists(_join(root, ROBOFLOW_FILE)):  # one folder: its images beside it, no sub-folders to read
+        sources.append(CocoSource(_join(root, ROBOFLOW_FILE), "", "", ROBOFLOW_FILE))
+    else:
+        for folder in subfolders(root):
+            relpath = f"{folder}/{ROBOFLOW_FILE}"
+            if FileSystems.exists(_join(root, relpath)):
+                sources.append(CocoSource(_join(root, relpath), folder, folder_split(folder), relpath))
+    for meta in sorted(FileSystems.match([_join(root, "annotations/instances_*.json")])[0].metadata_list,
+                       key=lambda m: m.path):
+        name = meta.path.rsplit("/", 1)[-1]
+        images = name.removeprefix("instances_").removesuffix(".json")
+        sources.append(CocoSource(meta.path, images, folder_split(images), f"annotations/{name}"))
     if not sources:
         raise LayoutError(f"no COCO annotation file in {input_dir}: expected {ROBOFLOW_FILE} (in the folder or in "
                           "each split folder, as Roboflow exports) or annotations/instances_<name>.json with the "

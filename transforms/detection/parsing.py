@@ -15,18 +15,22 @@ Every parser's PTransform gives the same outputs:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+import os
 import posixpath
 import re
 from typing import NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 
 from transforms.base import counters
 from transforms.base.dataset_format import split_of
+from transforms.base.paths import is_local
 from transforms.base.records import Rejection
 from transforms.detection.objects import AnnotationProblem, Box, ImageAnnotations
-from transforms.inputs.listing import Entry, Folder, classify, list_folder
+from transforms.inputs.listing import Entry, Folder, classify, list_folder, list_top
 from transforms.labels.layout import class_name_problem
 
 IMAGES = "images"
@@ -61,6 +65,39 @@ _NESTED = (ANNOTATIONS_REJECTED, IMAGES_REJECTED)
 class LayoutError(ValueError):
     """A dataset folder that is not of the format it was read as: one line that says what is wrong and what to
     do (the launcher turns it into its UserError)."""
+
+
+# -- the launcher's look at a dataset folder: a few names, never a whole listing -----------------------------------
+
+TOP_ENTRIES = 1000  # the entries of a dataset's top folder looked at for its sub-folders (VOC2012/, ...)
+
+
+def has_file(folder: str, suffix: str = "") -> bool:
+    """Whether `folder` holds a file whose name ends with `suffix`, found from the first names only (a local
+    folder is read lazily, a gs:// one a page at a time): never a whole listing of a large folder."""
+    if is_local(folder):
+        try:
+            with os.scandir(folder) as listing:
+                return any(entry.name.endswith(suffix) and entry.is_file() for entry in listing)
+        except OSError:
+            return False
+    return bool(FileSystems.match([f"{folder.rstrip('/')}/*{suffix}"], [1])[0].metadata_list)
+
+
+def subfolders(folder: str) -> list[str]:
+    """The names of the folders directly in `folder`, among its first TOP_ENTRIES entries."""
+    items = itertools.islice(list_top(folder, False, 1), TOP_ENTRIES)
+    return sorted(posixpath.basename(item.path.rstrip("/")) for item in items if isinstance(item, Folder))
+
+
+def listed_file(entry: Entry, input_dir: str, suffix: str):
+    """An annotation folder's listed entry: its full path for a file ending with `suffix` (another file is not
+    an annotation file, and is passed over), a REJECTED Rejection for an entry the listing cannot use."""
+    if entry.problem is not None:
+        result = classify(entry, input_dir)
+        yield beam.pvalue.TaggedOutput(REJECTED, result)
+    elif entry.path.lower().endswith(suffix):
+        yield entry.path
 
 
 # -- plain functions -------------------------------------------------------------------------------------------------

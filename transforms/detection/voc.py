@@ -33,11 +33,14 @@ from transforms.detection.parsing import (
     ListFolders,
     Unusable,
     found,
+    has_file,
+    listed_file,
     on_disk_entry,
     outputs_with_tally,
     screen,
     settle,
     source_id_of,
+    subfolders,
 )
 from transforms.inputs.listing import Entry
 from transforms.inputs.rows import open_file
@@ -65,32 +68,31 @@ def _join(*parts: str) -> str:
     return "/".join(part.rstrip("/") for part in parts if part)
 
 
-def _any(pattern: str) -> bool:
-    return bool(FileSystems.match([pattern], [1])[0].metadata_list)
-
-
 def find_voc(input_dir: str) -> VocLayout:
-    """The VOC layout of a dataset folder, by a few globs (no annotation read): the input folder itself, or the one
-    folder below it (VOC2012/), or below VOCdevkit/, that holds Annotations/*.xml. Raises LayoutError."""
-    roots = [""]
-    for pattern in ("*", "VOCdevkit/*"):
-        roots += sorted({m.path[len(input_dir.rstrip("/")) + 1:].rsplit(f"/{ANNOTATIONS}/", 1)[0]
-                         for m in FileSystems.match([_join(input_dir, pattern, ANNOTATIONS, "*.xml")], [1000])[0]
-                         .metadata_list})
-    found_roots = [root for root in roots if _any(_join(input_dir, root, ANNOTATIONS, "*.xml"))]
-    if len(found_roots) != 1:
-        raise LayoutError(f"{'no' if not found_roots else 'more than one'} Pascal VOC folder ({ANNOTATIONS}/*.xml "
-                          f"beside {IMAGES_DIR}/) in {input_dir}" + (f": {', '.join(found_roots)}; give one of them "
-                                                                     "as the input folder" if found_roots else ""))
-    root = found_roots[0]
-    sets = {name: _join(root, SETS, f"{name}.txt") for name in (*SPLIT_FILES, "trainval")
-            if _any(_join(input_dir, root, SETS, f"{name}.txt"))}
+    """The VOC layout of a dataset folder, by a few names (no annotation read, no whole listing): the input folder
+    itself, or the one folder below it (VOC2012/), or below VOCdevkit/, whose Annotations/ holds XML files.
+    Raises LayoutError."""
+    root = input_dir.rstrip("/")
+
+    def is_voc(folder: str) -> bool:
+        return has_file(_join(root, folder, ANNOTATIONS), ".xml")
+
+    roots = [""] if is_voc("") else [
+        folder for folder in [*subfolders(root), *(f"VOCdevkit/{f}" for f in subfolders(_join(root, "VOCdevkit")))]
+        if folder != "VOCdevkit" and is_voc(folder)]
+    if len(roots) != 1:
+        raise LayoutError(f"{'no' if not roots else 'more than one'} Pascal VOC folder ({ANNOTATIONS}/*.xml beside "
+                          f"{IMAGES_DIR}/) in {input_dir}" + (f": {', '.join(roots)}; give one of them as the input "
+                                                              "folder" if roots else ""))
+    voc = roots[0]
+    sets = {name: _join(voc, SETS, f"{name}.txt") for name in (*SPLIT_FILES, "trainval")
+            if FileSystems.exists(_join(root, voc, SETS, f"{name}.txt"))}
     if "trainval" in sets and ("train" in sets or "val" in sets):
         del sets["trainval"]
     split_files = tuple((SPLIT_FILES.get(name, "train"), relpath) for name, relpath in sorted(sets.items()))
-    masks = tuple(name for name in (SEGMENTATION_CLASS, SEGMENTATION_OBJECT)
-                  if _any(_join(input_dir, root, name, "*.png")))
-    return VocLayout(root, split_files, masks)
+    masks = tuple(name for name in (SEGMENTATION_CLASS, SEGMENTATION_OBJECT) if has_file(_join(root, voc, name),
+                                                                                          ".png"))
+    return VocLayout(voc, split_files, masks)
 
 
 def parse_xml(data: bytes) -> ElementTree.Element:
@@ -178,16 +180,16 @@ def _key(relpath: str, folder: str) -> bytes:
 
 
 class _ParseXml(beam.DoFn):
-    """Entry of an XML file -> (id, ('annotated', ImageAnnotations)) or (id, ('bad', why)); COUNTS."""
+    """An XML file's path -> (id, ('annotated', ImageAnnotations)) or (id, ('bad', why)); COUNTS."""
 
     def __init__(self, input_dir: str, layout: VocLayout, class_names):
         self._input_dir, self._layout, self._class_names = input_dir, layout, class_names
 
-    def process(self, entry: Entry):
-        relpath = entry.path[len(self._input_dir) + 1:]
+    def process(self, path: str):
+        relpath = path[len(self._input_dir) + 1:]
         key = _key(relpath, _join(self._layout.root, ANNOTATIONS))
         try:
-            with open_file(entry.path) as raw:
+            with open_file(path) as raw:
                 data = raw.read(MAX_XML_BYTES + 1)
             frame, objects, problems = voc_objects(parse_xml(data), relpath)
         except (VocError, OSError) as e:
@@ -267,9 +269,12 @@ class ReadVoc(beam.PTransform):
         input_dir, layout = self._input_dir, self._layout
         root = _join(input_dir, layout.root) if layout.root else input_dir
         images_folder = _join(layout.root, IMAGES_DIR)
-        xmls = (pbegin
-                | "ListXml" >> ListFolders([_join(root, ANNOTATIONS)], input_dir)
-                | "XmlFiles" >> beam.Filter(lambda e: e.problem is None and e.path.lower().endswith(".xml"))
+        listed_xml = (pbegin
+                      | "ListXml" >> ListFolders([_join(root, ANNOTATIONS)], input_dir)
+                      # the XML files' paths; REJECTED: an entry the listing cannot use (a dangling link...)
+                      | "XmlFiles" >> beam.FlatMap(listed_file, input_dir, ".xml").with_outputs(REJECTED,
+                                                                                              main="paths"))
+        xmls = (listed_xml.paths
                 | "SpreadXml" >> beam.Reshuffle()
                 # (id, ('annotated', ImageAnnotations) | ('bad', why)): every XML parsed where it lands
                 | "ParseXml" >> beam.ParDo(_ParseXml(input_dir, layout, self._class_names)).with_outputs(
@@ -292,5 +297,5 @@ class ReadVoc(beam.PTransform):
                   | "JoinById" >> beam.CoGroupByKey()
                   | "Settle" >> beam.FlatMap(lambda item, m: voc_image(*item, m), layout.masks).with_outputs(
                       REJECTED, PROBLEMS, main=IMAGES))
-        rejected = (listed[REJECTED], joined[REJECTED]) | "AllRejected" >> beam.Flatten()
+        rejected = (listed_xml[REJECTED], listed[REJECTED], joined[REJECTED]) | "AllRejected" >> beam.Flatten()
         return outputs_with_tally(joined[IMAGES], rejected, joined[PROBLEMS], xmls[COUNTS])

@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import apache_beam as beam
 import yaml
-from apache_beam.io.filesystems import FileSystems
 
 from transforms.base.paths import name_bytes
 from transforms.base.records import Rejection
@@ -34,6 +33,8 @@ from transforms.detection.parsing import (
     LayoutError,
     ListFolders,
     found,
+    has_file,
+    listed_file,
     on_disk_entry,
     outputs_with_tally,
     screen,
@@ -123,13 +124,13 @@ def _split_folder(input_dir: str, base: str, value, key: str) -> str:
         if folder.startswith("..") or folder.startswith("/"):
             continue
         folder = "" if folder == "." else folder
-        if FileSystems.match([_join(input_dir, folder, "*")], [1])[0].metadata_list or \
-                FileSystems.exists(_join(input_dir, folder)):
+        if has_file(_join(input_dir, folder)):
             if "/images" not in "/" + folder and not folder.startswith("images"):
                 raise LayoutError(f"data.yaml's {key} folder {folder} has no 'images' in its path: YOLO finds "
                                   "each label file by replacing the last /images/ with /labels/")
             return folder
-    raise LayoutError(f"data.yaml's {key} folder {value!r} is not in {input_dir}")
+    raise LayoutError(f"data.yaml's {key} folder {value!r} is not in {input_dir}, or holds no file: give the "
+                      "folder of its images, relative to data.yaml (or to its path:)")
 
 
 def label_relpath(image_relpath: str) -> str:
@@ -231,9 +232,11 @@ def yolo_image(key, grouped: dict, layout: YoloLayout, input_dir: str, class_fil
 
 
 def _label_entry(entry, input_dir: str):
-    if entry.problem is None and entry.path.endswith(".txt"):
-        relpath = entry.path[len(input_dir) + 1:]
-        yield name_bytes(relpath), relpath
+    for item in listed_file(entry, input_dir, ".txt"):
+        if isinstance(item, str):
+            relpath = item[len(input_dir) + 1:]
+            item = (name_bytes(relpath), relpath)
+        yield item
 
 
 def _image_entry(entry, input_dir: str, folders: tuple):
@@ -267,13 +270,13 @@ class ReadYolo(beam.PTransform):
         labels = (pbegin
                   | "ListLabels" >> ListFolders(sorted({_join(input_dir, labels_folder(f)) for f in folders}),
                                                 input_dir)
-                  # (label file relpath bytes, its relpath)
-                  | "LabelFiles" >> beam.FlatMap(_label_entry, input_dir))
-        joined = ({"images": images, "labels": labels}
+                  # (label file relpath bytes, its relpath); REJECTED: an entry the listing cannot use
+                  | "LabelFiles" >> beam.FlatMap(_label_entry, input_dir).with_outputs(REJECTED, main="labels"))
+        joined = ({"images": images, "labels": labels.labels}
                   | "JoinLabels" >> beam.CoGroupByKey()
                   # each label file read and parsed on the worker its image lands on
                   | "ReadLabels" >> beam.FlatMap(lambda item, lay, root, names: yolo_image(*item, lay, root, names),
                                                  layout, input_dir, self._class_filter).with_outputs(
                       REJECTED, PROBLEMS, COUNTS, main=IMAGES))
-        rejected = (listed[REJECTED], joined[REJECTED]) | "AllRejected" >> beam.Flatten()
+        rejected = (listed[REJECTED], labels[REJECTED], joined[REJECTED]) | "AllRejected" >> beam.Flatten()
         return outputs_with_tally(joined[IMAGES], rejected, joined[PROBLEMS], joined[COUNTS])
