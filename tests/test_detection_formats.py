@@ -155,6 +155,11 @@ def test_coco_streaming_holds_memory_bounded(tmp_path):
     assert peak < size / 10, f"peak {peak} bytes for a {size}-byte file"
 
 
+def test_coco_is_streamed_by_ijsons_c_backend():
+    from transforms.detection import coco
+    assert coco.IJSON.backend == "yajl2_c"
+
+
 def test_coco_truncated_and_broken_json_raise_coco_error(tmp_path):
     import io
     with pytest.raises(CocoError, match="premature EOF|incomplete"):
