@@ -51,6 +51,10 @@ setuptools.setup(
         # Detection records' masks (transforms/detection/geometry.py): COCO's own rasteriser for polygons and its RLE
         # codec, a 0.5 MB wheel on numpy only; the tests ran on 2.0.11.
         "pycocotools>=2.0.7,<3",
+        # COCO annotation files streamed on the workers (transforms/detection/coco.py): its C backend (yajl2_c,
+        # in the wheels) parses a 1 GB file in a worker's memory; tested on 3.6.
+        "ijson>=3.2,<4",
+        "pyyaml>=6,<7",  # a YOLO dataset's data.yaml (safe_load); Beam requires it too (tested on 6.0.4)
     ],
     extras_require={
         "tf": [

@@ -67,3 +67,6 @@ class ImageAnnotations(NamedTuple):
     # The frame the coordinates refer to when the format fixes it: 'upright' (after the EXIF orientation, as
     # YOLO's tools read images) or 'stored' (the pixels as stored in the file); '' to decide from frame_size.
     frame: str = ""
+    # Full path of a per-image instance mask (VOC's SegmentationObject PNG: palette index k is the k-th object of
+    # the annotation file, in its order; 0 background, 255 the boundary): '' for none.
+    instance_mask: str = ""

@@ -122,6 +122,8 @@ class _Decompressed(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         want = len(buffer)
+        if not want:  # read(0) asks for nothing (ijson probes a stream with it): zlib would take 0 as "all"
+            return 0
         while True:
             d = self._d
             try:
