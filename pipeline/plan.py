@@ -985,6 +985,19 @@ def _damaged_is_an_error(flag: str, path: str = ""):
         raise UserError(f"{flag}: {e}") from None
 
 
+def unreadable(flag: str, path: str, what: str, error: Exception) -> UserError:
+    """The one line for a file the launcher could not open or read: it does not exist, or the file system's error."""
+    missing = False
+    try:
+        missing = not FileSystems.exists(path)
+    except Exception:  # noqa: BLE001 - a file system that cannot say: the error itself is named
+        pass
+    if missing:
+        return UserError(f"{flag} {path} does not exist: give the {what}")
+    return UserError(f"{flag} {path} cannot be read ({type(error).__name__}: {shown(str(error), 120)}): give the "
+                     f"{what}")
+
+
 def shown(text: str, limit: int = 60) -> str:
     """A safe excerpt of a user's text for a terminal line: as it is when printable, else its ascii() (control
     characters, terminal escape sequences and bytes that are not UTF-8 are never echoed raw); cut to about
@@ -1023,15 +1036,7 @@ def read_header_names(path: str, flag: str, header: str = "path,...", fields: st
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - what the file system says, named
-        missing = False
-        try:
-            missing = not FileSystems.exists(path)
-        except Exception:  # noqa: BLE001
-            pass
-        if missing:
-            raise UserError(f"{flag} {path} does not exist: give the {what}") from None
-        raise UserError(f"{flag} {path} cannot be read ({type(e).__name__}: {shown(str(e), 120)}): give the "
-                        f"{what}") from None
+        raise unreadable(flag, path, what, e) from None
     if isinstance(first, reading.LongLine):
         raise UserError(f"{flag} {path}: its first line is over {reading.MAX_LINE_BYTES >> 20} MiB ({first.size} "
                         f"bytes, read without being held): a header line is a few column names; is it the {what}?")
@@ -1117,15 +1122,7 @@ def _list_sample(split: str, path: str, input_dir: str) -> list[str]:
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - what the file system says, named
-        missing = False
-        try:
-            missing = not FileSystems.exists(path)
-        except Exception:  # noqa: BLE001
-            pass
-        if missing:
-            raise UserError(f"--split_lists {split} list {path} does not exist: give the {what}") from None
-        raise UserError(f"--split_lists {split} list {path} cannot be read ({type(e).__name__}: "
-                        f"{shown(str(e), 120)}): give the {what}") from None
+        raise unreadable(f"--split_lists {split} list", path, what, e) from None
     if not names and ended:
         raise UserError(f"{flag} the list is empty: write one image a line, as its path below --input_dir "
                         "(apple_pie/1005649) or its file name")
