@@ -10,6 +10,8 @@ VERSION_OF = $(shell $(1) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3
 # (make demo PYTHON=python3.13 after a .venv of 3.11) is noticed even when setup.py has not changed.
 PYTHON_VERSION := $(call VERSION_OF,$(PYTHON))
 STAMP := $(VENV)/.installed-python$(PYTHON_VERSION)
+# The tf-models-official the tests decode detection records with (2.20.0: its TfExampleDecoder reads masks).
+MODEL_GARDEN_VERSION := 2.20.0
 
 # An unsupported $(PYTHON) is refused in one line, by every target but clean.
 ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),venv)),)
@@ -45,6 +47,11 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[tf,dev]"
+	# Model Garden's detection decoder, a consumer the tests read detection records with
+	# (tests/test_detection_records.py): in a folder of its own, without its dependencies (it pins TensorFlow
+	# versions of its own), on no path but the test's.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target $(VENV)/model-garden \
+	  "tf-models-official==$(MODEL_GARDEN_VERSION)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -138,13 +138,18 @@ def test_what_the_caller_got_wrong_is_a_value_error(converted):
         build_detection_example(encoded, unmasked, INDEX, source_id="7", filename="a.jpg")
 
 
+# Where `make venv` installs tf-models-official, without its dependencies (Makefile: MODEL_GARDEN_VERSION).
+MODEL_GARDEN = os.path.join(sys.prefix, "model-garden")
+
+
 def _model_garden_decoder():
     """Model Garden's TfExampleDecoder, loaded without its package's heavy __init__ (configs, tasks) and with a
-    stand-in for tf_keras, which the module imports and does not use; None when tf-models-official is absent
-    (`pip install --no-deps tf-models-official` into the environment, or a folder on $MODEL_GARDEN_PATH)."""
-    extra = os.environ.get("MODEL_GARDEN_PATH")
-    if extra and extra not in sys.path:
-        sys.path.append(extra)
+    stand-in for tf_keras, which the module imports and does not use; from the folder `make venv` installs
+    tf-models-official into (without its dependencies: MODEL_GARDEN below), or $MODEL_GARDEN_PATH. None when
+    neither has it."""
+    for extra in (os.environ.get("MODEL_GARDEN_PATH"), MODEL_GARDEN):
+        if extra and os.path.isdir(extra) and extra not in sys.path:
+            sys.path.append(extra)
     spec = importlib.util.find_spec("official")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -163,7 +168,7 @@ def _model_garden_decoder():
 def test_model_gardens_decoder_reads_the_record(converted):
     decoder_class = _model_garden_decoder()
     if decoder_class is None:
-        pytest.skip("tf-models-official is not installed (pip install --no-deps tf-models-official)")
+        pytest.fail(f"tf-models-official is not in {MODEL_GARDEN}: make venv installs it there (make test does)")
     encoded, placed = converted
     record = build_detection_example(encoded, placed, INDEX, source_id="42", filename="photos/side.jpg")
     decoded = decoder_class(include_mask=True).decode(tf.constant(record))

@@ -109,7 +109,8 @@ def test_a_venv_of_another_python_is_built_anew(project):
     venv_python = os.path.join(".venv", "bin", "python")
     assert logged(project) == ["3.11.7 -m venv .venv",
                                "3.11.7 -m pip install --quiet --disable-pip-version-check --upgrade pip>=24",
-                               "3.11.7 -m pip install --quiet --disable-pip-version-check -e .[tf,dev]"]
+                               "3.11.7 -m pip install --quiet --disable-pip-version-check -e .[tf,dev]",
+                               f"3.11.7 {MODEL_GARDEN.format(venv='.venv')}"]
     assert os.path.exists(project / venv_python)
     # The same interpreter again: nothing to do.
     again = make(project, py311, "venv")
@@ -119,7 +120,8 @@ def test_a_venv_of_another_python_is_built_anew(project):
     assert other.returncode == 0, other.stderr
     assert f".venv was built by another Python: building it anew with {py313} (3.13.0)" in other.stdout
     assert [line.split(" ", 3)[:3] for line in logged(project)] == [["3.13.0", "-m", "venv"],
-                                                                    ["3.13.0", "-m", "pip"], ["3.13.0", "-m", "pip"]]
+                                                                    ["3.13.0", "-m", "pip"], ["3.13.0", "-m", "pip"],
+                                                                    ["3.13.0", "-m", "pip"]]
     assert (project / ".venv" / "bin" / "version").read_text() == "3.13.0"
     assert sorted(p.name for p in (project / ".venv").glob(".installed-*")) == [".installed-python3.13.0"]
 
@@ -138,6 +140,9 @@ PYTEST = f"-m pytest -n {len(os.sched_getaffinity(0)) + 1} --dist worksteal --du
 RUFF = "-m ruff check pipeline transforms tests benchmarks"
 BUILT = ["-m venv", "-m pip install --quiet --disable-pip-version-check --upgrade pip>=24",
          "-m pip install --quiet --disable-pip-version-check -e .[tf,dev]"]
+# Model Garden's decoder, a test consumer of detection records, into the venv's own folder
+MODEL_GARDEN = ("-m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target {venv}/model-garden "
+                "tf-models-official==2.20.0")
 
 
 @pytest.fixture
@@ -161,7 +166,7 @@ def test_without_ci_make_test_runs_the_suite_once_on_one_python(project, machine
     done = make(project, py311, "test", **env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert logged(project) == ["3.11.7 -m venv .venv", *[f"3.11.7 {c}" for c in BUILT[1:]],
-                             f"3.11.7 {RUFF}", f"3.11.7 {PYTEST}"]
+                             f"3.11.7 {MODEL_GARDEN.format(venv='.venv')}", f"3.11.7 {RUFF}", f"3.11.7 {PYTEST}"]
     assert not (project / ".venv-3.13").exists() and "make test:" not in done.stdout
     # The same with the ones CI sets to something else than true: still one Python.
     assert make(project, py311, "test", CI="false", **env).returncode == 0
@@ -176,9 +181,10 @@ def test_under_ci_make_test_runs_the_oldest_and_the_newest_python_each_in_its_ve
     done = make(project, py311, "test", CI="true", **env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert logged(project) == ["3.11.7 -m venv .venv", *[f"3.11.7 {c}" for c in BUILT[1:]],
+                             f"3.11.7 {MODEL_GARDEN.format(venv='.venv')}",
                              f"3.11.7 {RUFF}", f"3.11.7 {PYTEST}",  # the lint once, in .venv
                              "3.13.0 -m venv .venv-3.13", *[f"3.13.0 {c}" for c in BUILT[1:]],
-                             f"3.13.0 {PYTEST}"]
+                             f"3.13.0 {MODEL_GARDEN.format(venv='.venv-3.13')}", f"3.13.0 {PYTEST}"]
     assert (project / ".venv-3.13" / "bin" / "version").read_text() == "3.13.0"
     assert f"make test: the suite on Python 3.13 ({bin_dir}/python3.13, in .venv-3.13)" in done.stdout
     assert done.stdout.splitlines()[-1] == "make test: passed on Python 3.11 3.13"
