@@ -174,7 +174,7 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
             _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
         _LOG.info(
             "Converting the images of %s in %s to %s (the job lists and counts them, then sizes the shards)",
-            "an unlabeled set" if settings.unlabeled else "the annotated images" if settings.detection
+            "an unlabeled set" if settings.unlabeled else "a detection dataset" if settings.detection
             else f"{len(plan.class_names)} classes" if plan.class_names
             else "the classes",
             f"the manifest {settings.manifest}" if settings.manifest else settings.input_dir,

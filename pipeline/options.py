@@ -391,6 +391,7 @@ def validate(options: PipelineOptions) -> Settings:
     manifest = o.manifest or None
     if not o.input_dir and not manifest:
         raise UserError("--input_dir is required: the folder of class folders to convert (or give --manifest)")
+    check_detection_options(o)
     if o.multi_label and not manifest:
         raise UserError("--multi_label needs --manifest: class folders give each image one class; list the images "
                         "in a manifest with a labels column (names separated by ';'), or drop --multi_label")
@@ -405,7 +406,6 @@ def validate(options: PipelineOptions) -> Settings:
                         "of the two")
     if o.unlabeled and o.labels_file:
         raise UserError("--labels_file names the classes, and --unlabeled writes no labels: drop one of the two")
-    check_detection_options(o)
     split_lists = parse_split_lists(o.split_lists)
     if split_lists and manifest:
         raise UserError("--split_lists gives the splits of class-folder images, and a --manifest has its own split "

@@ -611,7 +611,7 @@ def plan_boxes(settings: Settings) -> tuple[DetectionInput, list[tuple[str, str,
             seen.add(parsed[0])
             with contextlib.suppress(Exception):  # a missing file is the job's to report (missing_image)
                 samples.append((parsed[0], parsed[1], FileSystems.match([parsed[0]])[0].metadata_list[0].size_in_bytes))
-    return DetectionInput("boxes", BoxFile(path, fmt, settings.input_dir)), samples
+    return DetectionInput("boxes", BoxFile(path, fmt, settings.input_dir), splits="split" in columns), samples
 
 
 def plan_detection(settings: Settings) -> Plan:
@@ -632,12 +632,8 @@ def plan_detection(settings: Settings) -> Plan:
     else:
         class_names = []  # found in the job
     sample = estimate.measure_output(samples, settings.image, "default", settings.compression)
-    notes = [f"{FORMAT_NAMES[detection.input_format]} detection dataset: the annotations are read in the job; "
-             f"class ids from {settings.first_class_id}"
-             + ("" if class_names else " in the order of " + ("the categories' ids" if detection.input_format == "coco"
-                                                              else "the sorted class names"))]
-    if not samples:
-        notes.append("no image of the dataset was found in a first look: the job lists them all")
+    notes = [] if samples else [f"no image of the {FORMAT_NAMES[detection.input_format]} dataset was found in a "
+                                 "first look (the job lists them all): shards are sized from an estimate"]
     return Plan(class_names=class_names, split_folders=False, notes=notes, detection=detection,
                 sizing=shard_sizing(settings, sample, [size for _, _, size in samples]))
 

@@ -85,8 +85,12 @@ def has_file(folder: str, suffix: str = "") -> bool:
 
 
 def subfolders(folder: str) -> list[str]:
-    """The names of the folders directly in `folder`, among its first TOP_ENTRIES entries."""
-    items = itertools.islice(list_top(folder, False, 1), TOP_ENTRIES)
+    """The names of the folders directly in `folder`, among its first TOP_ENTRIES entries (none when there is no
+    such folder)."""
+    try:
+        items = list(itertools.islice(list_top(folder, False, 1), TOP_ENTRIES))
+    except FileNotFoundError:
+        return []
     return sorted(posixpath.basename(item.path.rstrip("/")) for item in items if isinstance(item, Folder))
 
 

@@ -315,14 +315,11 @@ class _WriteInfo(beam.DoFn):
             statistics = pixel_stats.describe(
                 dict(stats), self._image_info.get("width"), self._image_info.get("height"),
                 self._options.get("resize_mode", ""), sum(s["bytes"] for s in counts.splits.values()))
-        if section is not None:
-            tfds_files, tfds_note = {}, "TFDS files are not written for detection records yet"
-        else:
-            tfds_files, tfds_note = tfds_metadata.tfds_files(
-                counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
-                description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).",
-                multi_label=bool(self._options.get("multi_label")), features=self._extra_features,
-                unlabeled=bool(self._options.get("unlabeled")))
+        tfds_files, tfds_note = tfds_metadata.tfds_files(
+            counts.splits, self._schema, self._image_info, list(self._class_names), self._options["compression"],
+            description=f"Images converted by image-tfrecords {self._tool_version} (run {self._run_id}).",
+            multi_label=bool(self._options.get("multi_label")), features=self._extra_features,
+            unlabeled=bool(self._options.get("unlabeled")))
         info = dataset_info(counts, self._run_id, self._class_names, self._schema, self._options,
                             self._image_info, self._start_time, self._tool_version,
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
