@@ -436,13 +436,13 @@ class _AssembleShard(beam.DoFn):
             written.update(dict(piece.written))
             for rejection in (*piece.rejections, *piece.annotations):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+            for hashed in piece.hashes:
+                yield beam.pvalue.TaggedOutput(HASHES, hashed)
             if piece.objects:
                 total = objects or (0, 0, 0)
                 objects = (total[0] + piece.objects[0], total[1] + piece.objects[1], max(total[2], piece.objects[2]))
         if objects is not None:
             yield beam.pvalue.TaggedOutput(OBJECTS, objects_tally(*objects))
-            for hashed in piece.hashes:
-                yield beam.pvalue.TaggedOutput(HASHES, hashed)
         final = name
         if self._shard_names == KAGGLE:  # the record count is known now; the file is renamed when published
             final = kaggle_name(key.split, key.index, key.count, len(sizes), self._compression, self._file_format)
