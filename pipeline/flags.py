@@ -95,7 +95,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "or a --manifest of boxes (one row per box: path,label,xmin,ymin,xmax,ymax), written with the keys "
              "of the TF Object Detection API (image/object/bbox/..., image/object/class/label); see "
              "docs/detection.md. Default: classification.")
-    add("--first_class_id", type=int, default=1, choices=(0, 1),
+    add("--first_class_id", default="1", choices=("0", "1"),
         help="With --task=detection: the class id of the first class in image/object/class/label and "
              "label_map.pbtxt: 1 (the TF Object Detection API keeps 0 for the background) or 0. Default: 1.")
     add("--images_without_objects", default="keep", choices=IMAGES_WITHOUT_OBJECTS,

@@ -549,7 +549,7 @@ def validate(options: PipelineOptions) -> Settings:
         split_lists=split_lists,
         label_from=label_from,
         task=o.task,
-        first_class_id=o.first_class_id,
+        first_class_id=int(o.first_class_id),
         images_without_objects=o.images_without_objects,
         instance_masks=bool(o.instance_masks),
     )

@@ -290,7 +290,7 @@ def _parameter(action: argparse.Action, parameter: Parameter) -> dict:
     if action.choices is not None or action.type is parse_bool:
         if parameter.regex is not None:
             raise ValueError(f"--{name}'s regex comes from its values: drop regex=...")
-        values = [str(v) for v in action.choices] if action.choices is not None else ["true", "false"]
+        values = list(action.choices) if action.choices is not None else ["true", "false"]
         entry["regexes"] = ["^(" + "|".join(re.escape(v) for v in values) + ")$"]
         entry["paramType"] = "ENUM" if action.choices is not None else "BOOLEAN"
         if action.choices is not None:
