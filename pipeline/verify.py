@@ -647,8 +647,9 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
             report.problems.append(f"{ERRORS_FILE}: {relpath!r} is reported {count} times")
     annotation_lines = sum(reasons[ANNOTATION_STAGE].values())
     if len(lines) - annotation_lines != rejected + skipped:
-        report.problems.append(f"{ERRORS_FILE}: {len(lines) - annotation_lines} lines of files, but {INFO_FILE} "
-                               f"counts {rejected} rejected + {skipped} skipped = {rejected + skipped} files")
+        report.problems.append(f"{ERRORS_FILE}: {len(lines) - annotation_lines} lines"
+                               + (" of files" if annotation_lines else "") + f", but {INFO_FILE} counts "
+                               f"{rejected} rejected + {skipped} skipped = {rejected + skipped} files")
     detection = info.get("detection") or {}
     listed_annotations = Counter((detection.get("annotations") or {}).get("rejected") or {})
     if detection.get("semantic_masks_rejected"):

@@ -143,6 +143,17 @@ def test_every_annotation_is_written_or_in_errors_jsonl(tmp_path):
     records = {_stem(r): r for rows in read_detection_records(out).values() for r in rows}
     assert sorted(records) == ["a", "b", "c", "v", "w"]  # b is written, with its one good box
     assert records["b"]["image/object/class/text"] == ["dog"]
+    # verify's accounting: the annotation lines are not lost images (b.jpg is written and has 5 of them)
+    from pipeline import verify
+
+    report = verify.Report(str(out))
+    written = {r["image/filename"][0] for rows in read_detection_records(out).values() for r in rows}
+    verify._check_accounting(str(out), info, written, report)
+    assert report.problems == []
+    (out / "errors.jsonl").write_text("".join(line + "\n" for line in (out / "errors.jsonl").read_text().splitlines()
+                                              if '"bad_box"' not in line))
+    verify._check_accounting(str(out), info, written, report)
+    assert len(report.problems) == 1 and "annotations set aside" in report.problems[0]
     summary = run_tool("pipeline.main", f"--input_dir={root}", f"--output_dir={tmp_path / 'again'}", *ARGS, *FAST)
     assert summary.returncode == 0, summary.stderr
     assert "Annotations: 13 found: 5 written, 8 rejected (bad_annotation 1, bad_box 1" in summary.stdout
@@ -241,3 +252,30 @@ def test_a_convert_of_the_detection_export_goes_through_convert(tmp_path):
     assert convert(tmp_path / "voc", tmp_path / "out", *ARGS) == 0
     info = check_description(json.loads((tmp_path / "out" / "image_tfrecords.json").read_text()))
     assert info["detection"]["annotations"]["written"] == 8
+
+
+def test_voc_class_masks_are_written_as_their_indices(tmp_path):
+    """A VOC export with SegmentationClass/: the records of the images that have a mask carry it, resized
+    nearest-neighbour (indices kept: 0, the class, 255); a mask that is not a PNG is rejected on its own."""
+    root = tmp_path / "voc"
+    voc_export(root)
+    mask = np.zeros((SIZE[1], SIZE[0]), np.uint8)
+    mask[6:40, 4:30], mask[0:2, :] = 8, 255  # VOC's cat is 8; 255 its boundary
+    picture = Image.fromarray(mask, "P")
+    picture.putpalette([0, 0, 0, 128, 0, 0] * 128)
+    (root / "SegmentationClass").mkdir()
+    picture.save(root / "SegmentationClass" / "a.png")
+    (root / "SegmentationClass" / "b.png").write_bytes(b"not a PNG")
+    out = tmp_path / "out"
+    assert _run([f"--input_dir={root}"], out) == 0
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert info["detection"]["semantic_masks"] is True
+    assert info["detection"]["semantic_masks_rejected"] == 1 and info["detection"]["annotations"]["rejected"] == {}
+    records = {_stem(r): r for rows in read_detection_records(out).values() for r in rows}
+    stored = np.asarray(Image.open(io.BytesIO(records["a"]["image/segmentation/class/encoded"][0])))
+    assert stored.shape == (OUTPUT[1], OUTPUT[0]) and set(np.unique(stored)) == {0, 8, 255}
+    assert (stored == 8).sum() == pytest.approx(26 * 34 / 4, abs=20)
+    assert "image/segmentation/class/encoded" not in records["b"] and "image/segmentation/class/encoded" not in \
+        records["c"]
+    assert [(row["relpath"], row["stage"], row["reason"]) for row in error_rows(out)] == [
+        ("JPEGImages/b.jpg", "annotation", "bad_semantic_mask")]
