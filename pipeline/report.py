@@ -368,6 +368,9 @@ def summarise_run(output_dir: str, run_id: str | None = None) -> int:
         print(f"error: no image could be converted: every one of the {files['found']} files found was rejected or "
               f"skipped ({reasons or 'none found'}), {kept}: fix the input and run the command again",
               file=sys.stderr)
+    elif info.get("task") == DETECTION:
+        print("error: no object has a class: the annotations hold no object that was kept, so the dataset would have "
+              f"no class to learn, {kept}: check the annotations' reasons and run the command again", file=sys.stderr)
     else:
         print("error: no image has a class: every labels cell of the manifest is empty, so the dataset would have no "
               f"class to learn, {kept}: fill the labels column (class names separated by ';'), or give "

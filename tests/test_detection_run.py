@@ -95,6 +95,24 @@ def test_each_format_converts_with_one_command(tmp_path, kind):
             assert record["image/source_id"][0] == str([s for _, s, _ in IMAGES].index(stem) + 1)
 
 
+@pytest.mark.parametrize("mode, size, scale, offset", [
+    ("pad", (32, 32), 0.5, (0, 4)),  # 32 x 24 of content, centred: bars of 4 above and below
+    ("crop", (24, 24), 0.5, (-4, 0)),  # scaled to 32 x 24, its centre 24 x 24 kept: 4 cut on each side
+])
+def test_boxes_follow_pad_and_crop(tmp_path, mode, size, scale, offset):
+    voc_export(tmp_path / "voc")
+    out = tmp_path / "out"
+    assert _run([f"--input_dir={tmp_path / 'voc'}"], out, f"--resize_mode={mode}", f"--image_size={size[0]}x{size[1]}"
+                ) == 0
+    expected = boxes_of()
+    for record in (r for rows in read_detection_records(out).values() for r in rows):
+        assert (record["image/width"], record["image/height"]) == ([size[0]], [size[1]])
+        placed = [(name, (min(max(x0 * scale + offset[0], 0), size[0]), min(max(y0 * scale + offset[1], 0), size[1]),
+                          min(max(x1 * scale + offset[0], 0), size[0]), min(max(y1 * scale + offset[1], 0), size[1])))
+                  for name, (x0, y0, x1, y1) in expected[_stem(record)]]
+        assert _close(record_boxes(record), placed), (_stem(record), record_boxes(record), placed)
+
+
 def test_class_ids_from_zero_and_images_without_objects_dropped(tmp_path):
     yolo_export(tmp_path / "yolo")
     out = tmp_path / "out"
@@ -279,3 +297,13 @@ def test_voc_class_masks_are_written_as_their_indices(tmp_path):
         records["c"]
     assert [(row["relpath"], row["stage"], row["reason"]) for row in error_rows(out)] == [
         ("JPEGImages/b.jpg", "annotation", "bad_semantic_mask")]
+
+
+def test_an_export_of_no_object_publishes_nothing_and_says_why(tmp_path):
+    root = tmp_path / "voc"
+    voc_export(root, [(split, stem, []) for split, stem, _ in IMAGES])
+    result = run_tool("pipeline.main", f"--input_dir={root}", f"--output_dir={tmp_path / 'out'}", *ARGS, "--quiet",
+                      *FAST)
+    assert result.returncode == 1
+    assert "error: no object has a class: the annotations hold no object that was kept" in result.stderr
+    assert not (tmp_path / "out" / "image_tfrecords.json").exists()
