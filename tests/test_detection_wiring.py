@@ -172,3 +172,19 @@ def test_read_annotations_on_a_pipeline(tmp_path):
     assert all(ref.size > 0 for ref in got["images"])
     assert got["rejections"] == [] and got[FOUND] == [6] and got[CLASS_NAMES] == [["cat", "dog"]]
     assert got[TALLY][0]["annotations_found"] == 8
+
+
+def test_detection_options_without_the_task_are_named_as_having_no_effect(tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.options import ignored_options, validate
+
+    argv = [f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", "--first_class_id=0", "--instance_masks"]
+    options = PipelineOptions(argv)
+    notes = ignored_options(argv, options, validate(options), dataflow=False, split_folders=False)
+    assert notes == ["--first_class_id has no effect: it is an option of detection records; give --task=detection, "
+                     "or drop it", "--instance_masks has no effect: it is an option of detection records; give "
+                     "--task=detection, or drop it"]
+    settings = validate(PipelineOptions([*argv, "--task=detection"]))
+    assert (settings.schema, settings.first_class_id, settings.instance_masks) == ("detection", 0, True)
+    assert settings.as_dict()["task"] == "detection" and "task" not in validate(options).as_dict()
