@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.cli import program_name
-from transforms.base.dataset_format import COMPRESSIONS, FILE_FORMATS, SCHEMAS, SHARD_NAMES
+from transforms.base.dataset_format import CLASSIFICATION_SCHEMAS, COMPRESSIONS, FILE_FORMATS, SHARD_NAMES, TASKS
 from transforms.base.transient import JOB_READS_PER_S
 from transforms.images.decode import IMAGE_BACKENDS
 from transforms.images.encode import CHROMA_SUBSAMPLING, IMAGE_FORMATS
@@ -18,6 +18,7 @@ from transforms.images.pixels import RESAMPLE_FILTERS, RESIZE_MODES
 from transforms.images.settings import ImageSettings
 
 IF_EXISTS = ("refuse", "overwrite", "skip", "append")
+IMAGES_WITHOUT_OBJECTS = ("keep", "drop")
 DUPLICATES = ("keep", "drop")
 MAX_CONVERSION_THREADS = 32
 
@@ -88,6 +89,23 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "if any, are not the labels then; split folders still give the splits. The classes are the labels "
              "found (sorted), or --labels_file's. An image whose path it does not match is skipped as "
              "no_label_in_path. Default: none, class folders give the labels.")
+    add("--task", default="classification", choices=TASKS,
+        help="What the records are for: classification (one class per image) or detection: the boxes (and masks) "
+             "of an object-detection export, found in --input_dir (COCO JSON, Pascal VOC XML, YOLO's data.yaml), "
+             "or a --manifest of boxes (one row per box: path,label,xmin,ymin,xmax,ymax), written with the keys "
+             "of the TF Object Detection API (image/object/bbox/..., image/object/class/label); see "
+             "docs/detection.md. Default: classification.")
+    add("--first_class_id", default="1", choices=("0", "1"),
+        help="With --task=detection: the class id of the first class in image/object/class/label and "
+             "label_map.pbtxt: 1 (the TF Object Detection API keeps 0 for the background) or 0. Default: 1.")
+    add("--images_without_objects", default="keep", choices=IMAGES_WITHOUT_OBJECTS,
+        help="With --task=detection: keep writes images without any object (negatives) as records without "
+             "objects; drop skips them as no_objects (in errors.jsonl), also an image whose every annotation "
+             "is rejected. Counted either way in image_tfrecords.json. Default: keep.")
+    add("--instance_masks", **ON_OFF,
+        help="With --task=detection: write one mask per object (image/object/mask, a 0/1 PNG at the stored "
+             "size) from the annotations' polygons or RLE (COCO, YOLO segmentation), the box itself for an "
+             "object without one. Default: off, boxes only (segmentations are counted, not written).")
     add("--output_dir", default=None, **required,
         help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "
@@ -193,7 +211,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "and resizes outside Python's lock, so two keep a core busy while the other waits, and let busy "
              "workers use the cores of idle ones. More threads read files ahead of them, as many as the "
              "measured read latency asks for (up to 64), within --worker_memory_mb. Default: 2.")
-    add("--schema", default="default", choices=tuple(SCHEMAS),
+    add("--schema", default="default", choices=CLASSIFICATION_SCHEMAS,
         help="Example keys: default (image, label, class_name, height, width, source_path, sha256), tf_slim "
              "(image/encoded, image/class/label, ...) or kaggle (image, class, id: the keys Kaggle's TPU notebooks "
              "read, and the default ones but label). Default: default.")

@@ -1,5 +1,5 @@
-"""The Beam graph: ListImages -> AssignLabels (or LabelFromPaths; or ReadManifest) -> AssignShards -> WriteShards ->
-PublishDataset."""
+"""The Beam graph: ListImages -> AssignLabels (or LabelFromPaths; or ReadManifest; or, with --task=detection,
+ReadAnnotations) -> AssignShards -> WriteShards -> PublishDataset."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pipeline.options import Settings
 from pipeline.plan import Plan
 from pipeline.workers import worker_processes
 from transforms.base.examples import record_id
+from transforms.detection.annotated import CLASS_NAMES as ANNOTATED_CLASSES
+from transforms.detection.annotated import FOUND as FOUND_IMAGES
+from transforms.detection.annotated import TALLY, DetectionTally, ReadAnnotations
+from transforms.detection.conversion import DetectionRecords
 from transforms.inputs import metadata, split_lists
 from transforms.inputs.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
 from transforms.inputs.append import REJECTED as CHANGED
@@ -28,7 +32,7 @@ from transforms.labels.sharding import AssignShards
 from transforms.output.describe import PublishDataset
 from transforms.output.ownership import run_dir, shards_dir
 from transforms.output.resume import Resume, fingerprint
-from transforms.output.write import HASHES, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
+from transforms.output.write import HASHES, OBJECTS, REJECTED, RESUMED, STATS, WRITTEN, WriteShards
 
 
 def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time: float, run_id: str) -> None:
@@ -37,7 +41,22 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     `run_id` names the run's own temporary folder in the output folder (see transforms.output.ownership).
     """
     sources = None  # an append's: the records of the dataset it grows
-    if settings.manifest:
+    annotations = None  # --task=detection: ReadAnnotations' outputs
+    if settings.detection:
+        # ImageRef of every image the annotations keep (its objects, its split), read and joined in the job
+        annotations = p | "ReadAnnotations" >> ReadAnnotations(
+            settings.input_dir,
+            plan.detection,  # the format and layout the launcher found
+            plan.class_names or None,  # YOLO's names or --labels_file's; None: found in the job
+            seed=settings.seed,
+            validation_split=settings.validation_split,
+            test_split=settings.test_split,
+            drop_empty=settings.images_without_objects == "drop",
+            segmentations=settings.instance_masks,
+        )
+        images, not_listed, found = annotations["images"], [annotations["rejections"]], annotations[FOUND_IMAGES]
+        class_names = annotations.get(ANNOTATED_CLASSES, plan.class_names)  # found in the job: one list
+    elif settings.manifest:
         # ImageRef of every usable manifest row (label and split from the row); the manifest is read in the job
         read = p | "ReadManifest" >> ReadManifest(
             plan.manifest_files or settings.manifest,  # its files (entries and globs matched by the launcher)
@@ -148,6 +167,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         settings.output_dir, run_id, settings.image, settings.schema, settings.conversion_threads,
         settings.compression, settings.index_files, settings.file_format, settings.shard_names, resume=resume,
         workers=worker_processes(p.options), layouts=assign.layouts,  # chunks sized so that every worker gets several
+        detection=detection_records(settings) if settings.detection else None,  # records of boxes (and masks)
+        class_names=class_names if settings.detection else None,
     )
     rejections = (*not_listed, *dropped, written[REJECTED]) | "AllRejections" >> beam.Flatten()
     # every written image's source hash; with drop, every hashed source's (the report covers the input)
@@ -176,11 +197,16 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         inputs["groups"] = groups
     if settings.metadata:
         inputs["metadata"] = metadata_stats
-    if settings.manifest:
+    if settings.manifest and not settings.detection:
         inputs["manifest"] = manifest_stats
+    if annotations is not None:  # the parsers' tally and the objects written: every annotation accounted for
+        inputs["detection"] = ((annotations[TALLY], written[OBJECTS])
+                               | "AnnotationTallies" >> beam.Flatten()
+                               | "SumAnnotations" >> beam.CombineGlobally(DetectionTally()))
     if settings.split_lists:
         inputs["split_lists"] = list_stats
-    split_by = ("unlabeled" if settings.unlabeled else "split_folders" if plan.split_folders or plan.folder_splits
+    split_by = ("unlabeled" if settings.unlabeled else "dataset_splits" if plan.detection and plan.detection.splits
+                else "split_folders" if plan.split_folders or plan.folder_splits
                 else "split_lists" if settings.split_lists else "group_hash" if grouped else "path_hash")
     inputs | "PublishDataset" >> PublishDataset(
         settings.output_dir,
@@ -195,4 +221,14 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         extra_features=plan.features,
         base=plan.base,
         earlier_runs=[earlier[0] for earlier in plan.resume_from],
+        detection=dict(first_id=settings.first_class_id, instance_masks=settings.instance_masks,
+                       semantic_masks=plan.detection.semantic_masks, input_format=plan.detection.input_format)
+        if settings.detection else None,
     )
+
+
+def detection_records(settings: Settings) -> DetectionRecords:
+    """How --task=detection's records are built (transforms.detection.conversion)."""
+    return DetectionRecords(first_id=settings.first_class_id, instance_masks=settings.instance_masks,
+                            drop_empty=settings.images_without_objects == "drop",
+                            max_mask_bytes=settings.image.max_file_bytes)

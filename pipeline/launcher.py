@@ -163,7 +163,8 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
         # Leftovers of interrupted runs leave the folder at once and are deleted while this one runs.
         # What decides the records: an interrupted run of the same plan is resumed (an append is not resumable:
         # the dataset it grows decides its class names once the lock is held).
-        record = plan_record(settings, plan) if settings.if_exists != "append" else None
+        # Nor is a detection run yet: its annotation tallies are not in the done records.
+        record = plan_record(settings, plan) if settings.if_exists != "append" and not settings.detection else None
         old = prepare_output(settings, run_id, dry_run=dry_run, background=True, record=record)
         plan.record, plan.resume_from = (record if not dry_run else None), old.resumed
         for earlier in old.resumed:
@@ -173,7 +174,8 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
             _LOG.info("Removing %d leftover files of interrupted runs from %s", len(old.paths), settings.output_dir)
         _LOG.info(
             "Converting the images of %s in %s to %s (the job lists and counts them, then sizes the shards)",
-            "an unlabeled set" if settings.unlabeled else f"{len(plan.class_names)} classes" if plan.class_names
+            "an unlabeled set" if settings.unlabeled else "a detection dataset" if settings.detection
+            else f"{len(plan.class_names)} classes" if plan.class_names
             else "the classes",
             f"the manifest {settings.manifest}" if settings.manifest else settings.input_dir,
             settings.output_dir,

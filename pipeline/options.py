@@ -24,7 +24,7 @@ from pipeline.cli import parse_image_size
 from pipeline.errors import UserError
 from pipeline.flags import MAX_CONVERSION_THREADS, add_convert_arguments
 from pipeline.inputs import read_small_file
-from transforms.base.dataset_format import SHARD_FORMATS, SPLITS, split_of
+from transforms.base.dataset_format import CLASSIFICATION, DETECTION, SHARD_FORMATS, SPLITS, split_of
 from transforms.base.features import format_spec, parse_spec
 from transforms.base.paths import bucket_problem, is_local
 from transforms.base.transient import JOB_READS_PER_S, process_start_rate
@@ -96,6 +96,14 @@ class Settings:
     unlabeled: bool = False  # --unlabeled: a flat folder of images, no labels, one split (UNLABELED_SPLIT)
     split_lists: tuple = ()  # --split_lists: (split, path) of each list, in SPLITS order; () for none
     label_from: str | None = None  # --label_from: a regex whose group `label` finds each listed image's class name
+    task: str = CLASSIFICATION  # --task: classification, or detection (boxes and masks: transforms/detection/)
+    first_class_id: int = 1  # --task=detection: the id of the first class in the records and label_map.pbtxt
+    images_without_objects: str = "keep"  # --task=detection: keep or drop the images without any object
+    instance_masks: bool = False  # --task=detection: one mask PNG per object in every record
+
+    @property
+    def detection(self) -> bool:
+        return self.task == DETECTION
 
     @property
     def overwrite(self) -> bool:
@@ -143,6 +151,10 @@ class Settings:
             **({"reencode": True} if image.reencode else {}),  # recorded when given: older datasets lack it
             **({"unlabeled": True} if self.unlabeled else {}),
             **({"split_lists": format_split_lists(self.split_lists)} if self.split_lists else {}),
+            # recorded for a detection dataset only: a classification one's options are as they always were
+            **({"task": self.task, "first_class_id": self.first_class_id,
+                "images_without_objects": self.images_without_objects, "instance_masks": self.instance_masks}
+               if self.detection else {}),
         }
 
 
@@ -379,6 +391,7 @@ def validate(options: PipelineOptions) -> Settings:
     manifest = o.manifest or None
     if not o.input_dir and not manifest:
         raise UserError("--input_dir is required: the folder of class folders to convert (or give --manifest)")
+    check_detection_options(o)
     if o.multi_label and not manifest:
         raise UserError("--multi_label needs --manifest: class folders give each image one class; list the images "
                         "in a manifest with a labels column (names separated by ';'), or drop --multi_label")
@@ -515,7 +528,7 @@ def validate(options: PipelineOptions) -> Settings:
         test_split=o.test_split,
         seed=o.seed,
         image=image,
-        schema=o.schema,
+        schema=DETECTION if o.task == DETECTION else o.schema,
         num_shards=num_shards,
         conversion_threads=o.conversion_threads,
         shard_size_mb=o.shard_size_mb,
@@ -535,7 +548,46 @@ def validate(options: PipelineOptions) -> Settings:
         unlabeled=bool(o.unlabeled),
         split_lists=split_lists,
         label_from=label_from,
+        task=o.task,
+        first_class_id=int(o.first_class_id),
+        images_without_objects=o.images_without_objects,
+        instance_masks=bool(o.instance_masks),
     )
+
+
+# Options a detection run refuses: what each does makes no sense for boxes, or is not built for them yet.
+_NOT_WITH_DETECTION = {
+    "multi_label": "detection records hold a class per object, from the annotations",
+    "unlabeled": "detection records hold the annotations' objects",
+    "label_from": "the annotations give each object's class",
+    "split_lists": "the splits come from the dataset's own split folders or files, else a hash of each path",
+    "group_by": "not yet supported for --task=detection (the splits come from the dataset's folders or a hash of "
+                "each image's path)",
+    "metadata": "not yet supported for --task=detection",
+    "features": "not yet supported for --task=detection",
+}
+
+
+def check_detection_options(o) -> None:
+    """--task=detection with an option that makes no sense for it, or detection's options without it: one line.
+
+    Raises:
+        UserError: naming the first such option.
+    """
+    if o.task != DETECTION:
+        return
+    for name, why in _NOT_WITH_DETECTION.items():
+        if getattr(o, name, None):
+            raise UserError(f"--{name} and --task=detection do not go together: {why}; drop --{name}")
+    if o.schema != "default":
+        raise UserError(f"--schema={o.schema} is for classification records: --task=detection writes the keys of "
+                        "the TF Object Detection API (docs/detection.md); drop --schema")
+    if o.duplicates == "drop":
+        raise UserError("--duplicates=drop is not yet supported for --task=detection: its dropped copies' annotations "
+                        "would go uncounted; drop the option (identical files are reported either way)")
+    if o.if_exists == "append":
+        raise UserError("--if_exists=append is not yet supported for --task=detection: convert the whole export "
+                        "again into a new folder (or with --if_exists=overwrite)")
 
 
 def _manifest_folder(pattern: str) -> str:
@@ -575,6 +627,9 @@ def ignored_options(argv: list[str], options: PipelineOptions, settings: Setting
         if flag in given:
             notes.append(f"--{flag} has no effect: {why}; {fix}")
 
+    if not settings.detection:
+        for flag in ("first_class_id", "images_without_objects", "instance_masks"):
+            note(flag, "it is an option of detection records", "give --task=detection, or drop it")
     if settings.unlabeled:
         for flag in ("validation_split", "test_split", "group_by"):
             note(flag, f"--unlabeled writes every image into one split ({UNLABELED_SPLIT})", f"drop --{flag}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import csv
 import fnmatch
 import itertools
 import json
@@ -32,6 +33,12 @@ from transforms.base import bounded, features
 from transforms.base.dataset_format import split_of
 from transforms.base.paths import IMAGE_EXTENSIONS, is_gcs, is_local, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef
+from transforms.detection.annotated import BoxFile, DetectionInput
+from transforms.detection.boxes import box_row
+from transforms.detection.coco import find_coco
+from transforms.detection.parsing import LayoutError
+from transforms.detection.voc import IMAGES_DIR, SEGMENTATION_CLASS, find_voc
+from transforms.detection.yolo import DATA_YAML, read_data_yaml
 from transforms.images.convert import WINDOWS_PATH_HINT
 from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
@@ -86,6 +93,7 @@ class Plan:
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
     base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.inputs.append)
     record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
+    detection: DetectionInput | None = None  # --task=detection: the format and layout found (plan_detection)
     resume_from: list = field(default_factory=list)  # output.resume.Earlier: the runs it resumes
 
     @property
@@ -397,6 +405,8 @@ def plan_dataset(settings: Settings) -> Plan:
         UserError: for an empty input, no images, no class folders, or a bad layout.
     """
     check_folders(settings)
+    if settings.detection:
+        return plan_detection(settings)
     if settings.manifest:
         return plan_manifest(settings)
     input_dir = settings.input_dir
@@ -523,6 +533,109 @@ def plan_dataset(settings: Settings) -> Plan:
     if settings.split_lists:
         plan_split_lists(settings, plan)
     return plan_metadata(settings, plan) if settings.metadata else plan
+
+
+# -- --task=detection ----------------------------------------------------------------------------------------------
+
+BOX_COLUMNS = ("path", "label", "xmin", "ymin", "xmax", "ymax")
+FORMAT_NAMES = {"coco": "COCO", "voc": "Pascal VOC", "yolo": "YOLO", "boxes": "box rows"}
+
+
+def find_export(input_dir: str) -> tuple[DetectionInput, list[str]]:
+    """The detection export in `input_dir` (a few names looked at, no annotation file read but data.yaml), and the
+    folders of its images (for the sample). YOLO's data.yaml first, then COCO's JSON files, then Pascal VOC's
+    Annotations/.
+
+    Raises:
+        UserError: no export, or one the format's reader refuses (one line: what is wrong, what to do).
+    """
+    join = lambda *parts: "/".join(part.strip("/") if i else part.rstrip("/")  # noqa: E731
+                                   for i, part in enumerate(parts) if part)
+    try:
+        if FileSystems.exists(join(input_dir, DATA_YAML)):
+            yolo = read_data_yaml(input_dir)
+            return (DetectionInput("yolo", yolo, splits=True),
+                    [join(input_dir, folder) for folder in sorted({folder for _, folder in yolo.folders})])
+        try:
+            coco = find_coco(input_dir)
+            return (DetectionInput("coco", coco, splits=any(source.split for source in coco)),
+                    sorted({join(input_dir, source.images_rel) for source in coco}))
+        except LayoutError:
+            pass
+        try:
+            voc = find_voc(input_dir)
+        except LayoutError as e:
+            if str(e).startswith("more than one"):
+                raise
+            raise LayoutError(
+                f"found no detection export in --input_dir {input_dir}: expected YOLO's {DATA_YAML}, a COCO "
+                "_annotations.coco.json (in the folder or in each split folder) or annotations/instances_<name>.json, "
+                "or Pascal VOC's Annotations/*.xml beside JPEGImages/; for boxes in a CSV or JSON Lines file, give it "
+                "as --manifest (path,label,xmin,ymin,xmax,ymax)") from None
+        return (DetectionInput("voc", voc, semantic_masks=SEGMENTATION_CLASS in voc.masks,
+                               splits=bool(voc.split_files)), [join(input_dir, voc.root, IMAGES_DIR)])
+    except LayoutError as e:
+        raise UserError(str(e)) from None
+
+
+SAMPLE_BYTES = 1 << 16  # of a box file: its first rows, for the sample of images
+
+
+def plan_boxes(settings: Settings) -> tuple[DetectionInput, list[tuple[str, str, int]]]:
+    """A --manifest of boxes with --task=detection: its format and columns checked, and the first images it names
+    (path, relpath, size) for the sample. Raises UserError."""
+    paths = manifest_files(settings)
+    if len(paths) != 1:
+        raise UserError(f"--manifest with --task=detection reads one box file, and it names {len(paths)}: join them "
+                        "into one CSV or JSON Lines file")
+    path = paths[0]
+    fmt, columns, _ = read_header_names(path, "--manifest", ",".join(BOX_COLUMNS), '"path": ..., "xmin": ...')
+    missing = [name for name in BOX_COLUMNS if name not in columns]
+    if missing:
+        raise UserError(f"--manifest {path} has no {', '.join(missing)} column: a box file has one row per box with "
+                        f"the columns {','.join(BOX_COLUMNS)} (and optionally split, width, height, unit)")
+    with _damaged_is_an_error("--manifest", path), reading.open_file(path) as raw:
+        lines = raw.read(SAMPLE_BYTES).decode("utf-8-sig", "replace").splitlines()[:-1] or []
+    if fmt == "csv":
+        rows = list(csv.DictReader(lines))
+    else:
+        rows = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+    samples, seen = [], set()
+    for number, fields in enumerate(rows, 1):
+        parsed = box_row(number, {str(k).strip().lower(): v for k, v in fields.items() if k is not None}
+                         if isinstance(fields, dict) else "", settings.input_dir)
+        if isinstance(parsed, tuple) and parsed[0] not in seen and len(seen) < MANIFEST_SAMPLE_ROWS:
+            seen.add(parsed[0])
+            with contextlib.suppress(Exception):  # a missing file is the job's to report (missing_image)
+                samples.append((parsed[0], parsed[1], FileSystems.match([parsed[0]])[0].metadata_list[0].size_in_bytes))
+    return DetectionInput("boxes", BoxFile(path, fmt, settings.input_dir), splits="split" in columns), samples
+
+
+def plan_detection(settings: Settings) -> Plan:
+    """Plan a --task=detection run: find the export (or the --manifest of boxes), the class names when the
+    launcher can know them (--labels_file, YOLO's names; else the job finds them), and size shards from a sample
+    of its images. The annotation files are read in the job, never here (but YOLO's data.yaml)."""
+    if settings.manifest:
+        detection, samples = plan_boxes(settings)
+    else:
+        detection, folders = find_export(settings.input_dir)
+        samples = [image for probe in _probe_all([Folder(folder) for folder in folders], settings)
+                   for image in probe.images]
+    if settings.labels_file:
+        class_names = read_labels_file(settings.labels_file)
+    elif detection.input_format == "yolo":
+        names = detection.layout.names
+        class_names = [names.get(i, str(i)) for i in range(max(names) + 1)]  # YOLO's ids, in order
+    else:
+        class_names = []  # found in the job
+    sample = estimate.measure_output(samples, settings.image, "default", settings.compression)
+    notes = [] if samples else [f"no image of the {FORMAT_NAMES[detection.input_format]} dataset was found in a "
+                                 "first look (the job lists them all): shards are sized from an estimate"]
+    return Plan(class_names=class_names, split_folders=False, notes=notes, detection=detection,
+                sizing=shard_sizing(settings, sample, [size for _, _, size in samples]))
 
 
 SUGGESTION_NAMES = 20  # the first image names a --label_from suggestion must fit

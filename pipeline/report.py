@@ -12,7 +12,15 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.reader import load_info
-from transforms.base.dataset_format import ERRORS_FILE, INFO_FILE, SPLITS, TEMP_DIR, UNPUBLISHED_DIR
+from transforms.base.dataset_format import (
+    DETECTION,
+    ERRORS_FILE,
+    INFO_FILE,
+    LABEL_MAP_FILE,
+    SPLITS,
+    TEMP_DIR,
+    UNPUBLISHED_DIR,
+)
 from transforms.base.duplicate_kinds import summary_line
 from transforms.inputs.manifest import GIVEN_SPLIT_ROWS, HASHED_SPLIT_ROWS
 from transforms.labels.layout import class_order, class_order_note
@@ -53,6 +61,25 @@ def class_count_lines(info: dict) -> list[str]:
             f"  {split:<10} {values[0][0]} to {values[-1][0]} (median {statistics.median(v for v, _ in values):g}); "
             f"fewest: {fewest}"
         )
+    return lines
+
+
+def detection_lines(info: dict) -> list[str]:
+    """A detection dataset's annotations: found = written + rejected (per reason), the images without objects, and
+    the most objects in one record."""
+    detection = info.get("detection") or {}
+    annotations = detection.get("annotations") or {}
+    rejected = annotations.get("rejected") or {}
+    reasons = ", ".join(f"{reason} {count}" for reason, count in rejected.items())
+    without = detection.get("images_without_objects") or {}
+    lines = [f"Annotations: {annotations.get('found', 0)} found: {annotations.get('written', 0)} written, "
+             f"{sum(rejected.values())} rejected" + (f" ({reasons}; see {info['error_report']})" if reasons else "")
+             + f". Class ids from {detection.get('first_id', 1)}"
+             + (", with instance masks" if detection.get("instance_masks") else "") + ".",
+             f"Images without objects: {without.get('kept', 0)} written, {without.get('dropped', 0)} dropped; "
+             f"the most objects in one image: {detection.get('objects_per_image_max', 0)}."]
+    if detection.get("semantic_masks_rejected"):
+        lines.append(f"Semantic masks rejected: {detection['semantic_masks_rejected']} (see {info['error_report']}).")
     return lines
 
 
@@ -280,7 +307,7 @@ def format_summary(info: dict) -> str:
             f"{split_info['bytes'] / 1e6:.1f} MB"
         )
     lines.append(shard_size_line(info))
-    lines.extend(class_count_lines(info))
+    lines.extend(detection_lines(info) if info.get("task") == DETECTION else class_count_lines(info))
     if class_order_line(info):
         lines.append(class_order_line(info))
     if info.get("multi_label"):
@@ -301,7 +328,8 @@ def format_summary(info: dict) -> str:
     lines.append(
         f"Elapsed {info['elapsed_seconds']:.1f} s, {info['images_per_second']:.1f} images/s. "
         + ("An unlabeled set: no labels, each record's id is its file name without the extension."
-           if info.get("unlabeled") else f"{info['num_classes']} classes; labels in labels.txt.")
+           if info.get("unlabeled") else f"{info['num_classes']} classes; labels in labels.txt"
+           + (f" and {LABEL_MAP_FILE}." if info.get("task") == DETECTION else "."))
     )
     if (info.get("tfds") or {}).get("note"):  # TFDS cannot load this folder: say why, once
         lines.append(f"Note: no TFDS files written: {info['tfds']['note']}.")
@@ -340,6 +368,9 @@ def summarise_run(output_dir: str, run_id: str | None = None) -> int:
         print(f"error: no image could be converted: every one of the {files['found']} files found was rejected or "
               f"skipped ({reasons or 'none found'}), {kept}: fix the input and run the command again",
               file=sys.stderr)
+    elif info.get("task") == DETECTION:
+        print("error: no object has a class: the annotations hold no object that was kept, so the dataset would have "
+              f"no class to learn, {kept}: check the annotations' reasons and run the command again", file=sys.stderr)
     else:
         print("error: no image has a class: every labels cell of the manifest is empty, so the dataset would have no "
               f"class to learn, {kept}: fill the labels column (class names separated by ';'), or give "

@@ -106,6 +106,23 @@ PARAMETERS = {
         "cat.123.jpg, for images named by class in a flat folder; an optional named group group is the image's "
         "group. An image it does not match is skipped as no_label_in_path.",
         default="none, class folders give the labels"),
+    "task": Parameter(
+        "Task",
+        "classification: one class per image. detection: the boxes (and masks) of an object-detection export in "
+        "input_dir (COCO JSON, Pascal VOC XML, YOLO data.yaml) or a manifest of boxes (one row per box), written "
+        "with the keys of the TF Object Detection API."),
+    "first_class_id": Parameter(
+        "First class id",
+        "With task=detection: the id of the first class in image/object/class/label and label_map.pbtxt: 1 (the "
+        "Object Detection API keeps 0 for the background) or 0."),
+    "images_without_objects": Parameter(
+        "Images without objects",
+        "With task=detection: keep writes images without objects as records without objects; drop skips them as "
+        "no_objects. Counted either way."),
+    "instance_masks": Parameter(
+        "Instance masks",
+        "true: with task=detection, write one 0/1 PNG mask per object (image/object/mask) from the annotations' "
+        "polygons or RLE, the box for an object without one."),
     "labels_file": Parameter(
         "Labels file",
         "Text file with one class name per line; line i gets label id i. Give it to keep label ids stable across "

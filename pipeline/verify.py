@@ -621,7 +621,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
         report.problems.append(f"{ERRORS_FILE}: missing; {rejected + skipped} rejected and skipped files are not "
                                "reported")
         return
-    reasons = {"rejected": Counter(), "skipped": Counter()}
+    reasons = {"rejected": Counter(), "skipped": Counter(), ANNOTATION_STAGE: Counter()}
     reported = Counter()
     lines = [line for line in text.splitlines() if line.strip()]
     report.error_lines = len(lines)
@@ -636,6 +636,8 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
             report.problems.append(f"{ERRORS_FILE} line {number}: unknown stage {stage!r}")
             continue
         reasons[stage][reason] += 1
+        if stage == ANNOTATION_STAGE:  # a detection dataset's annotation set aside: its image may well be written
+            continue
         reported[relpath] += 1
         if relpath in written_paths and reason != CHANGED_SINCE_DATASET:  # an append kept its earlier record
             report.problems.append(f"{ERRORS_FILE} line {number}: {relpath!r} is reported as {stage} but is also "
@@ -643,15 +645,26 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
     for relpath, count in sorted(reported.items()):
         if count > 1:
             report.problems.append(f"{ERRORS_FILE}: {relpath!r} is reported {count} times")
-    if len(lines) != rejected + skipped:
-        report.problems.append(f"{ERRORS_FILE}: {len(lines)} lines, but {INFO_FILE} counts {rejected} rejected + "
-                               f"{skipped} skipped = {rejected + skipped} files")
+    annotation_lines = sum(reasons[ANNOTATION_STAGE].values())
+    if len(lines) - annotation_lines != rejected + skipped:
+        report.problems.append(f"{ERRORS_FILE}: {len(lines) - annotation_lines} lines"
+                               + (" of files" if annotation_lines else "") + f", but {INFO_FILE} counts "
+                               f"{rejected} rejected + {skipped} skipped = {rejected + skipped} files")
+    detection = info.get("detection") or {}
+    listed_annotations = Counter((detection.get("annotations") or {}).get("rejected") or {})
+    if detection.get("semantic_masks_rejected"):
+        listed_annotations["bad_semantic_mask"] = detection["semantic_masks_rejected"]
+    if reasons[ANNOTATION_STAGE] != listed_annotations:
+        report.problems.append(f"{ERRORS_FILE}: annotations set aside {dict(reasons[ANNOTATION_STAGE])}, but "
+                               f"{INFO_FILE} says {dict(listed_annotations)}")
     for stage in ("rejected", "skipped"):
         for reason in sorted(set(reasons[stage]) | set(listed_reasons[stage])):
             if reasons[stage][reason] != listed_reasons[stage][reason]:
                 report.problems.append(f"{ERRORS_FILE}: {reasons[stage][reason]} files {stage} as {reason!r}, but "
                                        f"{INFO_FILE} says {listed_reasons[stage][reason]}")
 
+
+ANNOTATION_STAGE = "annotation"  # errors.jsonl's stage of a detection dataset's annotation set aside
 
 _SOURCES_SHOWN = 10  # problem lines of the sources files per kind, then one line counting the rest
 

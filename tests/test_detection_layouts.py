@@ -78,7 +78,7 @@ def _refusal(tmp_path, capsys, src) -> str:
 
 def _says_what_to_do(line: str) -> None:
     assert "not class folders" in line
-    assert "this tool converts image classification only" in line
+    assert "give --task=detection to convert it into detection records" in line
     assert "<class>/ folders" in line and "--manifest" in line
 
 

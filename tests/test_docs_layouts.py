@@ -178,8 +178,17 @@ def test_the_detection_export_is_refused_in_one_line(tmp_path, monkeypatch):
             (tmp_path / "yolo" / split / "labels" / f"{i}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
     (tmp_path / "yolo" / "data.yaml").write_text("train: train/images\nval: valid/images\nnames: ['helmet']\n")
     [args] = sections()["Detection exports"]
-    result = run_tool("pipeline.main", *args, "--quiet", *FAST)
+    assert "--task=detection" in args
+    plain = [arg for arg in args if arg != "--task=detection"]
+    result = run_tool("pipeline.main", *plain, "--quiet", *FAST)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "YOLO" in lines[0], result.stderr
+    assert len(lines) == 1 and "YOLO" in lines[0] and "give --task=detection" in lines[0], result.stderr
     assert not (tmp_path / "tfrecords" / "yolo" / "image_tfrecords.json").exists()
+    # the page's command converts it: one record per image, each with its box of class helmet
+    result = run_tool("pipeline.main", *args, "--quiet", *FAST)
+    assert result.returncode == 0, result.stderr
+    info = json.loads((tmp_path / "tfrecords" / "yolo" / "image_tfrecords.json").read_text())
+    assert info["task"] == "detection" and info["class_names"] == ["helmet"]
+    assert {split: s["records"] for split, s in info["splits"].items()} == {"train": 3, "validation": 3}
+    assert info["detection"]["annotations"] == {"found": 6, "written": 6, "rejected": {}}

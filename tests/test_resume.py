@@ -257,7 +257,8 @@ def test_every_option_is_recorded_or_only_says_how_a_run_goes():
     add_convert_arguments(parser)
     flags = {action.dest for action in parser._actions if action.dest != "help"}
     recorded = set(settings_for(os.path.join(REPO, "out"), "--reencode", "--unlabeled").as_dict()) | set(
-        settings_for(os.path.join(REPO, "out"), "--split_lists=train=a.txt").as_dict())  # --unlabeled refuses it
+        settings_for(os.path.join(REPO, "out"), "--split_lists=train=a.txt").as_dict()) | set(  # --unlabeled refuses it
+        settings_for(os.path.join(REPO, "out"), "--task=detection").as_dict())  # detection's own options
     assert not recorded & RUN_OPTIONS
     assert flags - recorded - RUN_OPTIONS == set()
     assert {"image_backend", "reencode", "image_size", "jpeg_quality", "chroma_subsampling"} <= recorded

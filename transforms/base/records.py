@@ -38,6 +38,9 @@ class ImageRef(NamedTuple):
     labels: tuple[int, ...] | None = None
     label_names: tuple[str, ...] = ()
     extras: tuple = ()  # typed extra features, ((key, dtype, values), ...): see transforms.base.features
+    # --task=detection: the image's objects (transforms.detection.objects.ImageAnnotations, without the problems
+    # its parser set aside: those are in errors.jsonl already); None for a classification record
+    annotations: object | None = None
 
 
 def label_of(ref: ImageRef) -> int | tuple[int, ...]:
@@ -49,7 +52,9 @@ class Rejection(NamedTuple):
     """A file that is not in the dataset, and why. Feeds the error report."""
 
     relpath: str
-    stage: str  # 'skipped' (by name, never opened) or 'rejected' (not converted, or an entry the listing cannot use)
+    # 'skipped' (by name, never opened) or 'rejected' (not converted, or an entry the listing cannot use); of a
+    # detection dataset also 'annotation': one annotation set aside (its image, relpath, may well be written)
+    stage: str
     reason: str  # short machine-readable reason, e.g. 'truncated'
     detail: str  # human-readable message, e.g. the decoder's own
 

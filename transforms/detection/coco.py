@@ -308,7 +308,8 @@ def _settle(item, bad_files: dict, sources: list[CocoSource]):
 
 class ReadCoco(beam.PTransform):
     """PBegin -> {IMAGES: ImageAnnotations, REJECTED: Rejection, PROBLEMS: AnnotationProblem, COUNTS: one dict}
-    (transforms.detection.parsing) of the COCO files `sources` (find_coco) below `input_dir`.
+    (transforms.detection.parsing) of the COCO files `sources` (find_coco) below `input_dir`, and CATEGORIES:
+    one dict {(file index, category id): name}.
 
     `class_names`: when given, an annotation of another class is unknown_class; else every category's name is
     a class. Images in an annotation file's image folder that no entry names are kept without objects.
@@ -356,5 +357,6 @@ class ReadCoco(beam.PTransform):
         rejected = ((streamed[REJECTED], per_image[REJECTED], listed[REJECTED], joined[REJECTED])
                     | "AllRejected" >> beam.Flatten())
         problems = ((streamed[PROBLEMS], per_image[PROBLEMS], joined[PROBLEMS]) | "AllProblems" >> beam.Flatten())
-        return outputs_with_tally(joined[IMAGES], rejected, problems, streamed[COUNTS])
+        # CATEGORIES: one dict {(file index, category id): name} of the files' categories (the class ids' order)
+        return {**outputs_with_tally(joined[IMAGES], rejected, problems, streamed[COUNTS]), CATEGORIES: categories}
 

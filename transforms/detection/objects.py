@@ -70,3 +70,4 @@ class ImageAnnotations(NamedTuple):
     # Full path of a per-image instance mask (VOC's SegmentationObject PNG: palette index k is the k-th object of
     # the annotation file, in its order; 0 background, 255 the boundary): '' for none.
     instance_mask: str = ""
+    size: int = 0  # the image file's bytes as its folder's listing gave them (0 when not listed: box rows)

@@ -85,8 +85,12 @@ def has_file(folder: str, suffix: str = "") -> bool:
 
 
 def subfolders(folder: str) -> list[str]:
-    """The names of the folders directly in `folder`, among its first TOP_ENTRIES entries."""
-    items = itertools.islice(list_top(folder, False, 1), TOP_ENTRIES)
+    """The names of the folders directly in `folder`, among its first TOP_ENTRIES entries (none when there is no
+    such folder)."""
+    try:
+        items = list(itertools.islice(list_top(folder, False, 1), TOP_ENTRIES))
+    except FileNotFoundError:
+        return []
     return sorted(posixpath.basename(item.path.rstrip("/")) for item in items if isinstance(item, Folder))
 
 
@@ -219,7 +223,7 @@ def settle(candidates, on_disk, unusable: Unusable | None = None):
                   f"(id {first.source_id}) is read")
         yield beam.pvalue.TaggedOutput(REJECTED, Rejection(image.relpath, "rejected", DUPLICATE_IMAGE, detail))
         yield from _tagged(PROBLEMS, problems_of(image, DUPLICATE_IMAGE, detail))
-    yield first._replace(relpath=found.relpath, path=found.path, split=first.split or found.split)
+    yield first._replace(relpath=found.relpath, path=found.path, split=first.split or found.split, size=found.size)
 
 
 def _id_order(image: ImageAnnotations):
@@ -240,7 +244,7 @@ def on_disk_entry(entry: Entry, input_dir: str, split: str, ignore: frozenset = 
         if result.relpath not in ignore:
             yield beam.pvalue.TaggedOutput(REJECTED, result)
         return
-    yield ImageAnnotations(result.relpath, result.path, source_id_of(result.relpath), split)
+    yield ImageAnnotations(result.relpath, result.path, source_id_of(result.relpath), split, size=result.size)
 
 
 class ListFolders(beam.PTransform):

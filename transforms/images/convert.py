@@ -21,7 +21,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from apache_beam.io.filesystems import FileSystems
@@ -247,6 +247,19 @@ def read_and_convert(path: str, settings: ImageSettings, deadline: float | None,
             budget.release_read(size)
 
 
+class Built(NamedTuple):
+    """What a record builder other than the classification one (`build` of `start_conversions`: a detection
+    record, transforms.detection.conversion) made of one converted image, on the helper that converted it: its
+    serialized Example, or the Rejection that skips it instead (`skipped`); the objects it holds, and what it set
+    aside (Rejections of stage 'annotation': not images)."""
+
+    image: EncodedImage
+    example: bytes | None
+    objects: int = 0
+    set_aside: tuple = ()
+    skipped: Rejection | None = None
+
+
 class Converted(NamedTuple):
     """One image's outcome: its serialized Example, whether it was upscaled, its source's SHA-256; or its Rejection
     (with its source's SHA-256 when it was read whole before it was refused, else '')."""
@@ -258,6 +271,8 @@ class Converted(NamedTuple):
     sha256: str = ""
     stats: ImageStats | None = None  # its source's size and its stored pixels' sums (transforms.images.stats)
     kept: bool = False  # its source's own bytes were stored (already at the output size)
+    objects: int | None = None  # a detection record's objects (Built.objects); None for a classification record
+    set_aside: tuple = ()  # Built.set_aside: its annotations that are not in the record
 
 
 def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings, schema: str
@@ -272,14 +287,23 @@ def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: I
 
 
 def start_conversions(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings,
-                      slots: int | None = None, pacing: ReadPacing | None = None) -> list[tuple[ImageRef, Job]]:
+                      slots: int | None = None, pacing: ReadPacing | None = None,
+                      build: Callable[[ImageRef, EncodedImage], Built] | None = None) -> list[tuple[ImageRef, Job]]:
     """Submit every one of `refs` to the pool at once (references only: a job reads its file once a helper takes
-    it); collect the outcomes, in order, with `collect_in_order`. See `read_and_convert` for `slots` and `pacing`."""
-    return [(ref, pool.submit(_work(ref, settings, slots, pacing))) for ref in refs]
+    it); collect the outcomes, in order, with `collect_in_order`. See `read_and_convert` for `slots` and `pacing`.
+    `build`: the record of each converted image is made by it, on the same helper (a detection record), instead
+    of the classification Example `collect_in_order` builds."""
+    return [(ref, pool.submit(_work(ref, settings, slots, pacing, build))) for ref in refs]
 
 
-def _work(ref: ImageRef, settings: ImageSettings, slots: int | None = None, pacing: ReadPacing | None = None):
-    return functools.partial(read_and_convert, ref.path, settings, size=ref.size, slots=slots, pacing=pacing)
+def _work(ref: ImageRef, settings: ImageSettings, slots: int | None = None, pacing: ReadPacing | None = None,
+          build: Callable[[ImageRef, EncodedImage], Built] | None = None):
+    convert = functools.partial(read_and_convert, ref.path, settings, size=ref.size, slots=slots, pacing=pacing)
+    return convert if build is None else functools.partial(_convert_and_build, convert, build, ref)
+
+
+def _convert_and_build(convert, build, ref: ImageRef, deadline: float | None) -> Built:
+    return build(ref, convert(deadline))
 
 
 def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]], schema: str
@@ -299,6 +323,16 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
             raise  # not the image's fault: the bundle fails, and is retried, instead of the image being rejected
         except Exception as e:  # convert_image maps every decoder error; this is a last line of defence
             yield _rejected(ref, DECODE_ERROR, f"{type(e).__name__}: {e}")
+            continue
+        if isinstance(image, Built):  # made by `build` on the helper (start_conversions)
+            built, image = image, image.image
+            if built.skipped is not None:
+                counters.inc(counters.rejected(built.skipped.reason))  # it leaves conversion (the progress line)
+                yield Converted(ref, None, False, built.skipped, image.sha256, set_aside=built.set_aside)
+                continue
+            counters.inc(counters.CONVERTED)
+            yield Converted(ref, built.example, image.upscaled, None, image.sha256, stats=image.stats,
+                            kept=image.kept, objects=built.objects, set_aside=built.set_aside)
             continue
         serialized = build_example(
             image=image.data,

@@ -123,6 +123,6 @@ def detection_export(files: Iterable[str], folders: Iterable[str] = ()) -> Expor
 def detection_message(input_dir: str, export: Export) -> str:
     """The one line that refuses an object-detection export: what was seen, and what to do."""
     return (f"in --input_dir {input_dir}, {export.seen}: this is a {export.kind} object-detection export, not class "
-            "folders; it holds boxes (or masks) around objects, not one class per image, and this tool converts "
-            "image classification only (object detection is not built yet); to classify whole images, arrange them "
+            "folders; it holds boxes (or masks) around objects, not one class per image: give --task=detection to "
+            "convert it into detection records (docs/detection.md); to classify whole images instead, arrange them "
             "as <class>/ folders (<input_dir>/<class>/<image>) or list each image with its class in a --manifest")

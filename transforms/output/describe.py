@@ -25,17 +25,21 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.base import bounded
 from transforms.base.dataset_format import (
+    DETECTION,
     ERRORS_FILE,
     FORMAT_VERSION,
     INFO_FILE,
+    LABEL_MAP_FILE,
     LABELS_FILE,
     SPLITS,
     UNPUBLISHED_DIR,
     index_name,
     parse_description,
 )
-from transforms.base.examples import feature_description
+from transforms.base.examples import detection_feature_description, feature_description
 from transforms.base.features import describe as describe_features
+from transforms.detection.conversion import ANNOTATION, NO_OBJECTS, annotations_problem, detection_section
+from transforms.detection.records import label_map_text
 from transforms.images import stats as pixel_stats
 from transforms.images.imaging import converter_libraries
 from transforms.inputs import append
@@ -83,18 +87,20 @@ class Accounting(NamedTuple):
     rejected_by_reason: dict  # reason -> count, sorted by reason
     skipped_by_reason: dict
     renamed: dict  # final name -> its name in the run's folder, when they differ (--shard_names=kaggle)
+    annotations_rejected: dict = {}  # --task=detection: reason -> annotations set aside (errors.jsonl's 'annotation')
 
 
 def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple], class_names) -> Accounting:
     """Add up the run's tallies and list its shards per split.
 
-    `tallies`: (key, count) with key ("found",), ("written", split, label, upscaled) or (stage, reason);
+    `tallies`: (key, count) with key ("found",), ("written", split, label, upscaled) or (stage, reason); the stage
+    'annotation' (a detection dataset's annotation set aside) counts no file;
     `shard_stats`: ShardInfos (split, file name, records, bytes, index file name or '', name in the run's folder or '').
     """
     records = Counter()
     per_class = defaultdict(Counter)
     no_class = Counter()  # --multi_label: images of no class, per split
-    by_reason = {"skipped": Counter(), "rejected": Counter()}
+    by_reason = {"skipped": Counter(), "rejected": Counter(), ANNOTATION: Counter()}
     found_total = upscaled = 0
     for key, count in tallies:
         if key[0] == FOUND:
@@ -144,7 +150,7 @@ def summarise(tallies: Iterable[tuple[tuple, int]], shard_stats: Iterable[tuple]
         "upscaled": upscaled,
     }
     return Accounting(splits, files, dict(sorted(by_reason["rejected"].items())),
-                      dict(sorted(by_reason["skipped"].items())), renamed)
+                      dict(sorted(by_reason["skipped"].items())), renamed, dict(sorted(by_reason[ANNOTATION].items())))
 
 
 def check_accounting(counts: Accounting) -> None:
@@ -187,7 +193,8 @@ def check_lines(lines: dict, splits: dict) -> None:
 def dataset_info(counts: Accounting, run_id, class_names, schema, options, image_info, start_time,
                  tool_version, tfds: dict, split_by: str = "path_hash", groups: dict | None = None,
                  duplicates: dict | None = None, statistics: dict | None = None, extra_features: tuple = (),
-                 metadata: dict | None = None, manifest: dict | None = None, split_lists: dict | None = None) -> dict:
+                 metadata: dict | None = None, manifest: dict | None = None, split_lists: dict | None = None,
+                 detection: dict | None = None) -> dict:
     """The dataset description, INFO_FILE's content, of a run whose accounting is `counts`.
 
     `tfds`: TensorFlow Datasets' files in the folder, or why there are none (tfds.builder_from_directory).
@@ -196,7 +203,8 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
     `statistics`: pixel mean and std, source sizes and upscaling per split (`transforms.images.stats.describe`);
     `extra_features`: the typed extra features (transforms.base.features.FeatureType); `metadata`: what the --metadata
     join found (None without it); `manifest`: what the --manifest's reading found (its rows that span lines;
-    None without one); `split_lists`: the --split_lists, their rule and lines (None without them).
+    None without one); `split_lists`: the --split_lists, their rule and lines (None without them); `detection`: a
+    detection dataset's section (transforms.detection.conversion.detection_section; None for classification).
     """
     all_shards = [s for info in counts.splits.values() for s in info["shards"]]
     elapsed = max(time.time() - start_time, 1e-9)
@@ -208,10 +216,13 @@ def dataset_info(counts: Accounting, run_id, class_names, schema, options, image
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_id": run_id,
         "options": options,
+        **({"task": DETECTION} if detection is not None else {}),
         "schema": schema,
-        "features": feature_description(schema, bool(options.get("multi_label")),
-                                        extras=describe_features(extra_features),
-                                        unlabeled=bool(options.get("unlabeled"))),
+        "features": detection_feature_description(detection["instance_masks"], detection["semantic_masks"])
+        if detection is not None else feature_description(schema, bool(options.get("multi_label")),
+                                                          extras=describe_features(extra_features),
+                                                          unlabeled=bool(options.get("unlabeled"))),
+        **({"detection": detection} if detection is not None else {}),
         **({"multi_label": True} if options.get("multi_label") else {}),
         # --unlabeled: records of no class, with an id; no class_names, one split
         **({"unlabeled": True} if options.get("unlabeled") else {}),
@@ -243,8 +254,9 @@ class _WriteInfo(beam.DoFn):
     """Assemble and write the dataset description once every input has arrived."""
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash", extra_features=(), base=None, earlier_runs=()):
+                 split_by="path_hash", extra_features=(), base=None, earlier_runs=(), detection=None):
         self._output_dir = output_dir
+        self._detection = detection  # --task=detection: first_id, instance_masks, semantic_masks, input_format
         self._earlier_runs = list(earlier_runs)  # interrupted runs' folders kept for this run: go once it publishes
         self._base = base  # --if_exists=append: the description of the dataset this run grows
         self._split_by = split_by
@@ -259,7 +271,7 @@ class _WriteInfo(beam.DoFn):
 
     def process(self, _, tallies, shard_stats, rejections, duplicates=None, groups=None, stats=None,
                 metadata=None, class_names=None, manifest=None, sources=(), present=None, lines=False, held=False,
-                split_lists=None):
+                split_lists=None, detection=None):
         if class_names is not None:  # found in the job (a manifest without --labels_file): a side input
             self._class_names = class_names
         aside = {RESUMED: {}, LINES: {}, HELD: {}}  # per run, or per split of the sources lines
@@ -290,6 +302,14 @@ class _WriteInfo(beam.DoFn):
                      _with_old_stats(self._base, dict(stats or ()), counts.splits)]
         else:
             check_accounting(counts)
+        section = None
+        if self._detection is not None:  # every annotation found: written, or in errors.jsonl
+            section = detection_section(detection or {}, counts.annotations_rejected,
+                                        counts.skipped_by_reason.get(NO_OBJECTS, 0), **self._detection)
+            problem = annotations_problem(section)
+            if problem:
+                raise DatasetIncomplete(f"annotations unaccounted for: {problem}; {INFO_FILE} was not written. "
+                                        "Run again.")
         statistics = None
         if stats is not None:  # (split, SplitStats), one per split
             statistics = pixel_stats.describe(
@@ -305,7 +325,7 @@ class _WriteInfo(beam.DoFn):
                             tfds={"files": list(tfds_files), "note": tfds_note}, split_by=self._split_by,
                             groups=groups, duplicates=dup.describe(duplicates, self._class_names),
                             statistics=statistics, extra_features=self._extra_features, metadata=metadata,
-                            manifest=manifest, split_lists=split_lists)
+                            manifest=manifest, split_lists=split_lists, detection=section)
         old_sources = list(((self._base or {}).get("sources") or {}).get("files") or [])
         info["sources"] = {"files": old_sources + sources,
                            "format": "one JSON list a line: [relpath, sha256, split, label]"}
@@ -345,6 +365,8 @@ class _WriteInfo(beam.DoFn):
             # Streamed from the side input, never held in memory: a messy folder may have millions.
             ERRORS_FILE: (json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejections),
             LABELS_FILE: ["".join(f"{name}\n" for name in self._class_names)],
+            # a detection dataset's label map, in the TF Object Detection API's text format
+            **({LABEL_MAP_FILE: [label_map_text(self._class_names, section["first_id"])]} if section else {}),
             **{name: [text] for name, text in tfds_files.items()},  # TFDS's: label.labels.txt, features.json, ...
             INFO_FILE: [json.dumps(info, indent=2) + "\n"],  # last: the completion marker
         }
@@ -506,12 +528,14 @@ class PublishDataset(beam.PTransform):
     per split against the records), and, with `base` (the description of the dataset an --if_exists=append grows),
     'present' (1 per image already in it, from SkipPresent) and 'held' (its sources lines, from ReadSources, counted
     per split against its description before anything is written), and 'split_lists' (one dict: the
-    --split_lists, their rule and lines, from transforms.inputs.split_lists.JoinSplitLists). `split_by` says
+    --split_lists, their rule and lines, from transforms.inputs.split_lists.JoinSplitLists), and 'detection' (one
+    dict: a detection dataset's annotation tally, with `detection` its settings: first_id, instance_masks,
+    semantic_masks, input_format). `split_by` says
     how the splits were made: split_folders, split_lists, path_hash or group_hash.
     """
 
     def __init__(self, output_dir, run_id, class_names, schema, options, image_info, start_time, tool_version,
-                 split_by="path_hash", extra_features=(), base=None, earlier_runs=()):
+                 split_by="path_hash", extra_features=(), base=None, earlier_runs=(), detection=None):
         super().__init__()
         self._output_dir = output_dir
         # a list, or a PCollection of one list (the class names found in the job): a side input
@@ -519,7 +543,7 @@ class PublishDataset(beam.PTransform):
         given = [] if self._names is not None else class_names
         self._info_fn = _WriteInfo(output_dir, run_id, given, schema, options, image_info, start_time,
                                    tool_version, split_by, extra_features=extra_features, base=base,
-                                   earlier_runs=earlier_runs)
+                                   earlier_runs=earlier_runs, detection=detection)
 
     def expand(self, inputs):
         rejections = inputs["rejections"]
@@ -561,6 +585,8 @@ class PublishDataset(beam.PTransform):
             side["manifest"] = beam.pvalue.AsSingleton(inputs["manifest"])
         if "split_lists" in inputs:  # one small dict: the --split_lists and their lines
             side["split_lists"] = beam.pvalue.AsSingleton(inputs["split_lists"])
+        if "detection" in inputs:  # one small dict: the annotations' tally (parsers' and objects written)
+            side["detection"] = beam.pvalue.AsSingleton(inputs["detection"])
         if self._names is not None:  # one list: the class names
             side["class_names"] = beam.pvalue.AsSingleton(self._names)
         if "sources" in inputs:  # the paths of this run's sources files (transforms.inputs.append.WriteSources)

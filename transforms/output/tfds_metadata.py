@@ -20,6 +20,7 @@ only: for gzip shards, or names it cannot template, `tfds_files` gives no files 
 from __future__ import annotations
 
 from transforms.base.dataset_format import (
+    DETECTION,
     FEATURES_FILE,
     MULTI_LABEL_FIELDS,
     SCHEMAS,
@@ -195,6 +196,8 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
     An unlabeled set (`unlabeled`, --unlabeled) has no ClassLabel, hence no labels file."""
     import json
 
+    if schema == DETECTION:
+        return {}, "TFDS files are not written for detection records yet"
     why_not = unsupported(splits, compression)
     if why_not:
         return {}, why_not

@@ -37,6 +37,7 @@ carries both. The file itself is TFRecord or ArrayRecord
 from __future__ import annotations
 
 import collections
+import functools
 import uuid
 from collections import Counter
 from typing import NamedTuple
@@ -59,6 +60,7 @@ from transforms.base.dataset_format import (
 )
 from transforms.base.paths import display_path
 from transforms.base.records import label_of
+from transforms.detection.conversion import DetectionRecords, lost_annotations, objects_tally
 from transforms.images.convert import ReadPacing, collect_in_order, read_room, start_conversions
 from transforms.images.pool import ConversionPool, time_limit
 from transforms.images.settings import ImageSettings
@@ -77,6 +79,7 @@ WRITTEN = "written"
 HASHES = "hashes"  # (sha256, (split, label, relpath)) of every written image, for the duplicate report
 STATS = "stats"  # (split, transforms.images.stats.SplitStats): one per shard, its images' pixel sums and source sizes
 RESUMED = "resumed"  # (run id, records) of each piece taken from an interrupted run (transforms.output.resume)
+OBJECTS = "objects"  # --task=detection: one objects tally per shard (transforms.detection.conversion.objects_tally)
 
 
 class ShardInfo(NamedTuple):
@@ -156,6 +159,10 @@ class PieceInfo(NamedTuple):
     hashes: tuple  # (sha256, (split, label, relpath)), ...
     resumed_from: str = ""  # the interrupted run whose chunk this is (output.resume); '' when converted
     digest: str = ""  # the name of its done record (transforms.output.resume); '' for none
+    # --task=detection: the annotations its images' records do not hold (Rejections of stage 'annotation'), and
+    # its objects tally (objects written, records without objects, the most in one record); () otherwise
+    annotations: tuple = ()
+    objects: tuple = ()
 
 
 def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGES,
@@ -204,8 +211,11 @@ class _ConvertChunk(beam.DoFn):
     """
 
     def __init__(self, folder: str, settings: ImageSettings, schema: str, threads: int, compression: str,
-                 file_format: str = TFRECORD, resume: Resume | None = None):
+                 file_format: str = TFRECORD, resume: Resume | None = None, detection: DetectionRecords | None = None):
         self._folder = folder
+        self._detection = detection  # --task=detection: how its records are built (with the class names)
+        self._class_index: dict | None = None
+        self._class_names = None
         self._resume = resume  # None: no done records (tests that drive the converter alone)
         self._settings = settings
         self._schema = schema
@@ -236,14 +246,22 @@ class _ConvertChunk(beam.DoFn):
     def start_bundle(self):
         self._drop_started()
 
-    def process(self, element):
+    def _build(self, class_names):
+        """A detection record builder bound to the class ids (a side input, the same list every time)."""
+        if self._detection is None:
+            return None
+        if class_names is not self._class_names:
+            self._class_names, self._class_index = class_names, {name: i for i, name in enumerate(class_names)}
+        return functools.partial(self._detection.build, class_index=self._class_index)
+
+    def process(self, element, class_names=None):
         key, refs = element
         taken = self._take(ChunkKey(*key), refs)
         if taken is not None:
             yield taken
             return
         self._started.append((ChunkKey(*key), start_conversions(self._pool, refs, self._settings, self._threads,
-                                                                self._pacing)))
+                                                                self._pacing, self._build(class_names))))
         while len(self._started) > 1:
             yield self._write_piece(*self._started.popleft())
 
@@ -297,11 +315,17 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
     sizes, rejections, hashes = [], [], []
     tally = StatsTally()  # one small element per shard leaves, not one per image
     members = []
+    annotations, objects = [], None  # --task=detection: what its records do not hold; (objects, empty, most)
     for outcome in outcomes:
         members.append(outcome.sha256)  # a rejected one's when it was read whole, else ''
+        annotations.extend(outcome.set_aside)
         if outcome.rejection is not None:
             rejections.append(outcome.rejection)
+            annotations.extend(lost_annotations(outcome.ref, outcome.rejection))
             continue
+        if outcome.objects is not None:
+            written_objects, empty, most = objects or (0, 0, 0)
+            objects = (written_objects + outcome.objects, empty + (not outcome.objects), max(most, outcome.objects))
         sizes.append(out.write(outcome.example))
         label = label_of(outcome.ref)  # a tuple of class ids with --multi_label
         written[(key.split, label, outcome.upscaled)] += 1
@@ -312,7 +336,7 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
         done.update(members=members, sha256=getattr(out, "sha256", None))
     return PieceInfo((key.split, key.index, key.count), key.chunk, key.chunks, name, size, tuple(sizes),
                      tuple(written.items()), tally.result() if tally.images else None, tuple(rejections),
-                     tuple(hashes))
+                     tuple(hashes), annotations=tuple(annotations), objects=objects or ())
 
 
 def chosen_pieces(pieces) -> list[PieceInfo]:
@@ -405,14 +429,20 @@ class _AssembleShard(beam.DoFn):
             self._resume.assembled(self._folder, temp, pieces)
         sizes = [record for piece in pieces for record in piece.sizes]
         written: Counter = Counter()
+        objects = None  # --task=detection: the shard's objects tally
         for piece in pieces:
             if piece.resumed_from:
                 yield beam.pvalue.TaggedOutput(RESUMED, (piece.resumed_from, len(piece.sizes)))
             written.update(dict(piece.written))
-            for rejection in piece.rejections:
+            for rejection in (*piece.rejections, *piece.annotations):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
             for hashed in piece.hashes:
                 yield beam.pvalue.TaggedOutput(HASHES, hashed)
+            if piece.objects:
+                total = objects or (0, 0, 0)
+                objects = (total[0] + piece.objects[0], total[1] + piece.objects[1], max(total[2], piece.objects[2]))
+        if objects is not None:
+            yield beam.pvalue.TaggedOutput(OBJECTS, objects_tally(*objects))
         final = name
         if self._shard_names == KAGGLE:  # the record count is known now; the file is renamed when published
             final = kaggle_name(key.split, key.index, key.count, len(sizes), self._compression, self._file_format)
@@ -432,9 +462,10 @@ class ConvertChunks(beam.PTransform):
     """(ShardKey, ImageRef) -> PieceInfo of every chunk: its images converted into a piece file, on any worker."""
 
     def __init__(self, fn: _ConvertChunk, file_format: str, chunk_images: int = CHUNK_IMAGES,
-                 workers: int | None = None, layouts=None):
+                 workers: int | None = None, layouts=None, class_names=None):
         super().__init__()
         self._fn = fn
+        self._class_names = class_names  # --task=detection: a list, or a PCollection of one list (found in the job)
         self._file_format = file_format
         self._chunk_images = chunk_images
         self._workers = workers
@@ -451,8 +482,15 @@ class ConvertChunks(beam.PTransform):
                                           **({} if self._layouts is None else {"layouts": self._layouts}))
             # the same, spread over the workers: a shard's chunks convert in parallel
             | "SpreadChunks" >> beam.Reshuffle()
-            | "Convert" >> beam.ParDo(self._fn)
+            | "Convert" >> beam.ParDo(self._fn, **self._side())
         )
+
+    def _side(self) -> dict:
+        if self._class_names is None:
+            return {}
+        if isinstance(self._class_names, beam.PCollection):
+            return {"class_names": beam.pvalue.AsSingleton(self._class_names)}
+        return {"class_names": list(self._class_names)}
 
 
 class AssembleShards(beam.PTransform):
@@ -467,7 +505,7 @@ class AssembleShards(beam.PTransform):
             pieces
             # (shard key, [PieceInfo]): a shard's pieces, a few small elements
             | "GroupPieces" >> beam.GroupBy(shard_of_piece)
-            | "Assemble" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, STATS, RESUMED,
+            | "Assemble" >> beam.ParDo(self._fn).with_outputs(REJECTED, WRITTEN, HASHES, STATS, RESUMED, OBJECTS,
                                                           main="shards")
         )
 
@@ -475,7 +513,10 @@ class AssembleShards(beam.PTransform):
 class WriteShards(beam.PTransform):
     """(ShardKey, ImageRef) -> ShardInfo of every shard; REJECTED (Rejection), WRITTEN (tallies), HASHES
     ((sha256, (split, label, relpath)) per written image), STATS ((split, SplitStats) per shard) and RESUMED
-    ((run id, records) per chunk taken from an interrupted run) on the side.
+    ((run id, records) per chunk taken from an interrupted run) on the side; with `detection` (--task=detection:
+    transforms.detection.conversion.DetectionRecords), each record is a detection record of the image's
+    annotations, with the ids of `class_names` (a list, or a PCollection of one list), the annotations the records
+    do not hold are REJECTED too (stage 'annotation'), and OBJECTS has one objects tally per shard.
 
     Shards are written to the run's own temporary folder under their standard
     names; the dataset description publishes them into `output_dir`, under
@@ -491,7 +532,8 @@ class WriteShards(beam.PTransform):
     def __init__(self, output_dir: str, run_id: str, settings: ImageSettings, schema: str, threads: int,
                  compression: str, index_files: bool = False, file_format: str = TFRECORD,
                  shard_names: str = STANDARD, chunk_images: int = CHUNK_IMAGES, resume: Resume | None = None,
-                 workers: int | None = None, layouts=None):
+                 workers: int | None = None, layouts=None, detection: DetectionRecords | None = None,
+                 class_names=None):
         super().__init__()
         if index_files and (compression != "none" or not SHARD_FORMATS[file_format].index_files):
             raise ValueError("index files hold byte offsets into uncompressed TFRecord shards: not with "
@@ -503,7 +545,8 @@ class WriteShards(beam.PTransform):
         self._chunk_images = chunk_images
         self._workers = workers
         self._layouts = layouts
-        self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format, resume)
+        self._class_names = class_names
+        self._convert = _ConvertChunk(folder, settings, schema, threads, compression, file_format, resume, detection)
         self._assemble = _AssembleShard(folder, compression, index_files, file_format, shard_names, resume)
 
     def expand(self, placed):
@@ -511,7 +554,7 @@ class WriteShards(beam.PTransform):
             placed
             # PieceInfo of every chunk
             | "ConvertChunks" >> ConvertChunks(self._convert, self._file_format, self._chunk_images, self._workers,
-                                                 self._layouts)
+                                                 self._layouts, self._class_names)
             # ShardInfo of every shard, with the side outputs
             | "AssembleShards" >> AssembleShards(self._assemble)
         )

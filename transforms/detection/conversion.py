@@ -1,0 +1,135 @@
+"""A detection record from one converted image: its annotations placed in the output frame, the Example built, and
+every annotation that record does not hold as an errors.jsonl line; and the "detection" section of the description.
+
+No Beam here. `DetectionRecords.build` runs where the image was converted (a conversion helper thread of
+transforms.output.write: transforms.images.convert calls it with the EncodedImage), so that masks are rasterised
+and encoded to PNG on the helpers, in parallel, and never leave them as arrays.
+
+Every annotation found by a parser ends in exactly one place (docs/detection.md, "How annotations are counted"):
+written in a record, or one errors.jsonl line of stage 'annotation' with its reason: the parser's own (set aside
+before any image was read), the geometry's (transforms.detection.geometry), or `image_rejected` (its image could not
+be converted, or was skipped). So annotations found = written + rejected, per reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from transforms.base.paths import display_path
+from transforms.base.records import ImageRef, Rejection
+from transforms.detection.geometry import BAD_SEMANTIC_MASK, place_annotations
+from transforms.detection.objects import AnnotationProblem, ImageAnnotations
+from transforms.detection.parsing import FOUND
+from transforms.detection.records import build_detection_example
+from transforms.images.convert import Built, read_bytes
+from transforms.images.imaging import EncodedImage
+
+ANNOTATION = "annotation"  # the errors.jsonl stage of an annotation set aside (its image may well be written)
+NO_OBJECTS = "no_objects"  # --images_without_objects=drop: an image without any object, skipped
+IMAGE_REJECTED = "image_rejected"  # an annotation whose image was rejected (not decodable, ...) or skipped
+INPUT_FORMATS = ("coco", "voc", "yolo", "boxes")
+
+# The keys of the object tallies (WriteShards' OBJECTS output, summed with the parser's tally).
+OBJECTS_WRITTEN = "objects_written"
+RECORDS_WITHOUT_OBJECTS = "records_without_objects"
+MOST_OBJECTS = "objects_per_image_max"
+
+
+def annotation_rejection(problem: AnnotationProblem, relpath: str = "") -> Rejection:
+    """An annotation set aside, as its errors.jsonl line: the image's relative path (the problem's own when it has
+    one), stage 'annotation', the reason and the detail."""
+    return Rejection(problem.image or relpath, ANNOTATION, problem.reason, problem.detail)
+
+
+def lost_annotations(ref: ImageRef, rejection: Rejection) -> list[Rejection]:
+    """The annotations of an image that is not written (rejected, or skipped), each as its errors.jsonl line."""
+    annotations = ref.annotations
+    if annotations is None or rejection.stage == ANNOTATION:
+        return []
+    detail = f"its image was {rejection.stage} ({rejection.reason})"
+    return [Rejection(ref.relpath, ANNOTATION, IMAGE_REJECTED, f"{obj.where or obj.class_name}: {detail}")
+            for obj in annotations.objects]
+
+
+class DetectionRecords(NamedTuple):
+    """How a run builds its detection records (picklable: it travels to the workers with WriteShards)."""
+
+    first_id: int = 1  # --first_class_id
+    instance_masks: bool = False  # --instance_masks: one mask per object in every record
+    drop_empty: bool = False  # --images_without_objects=drop: a record left without objects is not written
+    max_mask_bytes: int = 64 << 20  # a semantic mask file larger than this is not read (bad_semantic_mask)
+
+    def build(self, ref: ImageRef, image: EncodedImage, class_index: Mapping[str, int]) -> Built:
+        """The record of `ref` (whose `annotations` are set) from its converted `image`: the annotations placed
+        through the image's orientation and resize, each rejected one as an errors.jsonl line; with `drop_empty`,
+        a record left without objects is skipped as no_objects instead."""
+        annotations: ImageAnnotations = ref.annotations
+        semantic, set_aside = None, []
+        if annotations.semantic_mask:
+            try:
+                semantic = read_bytes(annotations.semantic_mask, self.max_mask_bytes)
+            except Exception as e:  # noqa: BLE001 - an unreadable mask is this image's problem, never the job's
+                set_aside.append(Rejection(ref.relpath, ANNOTATION, BAD_SEMANTIC_MASK,
+                                           f"{annotations.semantic_mask}: not readable ({type(e).__name__}: {e})"))
+        placed = place_annotations(annotations, image.placement, semantic, masks=self.instance_masks)
+        set_aside += [annotation_rejection(problem, ref.relpath) for problem in placed.problems]
+        if self.drop_empty and not placed.objects:
+            skipped = Rejection(ref.relpath, "skipped", NO_OBJECTS,
+                                "every annotation of the image was rejected (see its lines), and "
+                                "--images_without_objects=drop skips an image without objects")
+            return Built(image, None, 0, tuple(set_aside), skipped)
+        example = build_detection_example(image, placed, class_index, source_id=annotations.source_id,
+                                          filename=display_path(ref.relpath), first_id=self.first_id,
+                                          with_masks=self.instance_masks)
+        return Built(image, example, len(placed.objects), tuple(set_aside))
+
+
+def objects_tally(objects_written: int = 0, records_without_objects: int = 0, most: int = 0) -> dict:
+    return {OBJECTS_WRITTEN: objects_written, RECORDS_WITHOUT_OBJECTS: records_without_objects, MOST_OBJECTS: most}
+
+
+def add_detection_tallies(total: dict, more: dict) -> dict:
+    """`total` with `more` added in place: a parser's tally (transforms.detection.parsing) or an objects tally;
+    numbers summed, {reason: count} merged, the most objects of a record the larger."""
+    for key, value in more.items():
+        if key == MOST_OBJECTS:
+            total[key] = max(total.get(key, 0), value)
+        elif isinstance(value, dict):
+            into = total.setdefault(key, {})
+            for reason, count in value.items():
+                into[reason] = into.get(reason, 0) + count
+        else:
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def detection_section(tally: dict, annotations_rejected: Mapping[str, int], dropped: int, *, first_id: int,
+                      instance_masks: bool, semantic_masks: bool, input_format: str) -> dict:
+    """image_tfrecords.json's "detection" section: `tally` is the parsers' tally with the object tallies added
+    (`add_detection_tallies`), `annotations_rejected` the errors.jsonl lines of stage 'annotation' per reason,
+    `dropped` the images skipped as no_objects. A rejected semantic mask is not an annotation the parsers count:
+    it is reported on its own (`semantic_masks_rejected`)."""
+    rejected = {reason: n for reason, n in sorted(annotations_rejected.items()) if reason != BAD_SEMANTIC_MASK}
+    section = {
+        "first_id": first_id,
+        "instance_masks": instance_masks,
+        "semantic_masks": semantic_masks,
+        "input_format": input_format,
+        "annotations": {"found": tally.get(FOUND, 0), "written": tally.get(OBJECTS_WRITTEN, 0), "rejected": rejected},
+        "images_without_objects": {"kept": tally.get(RECORDS_WITHOUT_OBJECTS, 0), "dropped": dropped},
+        "objects_per_image_max": tally.get(MOST_OBJECTS, 0),
+    }
+    if annotations_rejected.get(BAD_SEMANTIC_MASK):
+        section["semantic_masks_rejected"] = annotations_rejected[BAD_SEMANTIC_MASK]
+    return section
+
+
+def annotations_problem(section: dict) -> str | None:
+    """Why a description's annotations do not add up (found != written + rejected), else None."""
+    annotations = section["annotations"]
+    rejected = sum(annotations["rejected"].values())
+    if annotations["found"] != annotations["written"] + rejected:
+        return (f"{annotations['found']} annotations found, but {annotations['written']} written and {rejected} "
+                f"rejected ({annotations['rejected']})")
+    return None
