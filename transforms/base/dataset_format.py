@@ -3,6 +3,8 @@ formats, the schemas' keys, the split names, and the one loader and checker of i
 
     image_tfrecords.json                      this tool's description, and the completion marker (written last)
     labels.txt, errors.jsonl                  the class names; every rejected or skipped file with its reason
+                                              (and, of a detection dataset, every annotation set aside)
+    label_map.pbtxt                           a detection dataset's label map (the TF Object Detection API's)
     dataset_info.json, features.json,         TensorFlow Datasets' files (transforms/output/tfds_metadata.py), so that
     <label key>.labels.txt                    tfds.builder_from_directory loads the folder
     <split>-00000-of-00004.tfrecord[.gz]      the shards under their standard names (.array_record for ArrayRecord)
@@ -33,6 +35,7 @@ ERRORS_FILE = "errors.jsonl"
 TFDS_INFO_FILE = "dataset_info.json"  # TFDS's DatasetInfo
 FEATURES_FILE = "features.json"  # TFDS's feature config
 TFDS_LABELS_SUFFIX = ".labels.txt"  # TFDS's ClassLabel names: <label key>.labels.txt
+LABEL_MAP_FILE = "label_map.pbtxt"  # a detection dataset's class ids, in the TF Object Detection API's text format
 # Format version 1's description, under the name TFDS owns now: a folder holding one (with a format_version) is a
 # complete dataset of that version.
 LEGACY_INFO_FILE = "dataset_info.json"
@@ -96,6 +99,48 @@ SCHEMAS: dict[str, dict[str, tuple[str, str]]] = {
         "sha256": ("sha256", "string"),
     },
 }
+# --task: what a record holds. A detection dataset's description says "task": "detection"; a classification one
+# has no "task" key (read as CLASSIFICATION).
+CLASSIFICATION, DETECTION = "classification", "detection"
+TASKS = (CLASSIFICATION, DETECTION)
+# The schema of detection records (--task=detection): the keys of the TF Object Detection API, TF Model Garden's
+# TfExampleDecoder and TFDS (transforms/detection/records.py writes them). dtype 'float' is a float feature. The
+# object fields are lists, one value per object (DETECTION_OBJECT_FIELDS); the mask fields are in the records of a
+# dataset whose description says so ("detection": {"instance_masks": true} / {"semantic_masks": true}).
+SCHEMAS[DETECTION] = {
+    "image": ("image/encoded", "bytes"),
+    "format": ("image/format", "string"),
+    "height": ("image/height", "int64"),
+    "width": ("image/width", "int64"),
+    "source_path": ("image/filename", "string"),
+    "source_id": ("image/source_id", "string"),
+    "sha256": ("image/key/sha256", "string"),
+    "xmin": ("image/object/bbox/xmin", "float"),
+    "ymin": ("image/object/bbox/ymin", "float"),
+    "xmax": ("image/object/bbox/xmax", "float"),
+    "ymax": ("image/object/bbox/ymax", "float"),
+    "label": ("image/object/class/label", "int64"),
+    "class_name": ("image/object/class/text", "string"),
+    "area": ("image/object/area", "float"),
+    "is_crowd": ("image/object/is_crowd", "int64"),
+    "difficult": ("image/object/difficult", "int64"),
+}
+DETECTION_OBJECT_FIELDS = ("xmin", "ymin", "xmax", "ymax", "label", "class_name", "area", "is_crowd", "difficult")
+# With instance masks: one single-channel 0/1 PNG per object; with semantic masks: one PNG of class ids per image
+# (and its format), in the records of the images that have one.
+DETECTION_INSTANCE_MASK = {"mask": ("image/object/mask", "bytes")}
+DETECTION_SEMANTIC_MASK = {"segmentation": ("image/segmentation/class/encoded", "bytes"),
+                           "segmentation_format": ("image/segmentation/class/format", "string")}
+# The schemas --schema offers (a classification dataset's); --task=detection writes DETECTION's.
+CLASSIFICATION_SCHEMAS = tuple(name for name in SCHEMAS if name != DETECTION)
+
+
+def detection_fields(instance_masks: bool = False, semantic_masks: bool = False) -> dict[str, tuple[str, str]]:
+    """The fields a detection record holds, {field: (key, dtype)}: DETECTION's, and the masks' when written."""
+    return {**SCHEMAS[DETECTION], **(DETECTION_INSTANCE_MASK if instance_masks else {}),
+            **(DETECTION_SEMANTIC_MASK if semantic_masks else {})}
+
+
 # Fields that older datasets lack: a reader gives them a default ('') instead of failing.
 OPTIONAL_FIELDS = frozenset({"sha256"})
 MULTI_LABEL_FIELDS = ("label", "class_name")  # lists of any length with --multi_label
@@ -119,9 +164,10 @@ def tfds_labels_file(schema: str) -> str:
     return SCHEMAS[schema]["label"][0].replace("/", "-") + TFDS_LABELS_SUFFIX
 
 
-TFDS_LABELS_FILES = tuple(sorted({tfds_labels_file(schema) for schema in SCHEMAS}))
+TFDS_LABELS_FILES = tuple(sorted({tfds_labels_file(schema) for schema in CLASSIFICATION_SCHEMAS}))
 # In the order they are published.
-DESCRIPTION_FILES = (ERRORS_FILE, LABELS_FILE, *TFDS_LABELS_FILES, FEATURES_FILE, TFDS_INFO_FILE, INFO_FILE)
+DESCRIPTION_FILES = (ERRORS_FILE, LABELS_FILE, LABEL_MAP_FILE, *TFDS_LABELS_FILES, FEATURES_FILE, TFDS_INFO_FILE,
+                     INFO_FILE)
 
 # -- the splits -----------------------------------------------------------------------------------------------------
 
@@ -353,6 +399,8 @@ _KINDS = {
     "a string": lambda v: isinstance(v, str),
     "a count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "a size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    "a boolean": lambda v: isinstance(v, bool),
+    "0 or 1": lambda v: v in (0, 1) and not isinstance(v, bool),
 }
 _MISSING = object()
 
@@ -425,4 +473,28 @@ def check_description(info, path: str = INFO_FILE) -> dict:
             need(shard, "bytes", f"{where}.shards[{number}].bytes", "a count")
             if "index" in shard:
                 file_name(shard, "index", f"{where}.shards[{number}].index")
+    task = info.get("task", CLASSIFICATION)
+    if task not in TASKS:
+        raise DescriptionError(f"{path} is malformed (task {task!r} is not one of {', '.join(TASKS)}): {tail}")
+    if task == DETECTION:
+        _check_detection(info, need)
     return info
+
+
+def _check_detection(info: dict, need) -> None:
+    """The "detection" section of a detection dataset's description (see docs/detection.md)."""
+    detection = need(info, "detection", "detection", "an object")
+    need(detection, "first_id", "detection.first_id", "0 or 1")
+    for key in ("instance_masks", "semantic_masks"):
+        need(detection, key, f"detection.{key}", "a boolean")
+    need(detection, "input_format", "detection.input_format", "a string")
+    need(detection, "objects_per_image_max", "detection.objects_per_image_max", "a count")
+    annotations = need(detection, "annotations", "detection.annotations", "an object")
+    for key in ("found", "written"):
+        need(annotations, key, f"detection.annotations.{key}", "a count")
+    rejected = need(annotations, "rejected", "detection.annotations.rejected", "an object")
+    for reason in rejected:
+        need(rejected, reason, f"detection.annotations.rejected.{reason}", "a count")
+    images = need(detection, "images_without_objects", "detection.images_without_objects", "an object")
+    for key in ("kept", "dropped"):
+        need(images, key, f"detection.images_without_objects.{key}", "a count")

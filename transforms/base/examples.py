@@ -15,7 +15,13 @@ from collections.abc import Sequence
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from transforms.base.dataset_format import MULTI_LABEL_FIELDS, record_fields
+from transforms.base.dataset_format import (
+    DETECTION_INSTANCE_MASK,
+    DETECTION_OBJECT_FIELDS,
+    MULTI_LABEL_FIELDS,
+    detection_fields,
+    record_fields,
+)
 
 
 def _example_classes():
@@ -144,6 +150,16 @@ def build_example(
     return example.SerializeToString(deterministic=True)
 
 
+
+
+def detection_feature_description(instance_masks: bool = False, semantic_masks: bool = False
+                                  ) -> dict[str, dict[str, object]]:
+    """A detection dataset's keys (`dataset_format.detection_fields`) as {key: {dtype, shape, field}}: the object
+    fields and the instance masks lists of one value per object (shape [-1]), the rest one value each."""
+    lists = {*DETECTION_OBJECT_FIELDS, *DETECTION_INSTANCE_MASK}
+    return {key: {"dtype": dtype if dtype in ("int64", "float") else "string",
+                  "shape": [-1] if field_name in lists else [], "field": field_name}
+            for field_name, (key, dtype) in detection_fields(instance_masks, semantic_masks).items()}
 
 
 def feature_description(schema: str = "default", multi_label: bool = False, extras: dict | None = None,
