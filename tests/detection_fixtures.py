@@ -38,7 +38,8 @@ from transforms.detection.records import build_detection_example, label_map_text
 from transforms.images.imaging import EncodedImage
 
 CLASSES = ("cat", "dog", "bird")
-COLOURS = {"cat": (230, 40, 40), "dog": (40, 200, 40), "bird": (40, 80, 230)}  # each class's rectangle on grey
+# each class's rectangle on grey: muted, unlike the saturated colours preview draws boxes in
+COLOURS = {"cat": (170, 120, 90), "dog": (90, 150, 110), "bird": (100, 110, 160)}
 WIDTH, HEIGHT = 96, 64
 
 
