@@ -574,10 +574,11 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
         if info.get("multi_label") and without != split_info.get("images_without_labels", 0):
             report.problems.append(f"split {split!r}: {without} records have no label, but {INFO_FILE} says "
                                    f"{split_info.get('images_without_labels', 0)}")
+        counts_what = "objects" if info.get("task") == DETECTION else "records"  # a detection record has many
         for name in sorted(set(counted) | set(listed_counts)):
             if counted[name] != listed_counts.get(name, 0):
-                report.problems.append(f"split {split!r} class {name!r}: {counted[name]} records, but {INFO_FILE} "
-                                       f"says {listed_counts.get(name, 0)}")
+                report.problems.append(f"split {split!r} class {name!r}: {counted[name]} {counts_what}, but "
+                                       f"{INFO_FILE} says {listed_counts.get(name, 0)}")
 
 
 def _label_map_problem(dataset_dir: str, class_names: list[str], first_id: int) -> str | None:
