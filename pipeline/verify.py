@@ -750,10 +750,11 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
     for relpath, count in sorted(reported.items()):
         if count > 1:
             report.problems.append(f"{ERRORS_FILE}: {relpath!r} is reported {count} times")
-    if len(lines) - sum(annotations.values()) != rejected + skipped:
-        report.problems.append(f"{ERRORS_FILE}: {len(lines) - sum(annotations.values())} lines of files, but "
-                               f"{INFO_FILE} counts {rejected} rejected + {skipped} skipped = {rejected + skipped} "
-                               "files")
+    file_lines = len(lines) - sum(annotations.values())
+    if file_lines != rejected + skipped:
+        what = "lines of files" if annotations else "lines"
+        report.problems.append(f"{ERRORS_FILE}: {file_lines} {what}, but {INFO_FILE} counts {rejected} rejected + "
+                               f"{skipped} skipped = {rejected + skipped} files")
     if info.get("task") == DETECTION:
         listed = Counter((info.get("detection") or {}).get("annotations", {}).get("rejected") or {})
         for reason in sorted(set(annotations) | set(listed)):
