@@ -471,6 +471,10 @@ def run(argv: list[str]) -> int:
     if args.class_chart and info.get("unlabeled"):
         raise UserError(f"--class_chart: {args.dataset_dir} is an unlabeled set (--unlabeled), with no classes to "
                         "chart: drop --class_chart (--contact_sheet shows its images with their ids)")
+    if args.class_chart and info.get("task") == DETECTION and not any(
+            split.get("class_counts") for split in info["splits"].values()):
+        raise UserError(f"--class_chart: {INFO_FILE} of {args.dataset_dir} gives no objects per class (class_counts) "
+                        "to chart: drop --class_chart (python -m pipeline.verify counts the objects)")
     problems: list[str] = []
     if args.contact_sheet:
         sheet, tiles = make_contact_sheet(args.dataset_dir, args.split, args.per_class, args.tile_size,

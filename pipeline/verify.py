@@ -83,8 +83,6 @@ _PROBLEMS_PER_SHARD = 50
 _CHUNK = 256  # records per tf.data pass
 _UNIT = "\x1f"  # between the class names of a --multi_label record, as verify joins them
 _MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",)}
-# errors.jsonl's stage of one annotation set aside (its image may well be written): a detection dataset's
-ANNOTATION_STAGE = "annotation"
 
 
 @dataclass
@@ -575,6 +573,8 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             report.problems.append(f"split {split!r}: {without} records have no label, but {INFO_FILE} says "
                                    f"{split_info.get('images_without_labels', 0)}")
         counts_what = "objects" if info.get("task") == DETECTION else "records"  # a detection record has many
+        if info.get("task") == DETECTION and not listed_counts:
+            continue  # a description without objects per class has none to check (the objects' total is checked)
         for name in sorted(set(counted) | set(listed_counts)):
             if counted[name] != listed_counts.get(name, 0):
                 report.problems.append(f"split {split!r} class {name!r}: {counted[name]} {counts_what}, but "
@@ -724,8 +724,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
         report.problems.append(f"{ERRORS_FILE}: missing; {rejected + skipped} rejected and skipped files are not "
                                "reported")
         return
-    reasons = {"rejected": Counter(), "skipped": Counter()}
-    annotations = Counter()  # a detection dataset's annotations set aside, per reason: their images may be written
+    reasons = {"rejected": Counter(), "skipped": Counter(), ANNOTATION_STAGE: Counter()}
     reported = Counter()
     lines = [line for line in text.splitlines() if line.strip()]
     report.error_lines = len(lines)
@@ -736,13 +735,12 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
         except (ValueError, KeyError, TypeError):
             report.problems.append(f"{ERRORS_FILE} line {number}: not a JSON object with relpath, stage and reason")
             continue
-        if stage == ANNOTATION_STAGE and info.get("task") == DETECTION:
-            annotations[reason] += 1
-            continue
         if stage not in reasons:
             report.problems.append(f"{ERRORS_FILE} line {number}: unknown stage {stage!r}")
             continue
         reasons[stage][reason] += 1
+        if stage == ANNOTATION_STAGE:  # a detection dataset's annotation set aside: its image may well be written
+            continue
         reported[relpath] += 1
         if relpath in written_paths and reason != CHANGED_SINCE_DATASET:  # an append kept its earlier record
             report.problems.append(f"{ERRORS_FILE} line {number}: {relpath!r} is reported as {stage} but is also "
@@ -750,23 +748,25 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
     for relpath, count in sorted(reported.items()):
         if count > 1:
             report.problems.append(f"{ERRORS_FILE}: {relpath!r} is reported {count} times")
-    file_lines = len(lines) - sum(annotations.values())
-    if file_lines != rejected + skipped:
-        what = "lines of files" if annotations else "lines"
-        report.problems.append(f"{ERRORS_FILE}: {file_lines} {what}, but {INFO_FILE} counts {rejected} rejected + "
-                               f"{skipped} skipped = {rejected + skipped} files")
-    if info.get("task") == DETECTION:
-        listed = Counter((info.get("detection") or {}).get("annotations", {}).get("rejected") or {})
-        for reason in sorted(set(annotations) | set(listed)):
-            if annotations[reason] != listed[reason]:
-                report.problems.append(f"{ERRORS_FILE}: {annotations[reason]} annotations set aside as {reason!r} "
-                                       f"('{ANNOTATION_STAGE}' lines), but {INFO_FILE} says {listed[reason]}")
+    annotation_lines = sum(reasons[ANNOTATION_STAGE].values())
+    if len(lines) - annotation_lines != rejected + skipped:
+        report.problems.append(f"{ERRORS_FILE}: {len(lines) - annotation_lines} lines of files, but {INFO_FILE} "
+                               f"counts {rejected} rejected + {skipped} skipped = {rejected + skipped} files")
+    detection = info.get("detection") or {}
+    listed_annotations = Counter((detection.get("annotations") or {}).get("rejected") or {})
+    if detection.get("semantic_masks_rejected"):
+        listed_annotations["bad_semantic_mask"] = detection["semantic_masks_rejected"]
+    if reasons[ANNOTATION_STAGE] != listed_annotations:
+        report.problems.append(f"{ERRORS_FILE}: annotations set aside {dict(reasons[ANNOTATION_STAGE])}, but "
+                               f"{INFO_FILE} says {dict(listed_annotations)}")
     for stage in ("rejected", "skipped"):
         for reason in sorted(set(reasons[stage]) | set(listed_reasons[stage])):
             if reasons[stage][reason] != listed_reasons[stage][reason]:
                 report.problems.append(f"{ERRORS_FILE}: {reasons[stage][reason]} files {stage} as {reason!r}, but "
                                        f"{INFO_FILE} says {listed_reasons[stage][reason]}")
 
+
+ANNOTATION_STAGE = "annotation"  # errors.jsonl's stage of a detection dataset's annotation set aside
 
 _SOURCES_SHOWN = 10  # problem lines of the sources files per kind, then one line counting the rest
 

@@ -210,8 +210,8 @@ def test_verify_names_a_class_id_out_of_range_and_a_wrong_class_text(damaged):
     (lambda info: info["splits"]["validation"]["class_counts"].update(bird=3),
      "split 'validation' class 'bird': 2 objects, but image_tfrecords.json says 3"),
     (lambda info: info["detection"]["annotations"]["rejected"].update(box_outside_image=2),
-     "errors.jsonl: 1 annotations set aside as 'box_outside_image' ('annotation' lines), but "
-     "image_tfrecords.json says 2"),
+     "errors.jsonl: annotations set aside {'box_outside_image': 1}, but image_tfrecords.json says "
+     "{'box_outside_image': 2}"),
 ])
 def test_verify_catches_a_count_that_differs_from_the_records(damaged, change, line):
     fixtures.rewrite_info(damaged, change)
