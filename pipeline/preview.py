@@ -207,6 +207,8 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
     if unlabeled:
         wanted = {0: min(per_class, info["splits"][split]["records"])}
+    elif detection and not counts:  # no objects per class given: look for `per_class` of each, up to max_records
+        wanted = dict.fromkeys(range(len(info["class_names"])), per_class)
     chosen: dict[int, list] = {label: [] for label in wanted}
     read = offset = 0  # records read; position of the shard's first record in the split
     # Records are read one shard after another (CRCs checked without TensorFlow), so the sheet is the same on

@@ -7,8 +7,8 @@ with the detection keys added; labels.txt and label_map.pbtxt beside the shards.
 `export(root)` also writes the same images as a COCO export (train/, valid/ with _annotations.coco.json), so that
 the tests switch to real conversions by changing `build` in one line:
 
-    build = write_dataset                         # now
-    build = lambda export, out, **kw: convert(export, out, "--task=detection", ...)   # when the converter lands
+    build = write_dataset         # now
+    build = convert_dataset       # when the converter's --task=detection is merged
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def export(root) -> str:
             for i, (class_name, (x0, y0, x1, y1)) in enumerate(picture.objects):
                 annotations.append({"id": len(annotations) + 1, "image_id": number,
                                     "category_id": CLASSES.index(class_name) + 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
-                                    "area": (x1 - x0) * (y1 - y0), "iscrowd": int(i in picture.crowd)})
+                                    "area": (x1 - x0) * (y1 - y0), "iscrowd": int(i in picture.crowd),
+                                    "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]]})
         with open(f"{root}/{folder}/_annotations.coco.json", "w") as f:
             json.dump({"images": images, "annotations": annotations, "categories": categories}, f)
     return str(root)
@@ -187,6 +188,21 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
     for name, text in files.items():  # the description last, as the converter publishes it
         with open(os.path.join(out, name), "w") as f:
             f.write(text)
+    return str(out)
+
+
+def convert_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, instance_masks: bool = False,
+                    semantic_masks: bool = False) -> str:
+    """`export_dir` converted by the tool itself (--task=detection, at the pictures' own size), for `build`."""
+    from tests.conftest import convert
+
+    del train_shards  # the converter sizes the shards itself
+    if semantic_masks:
+        import pytest
+
+        pytest.skip("a COCO export has no semantic masks")
+    args = ["--task=detection", f"--image_size={WIDTH}x{HEIGHT}", f"--first_class_id={first_id}"]
+    assert convert(export_dir, out, *args, *(["--instance_masks"] if instance_masks else [])) == 0
     return str(out)
 
 

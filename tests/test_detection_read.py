@@ -261,3 +261,15 @@ def test_the_docs_reading_example_trains(dataset, monkeypatch, tmp_path):
     exec(compile(block, "docs/detection.md", "exec"), namespace)  # noqa: S102 - the documented example
     history = namespace["history"]
     assert len(history.history["loss"]) == 2 and all(np.isfinite(history.history["loss"]))
+
+
+def test_preview_of_a_dataset_without_objects_per_class_still_shows_every_class(damaged, tmp_path):
+    from pipeline import preview
+
+    fixtures.rewrite_info(damaged, lambda info: [s.update(class_counts={}) for s in info["splits"].values()])
+    _, tiles = preview.make_contact_sheet(str(damaged), "train", per_class=2)
+    assert sorted((t.row, t.source_path) for t in tiles) == [
+        (0, "train/a.jpg"), (0, "train/c.jpg"), (1, "train/a.jpg"), (1, "train/c.jpg"), (2, "train/b.jpg")]
+    result = run_tool("pipeline.preview", damaged, "--class_chart", tmp_path / "chart.png")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --class_chart: image_tfrecords.json of ")

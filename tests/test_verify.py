@@ -239,7 +239,8 @@ def test_an_error_report_line_lost_is_caught(damaged):
     dropped = json.loads(lines[0])
     (damaged / "errors.jsonl").write_text("\n".join(lines[1:]) + "\n")
     problems = _problems(damaged, decode=False)
-    assert "errors.jsonl: 6 lines of files, but image_tfrecords.json counts 3 rejected + 4 skipped = 7 files" in problems
+    assert ("errors.jsonl: 6 lines of files, but image_tfrecords.json counts 3 rejected + 4 skipped = 7 files"
+            in problems)
     listed = _info(damaged)[f"{dropped['stage']}_by_reason"][dropped["reason"]]
     assert (f"errors.jsonl: {listed - 1} files {dropped['stage']} as {dropped['reason']!r}, but image_tfrecords.json "
             f"says {listed}") in problems
