@@ -43,7 +43,7 @@ from pipeline.readers.bench_report import (
     write_json,
     write_plot,
 )
-from transforms.base.dataset_format import SCHEMAS
+from transforms.base.dataset_format import CLASSIFICATION_SCHEMAS, SCHEMAS
 
 DTYPE_NAMES = ("float32", "bfloat16", "uint8")
 
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Any TFRecord files instead, as a glob (quote it), local or gs://; .gz files are read as GZIP. "
              "Keys from --schema or --image_key/--label_key.")
     add("--split", default="train", help="Split of --dataset_dir to read. Default: train.")
-    add("--schema", default=None, choices=tuple(SCHEMAS),
+    add("--schema", default=None, choices=CLASSIFICATION_SCHEMAS,
         help="Keys of --file_pattern records: default (image, label) or tf_slim (image/encoded, "
              "image/class/label). Default: default.")
     add("--image_key", default=None, help="Key of the encoded image in --file_pattern records. Default: from "

@@ -10,8 +10,10 @@ class name stored next to it: a person sees at a glance that labels,
 orientation and colours are right. Records are read in shard order, so the same
 dataset always gives the same sheet; the shards are shuffled, so the first
 images of a class are a random sample of it. An unlabeled set (--unlabeled) has
-one row, of its first records in shard order, each captioned with its id. A record that cannot be shown (a
-corrupt record, one that is not an Example, an image that does not decode) is
+one row, of its first records in shard order, each captioned with its id. A detection dataset has a row per
+class, of the records holding an object of it, each box drawn in its class's colour with its class name (each mask
+tinted, with instance masks), the caption the row's class and the record's object count; its class chart counts
+objects. A record that cannot be shown (a corrupt record, one that is not an Example, an image that does not decode) is
 skipped and named on a `problem:` line with its shard and index; the exit code
 is then 1, and 2 when no image at all could be shown.
 """
@@ -29,7 +31,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import DatasetError, UserError
-from transforms.base.dataset_format import INFO_FILE
+from transforms.base.dataset_format import DETECTION, INFO_FILE
 from transforms.base.paths import is_local, write_bytes
 
 _LOG = logging.getLogger("pipeline.preview")
@@ -47,6 +49,10 @@ CAPTION_TEXT = (255, 255, 255)
 # Bars of the class chart per split, in the same colour on every chart.
 UNLABELED_ROW = "unlabeled"  # the one row of an unlabeled set's contact sheet
 SPLIT_COLOURS = {"train": "#4C72B0", "validation": "#DD8452", "test": "#55A868"}
+# Boxes of a detection dataset, by class id (repeating): saturated colours that differ on photos and on each other.
+BOX_COLOURS = ((255, 56, 56), (56, 255, 56), (56, 136, 255), (255, 210, 40), (255, 56, 255), (40, 230, 230),
+               (255, 140, 20), (160, 90, 255), (150, 255, 80), (255, 120, 170))
+MASK_OPACITY = 0.45
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class Tile:
     box: tuple[int, int, int, int]  # (left, top, right, bottom) of the image pixels on the sheet
     caption_box: tuple[int, int, int, int]
     caption: str = ""  # the text drawn under it (a single label's is cut with an ellipsis if it does not fit)
+    # a detection record's objects as drawn: (class id, class name, (left, top, right, bottom) of the box's outline)
+    objects: tuple[tuple[int, str, tuple[int, int, int, int]], ...] = ()
 
 
 def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
@@ -113,6 +121,43 @@ def fit_tile(pixels: np.ndarray, tile_size: int) -> Image.Image:
     return image.resize(size, Image.Resampling.LANCZOS) if size != image.size else image
 
 
+def box_colour(class_id: int) -> tuple[int, int, int]:
+    """The colour of a detection dataset's boxes of class `class_id` (0-based)."""
+    return BOX_COLOURS[class_id % len(BOX_COLOURS)]
+
+
+def tinted(pixels: np.ndarray, masks: np.ndarray, class_ids) -> np.ndarray:
+    """`pixels` with each object's 0/1 mask (uint8 [N, H, W]) tinted in its class's colour."""
+    out = pixels.astype(np.float32)
+    for mask, class_id in zip(masks, class_ids, strict=True):
+        where = mask.astype(bool)
+        out[where] = (1 - MASK_OPACITY) * out[where] + MASK_OPACITY * np.asarray(box_colour(class_id), np.float32)
+    return out.round().astype(np.uint8)
+
+
+def draw_objects(draw: ImageDraw.ImageDraw, placed: tuple[int, int, int, int], example: dict,
+                 class_names: list[str], first_id: int) -> tuple:
+    """Draw a detection record's boxes (normalised [ymin, xmin, ymax, xmax]) on its tile, whose image covers
+    `placed` (left, top, right, bottom) of the sheet: an outline in the class's colour and the class name on it.
+    Returns (class id, class name, outline) of each object."""
+    left, top, right, bottom = placed
+    width, height = right - left, bottom - top
+    font = _font(max(9, FONT_SIZE - 4))
+    drawn = []
+    for (ymin, xmin, ymax, xmax), label in zip(example["boxes"].tolist(), example["label"].tolist(), strict=True):
+        class_id = int(label) - first_id
+        name = class_names[class_id] if 0 <= class_id < len(class_names) else f"<id {label}>"
+        outline = (left + round(xmin * (width - 1)), top + round(ymin * (height - 1)),
+                   left + round(xmax * (width - 1)), top + round(ymax * (height - 1)))
+        colour = box_colour(class_id)
+        draw.rectangle(outline, outline=colour, width=1 if min(width, height) < 96 else 2)
+        text_box = draw.textbbox((outline[0] + 2, outline[1] + 1), name, font=font)
+        draw.rectangle(text_box, fill=colour)
+        draw.text((outline[0] + 2, outline[1] + 1), name, fill=(0, 0, 0), font=font)
+        drawn.append((class_id, name, outline))
+    return tuple(drawn)
+
+
 def _label_of(data: bytes, label_key: str, multi_label: bool = False) -> int | tuple[int, ...] | str:
     """The int64 label of a serialized Example (with `multi_label`, its tuple of labels), or what is wrong with
     the record (a string)."""
@@ -153,13 +198,17 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     schema = info["schema"]
     image_key, label_key = reader.image_label_keys(schema)
     budget = reader.decode_budget(info)  # an image is measured from its header before it is decoded
-    multi_label = bool(info.get("multi_label"))  # a record goes in the row of each of its classes
+    detection = info.get("task") == DETECTION  # a record goes in the row of each class of its objects
+    first_id = (info.get("detection") or {}).get("first_id", 1) if detection else 0
+    multi_label = bool(info.get("multi_label")) or detection  # a record goes in the row of each of its classes
     unlabeled = bool(info.get("unlabeled"))  # one row (0): the split's first records
     # image_tfrecords.json says how many images each class has here: stop as soon as all of them are found.
     counts = info["splits"][split].get("class_counts", {})
     wanted = {label: min(per_class, counts.get(name, 0)) for label, name in enumerate(info["class_names"])}
     if unlabeled:
         wanted = {0: min(per_class, info["splits"][split]["records"])}
+    elif detection and not counts:  # no objects per class given: look for `per_class` of each, up to max_records
+        wanted = dict.fromkeys(range(len(info["class_names"])), per_class)
     chosen: dict[int, list] = {label: [] for label in wanted}
     read = offset = 0  # records read; position of the shard's first record in the split
     # Records are read one shard after another (CRCs checked without TensorFlow), so the sheet is the same on
@@ -176,7 +225,8 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                 if isinstance(label, str):
                     problems.append(f"{name} record {index}: {label}; skipped")
                     continue
-                rows = [k for k in (label if multi_label else (label,)) if wanted.get(k, 0) > 0]
+                ids = sorted({k - first_id for k in label}) if detection else label if multi_label else (label,)
+                rows = [k for k in ids if wanted.get(k, 0) > 0]
                 if not rows:
                     continue
                 too_large = reader.record_too_large(data, image_key, budget)
@@ -187,6 +237,8 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
                     example = reader.parse_example(data, schema, decode=True, multi_label=multi_label,
                                                    unlabeled=unlabeled)
                     example = {k: v.numpy() for k, v in example.items()}
+                    if detection and (info.get("detection") or {}).get("instance_masks"):
+                        example["image"] = _tinted_record(data, example, first_id)
                 except (tf.errors.OpError, UnicodeDecodeError) as e:
                     problems.append(f"{name} record {index}: cannot be shown ({reader.error_text(e)}); skipped")
                     continue
@@ -199,12 +251,22 @@ def sample_records(dataset_dir: str, info: dict, split: str, per_class: int, max
     return chosen, read
 
 
+def _tinted_record(data: bytes, example: dict, first_id: int) -> np.ndarray:
+    """A detection record's decoded image with its instance masks tinted (`tinted`)."""
+    from pipeline.readers.detection import parse_detection
+
+    masks = parse_detection(data, decode=True, instance_masks=True)["masks"].numpy()
+    return tinted(example["image"], masks, [int(k) - first_id for k in example["label"]])
+
+
 def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, tile_size: int,
                        title: str = "") -> tuple[Image.Image, list[Tile]]:
     """One row per class, `per_class` captioned tiles per row; returns the sheet and where each record went.
 
     An unlabeled set has one row, each tile captioned with its record's id."""
     unlabeled = bool(info.get("unlabeled"))
+    detection = info.get("task") == DETECTION  # boxes drawn on the tiles
+    first_id = (info.get("detection") or {}).get("first_id", 1) if detection else 0
     names = [UNLABELED_ROW] if unlabeled else info["class_names"]
     cell_w, cell_h = tile_size, tile_size + CAPTION_HEIGHT
     width = 2 * MARGIN + per_class * cell_w + (per_class - 1) * GAP
@@ -231,6 +293,10 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
             if unlabeled:  # no label: the id, to match a prediction to its file
                 label, class_name = -1, example["id"].decode("utf-8")
                 caption = class_name
+            elif detection:  # the row's class; the objects' names are drawn on their boxes
+                label, class_name = row, name
+                count = len(example["label"])
+                caption = f"{row}  {name}: {count} object{'' if count == 1 else 's'}"
             elif example["label"].ndim:  # --multi_label: the row's class, and every name the record holds
                 label, held = row, [n.decode("utf-8") for n in example["class_name"]]
                 class_name = ";".join(held)
@@ -243,9 +309,11 @@ def draw_contact_sheet(info: dict, chosen: dict, split: str, per_class: int, til
             x = left + (tile_size - image.width) // 2
             y = top + (tile_size - image.height) // 2
             sheet.paste(image, (x, y))
+            placed = (x, y, x + image.width, y + image.height)
+            objects = draw_objects(draw, placed, example, names, first_id) if detection else ()
             sheet.paste(caption_image(caption, cell_w), caption_box[:2])
             tiles.append(Tile(row, column, label, class_name, example["source_path"].decode("utf-8"), index,
-                              (x, y, x + image.width, y + image.height), caption_box, caption))
+                              placed, caption_box, caption, objects))
     return sheet, tiles
 
 
@@ -273,7 +341,8 @@ def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: in
     counts = info["splits"][split].get("class_counts", {})
     missed = [f"{name} ({len(chosen[label])} of {counts.get(name, 0)})"
               for label, name in enumerate(info["class_names"])
-              if len(chosen[label]) < min(per_class, counts.get(name, 0))]
+              if len(chosen[label]) < min(per_class, counts.get(name, 0))
+              and info.get("task") != DETECTION]  # a detection dataset counts objects: a record holds several
     if missed and read >= max_records:
         _LOG.warning("Not every image to show was found in the first %d records of %s: %s; raise --max_records",
                      read, split, ", ".join(missed))
@@ -281,7 +350,8 @@ def make_contact_sheet(dataset_dir: str, split: str | None = None, per_class: in
         _LOG.warning("Fewer images than %s counts were found in %s: %s; check the dataset with python -m "
                      "pipeline.verify", INFO_FILE, split, ", ".join(missed))
     what = "unlabeled  |  id as stored" if info.get("unlabeled") else \
-        f"{len(info['class_names'])} classes  |  label id and class name as stored"
+        f"{len(info['class_names'])} classes  |  boxes and class names as stored" if info.get("task") == DETECTION \
+        else f"{len(info['class_names'])} classes  |  label id and class name as stored"
     title = f"{dataset_dir.rstrip('/')}  |  {split}: {info['splits'][split]['records']} images, {what}"
     return draw_contact_sheet(info, chosen, split, per_class, tile_size, title)
 
@@ -321,8 +391,9 @@ def class_chart(info: dict):
     else:
         ax.set_xticks(x, [f"{i} {names[i]}" for i in order], rotation=45 if len(names) > 6 else 0, ha="right"
                       if len(names) > 6 else "center")
-    ax.set_ylabel("images")
-    ax.set_title("Images per class and split")
+    what = "objects" if info.get("task") == DETECTION else "images"  # a detection dataset counts objects
+    ax.set_ylabel(what)
+    ax.set_title(f"{what.capitalize()} per class and split")
     ax.margins(y=0.15)  # room above the tallest bar for its count and the legend
     ax.legend(loc="upper right", ncols=len(splits))
     return fig
@@ -402,6 +473,10 @@ def run(argv: list[str]) -> int:
     if args.class_chart and info.get("unlabeled"):
         raise UserError(f"--class_chart: {args.dataset_dir} is an unlabeled set (--unlabeled), with no classes to "
                         "chart: drop --class_chart (--contact_sheet shows its images with their ids)")
+    if args.class_chart and info.get("task") == DETECTION and not any(
+            split.get("class_counts") for split in info["splits"].values()):
+        raise UserError(f"--class_chart: {INFO_FILE} of {args.dataset_dir} gives no objects per class (class_counts) "
+                        "to chart: drop --class_chart (python -m pipeline.verify counts the objects)")
     problems: list[str] = []
     if args.contact_sheet:
         sheet, tiles = make_contact_sheet(args.dataset_dir, args.split, args.per_class, args.tile_size,
@@ -420,7 +495,8 @@ def run(argv: list[str]) -> int:
         print(f"Wrote {args.contact_sheet}: {len(tiles)} images of {of} ({sheet.width}x{sheet.height} px){skipped}")
     if args.class_chart:
         _save(class_chart(info), args.class_chart)
-        print(f"Wrote {args.class_chart}: images per class for {', '.join(info['splits'])}")
+        what = "objects" if info.get("task") == DETECTION else "images"
+        print(f"Wrote {args.class_chart}: {what} per class for {', '.join(info['splits'])}")
     return 1 if problems else 0
 
 

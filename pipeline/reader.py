@@ -3,6 +3,8 @@
     from pipeline import reader
     ds = reader.make_dataset("tfrecords/", "train", batch_size=128)   # {'image': uint8[B,H,W,3], 'label': ...}
     model.fit(reader.make_dataset("tfrecords/", "train", batch_size=128, supervised=True, one_hot=True, scale=True))
+    ds = reader.make_dataset("detections/", "train", batch_size=8)    # {'image', 'boxes': ragged [B,None,4], ...}
+    ds = reader.make_dataset("detections/", "train", batch_size=8, max_boxes=100)   # padded: static shapes
 
 `image_tfrecords.json` names the shards, the keys and the image size, so the
 reader never guesses. Files are read in parallel with no fixed order
@@ -17,10 +19,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DatasetError
+from pipeline.readers import detection
 from transforms.base import paths
 from transforms.base.dataset_format import (
     DEFAULT_MAX_IMAGE_MB,
     DEFAULT_MAX_PIXELS,
+    DETECTION,
     ERRORS_FILE,
     MULTI_LABEL_FIELDS,
     OPTIONAL_FIELDS,
@@ -298,9 +302,13 @@ def parse_example(serialized, schema: str = "default", decode: bool = True, imag
     (height, width) sets its static shape, as a TPU needs. With `multi_label`, `label` is an int64 [n] tensor
     of class ids (n >= 0) and `class_name` a string [n] tensor of their names. With `unlabeled` (an unlabeled
     set) there is no label or class_name, and `id` is the record's id (its file name without the extension).
+    A detection record (`schema` 'detection') gives `pipeline.readers.detection.parse_detection`'s fields: boxes,
+    the stored class ids as `label`, class_name, area, is_crowd, difficult (one value per object), source_id.
     """
     import tensorflow as tf
 
+    if schema == DETECTION:  # boxes and classes as lists, one value per object (pipeline/readers/detection.py)
+        return detection.parse_detection(serialized, decode, image_size)
     parsed = tf.io.parse_single_example(serialized, feature_spec(schema, multi_label, extras, unlabeled))
     out = {field: tf.sparse.to_dense(parsed[key]) if isinstance(parsed[key], tf.sparse.SparseTensor) else parsed[key]
            for field, (key, _) in record_fields(schema, unlabeled).items()}
@@ -364,6 +372,8 @@ def make_dataset(
     supervised: bool = False,
     one_hot: bool = False,
     scale: bool = False,
+    max_boxes: int | None = None,
+    masks: bool = True,
 ) -> tf.data.Dataset:
     """A tf.data pipeline over one split: parallel reads, parse, decode, batch, prefetch.
 
@@ -396,17 +406,35 @@ def make_dataset(
     class_name against the label, height and width against the image, the JPEG data's integrity past what
     TensorFlow's decoder refuses, sha256 against the sources files.
 
+    A detection dataset ("task": "detection" in image_tfrecords.json) gives per image `boxes` (float32 [N, 4],
+    [ymin, xmin, ymax, xmax] normalised to the image: "rel_yxyx"), `classes` (int32 [N], 0-based ids into
+    class_names, whatever first_id the records store; one out of range stops the iteration with
+    InvalidArgumentError in the node class_id_out_of_range_of_the_classes_in_image_tfrecords_json), class_name,
+    area, is_crowd, difficult (one value per object), source_id, and with `masks` the masks the dataset holds
+    (`masks` uint8 [N, H, W] of 0/1, `segmentation_mask` uint8 [H, W, 1] of class ids): batched, the object fields
+    are tf.RaggedTensor [batch, None, ...]. With `max_boxes`, every object field is padded to that many instead
+    (boxes with zeros, classes with -1) and `num_boxes` counts the real ones: static shapes, as a TPU needs.
+    `supervised` gives (image, {"boxes", "classes"}) pairs, the bounding-box dict of KerasCV and KerasHub.
+    See docs/detection.md ("Reading").
+
     Raises:
         DatasetError: when `dataset_dir` holds no complete dataset or no such split, or a shard is missing or of
         another size than image_tfrecords.json gives.
-        ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale), or `one_hot` on an
-        unlabeled set.
+        ValueError: for `scale` without `decode` (encoded bytes have no pixels to scale), `one_hot` on an
+        unlabeled set or a detection dataset, `max_boxes` on a classification dataset or fewer than the objects
+        an image of the dataset holds.
     """
     import tensorflow as tf
 
     if scale and not decode:
         raise ValueError("scale=True needs decode=True: only decoded pixels can be scaled to [0, 1]")
     info = load_info(dataset_dir)
+    task = info.get("task", "classification")
+    if task == DETECTION:
+        _check_detection_arguments(dataset_dir, info, one_hot, max_boxes)
+    elif max_boxes is not None:
+        raise ValueError(f"max_boxes is for detection datasets, and {dataset_dir} is a {task} dataset: drop "
+                         "max_boxes")
     shards = check_shards(dataset_dir, split, info)
     shard_format = SHARD_FORMATS.get((info.get("options") or {}).get("file_format", TFRECORD))
     if shard_format is None or not shard_format.tf_data:
@@ -450,11 +478,56 @@ def make_dataset(
             fields["label"] = tf.one_hot(fields["label"], num_classes, dtype=tf.float32)
         return (fields["image"], fields["id" if unlabeled else "label"]) if supervised else fields
 
+    if task == DETECTION:
+        return _batched_detection(ds, info, batch_size, decode, image_size, drop_remainder, supervised, scale,
+                                  max_boxes, masks)
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     # lists of any length per image: ragged (label and class_name with --multi_label, the image too without a
     # fixed size; var-len extra features)
     if batch_size and ((multi_label and not (one_hot and supervised))
                        or (not supervised and any(feature.var_len for feature in extras))):
+        ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    elif batch_size:
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,
+                      deterministic=False)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _check_detection_arguments(dataset_dir: str, info: dict, one_hot: bool, max_boxes: int | None) -> None:
+    """Refuse what a detection dataset cannot give: one_hot (an image has many classes), or a `max_boxes` below
+    the most objects an image holds (objects_per_image_max): padding never drops a box."""
+    if one_hot:
+        raise ValueError(f"one_hot is for classification labels, and {dataset_dir} is a detection dataset (classes "
+                         "per box): drop one_hot")
+    if max_boxes is None:
+        return
+    most = (info.get("detection") or {}).get("objects_per_image_max")
+    if isinstance(max_boxes, bool) or not isinstance(max_boxes, int) or max_boxes < 1:
+        raise ValueError(f"max_boxes={max_boxes!r}: give a number of boxes (at least 1), or None for ragged boxes")
+    if isinstance(most, int) and max_boxes < most:
+        raise ValueError(f"max_boxes={max_boxes} is fewer than the {most} objects an image of {dataset_dir} holds "
+                         "(detection.objects_per_image_max in image_tfrecords.json), and padding never drops a "
+                         f"box: give max_boxes={most} or more")
+
+
+def _batched_detection(ds, info: dict, batch_size: int | None, decode: bool, image_size, drop_remainder: bool,
+                       supervised: bool, scale: bool, max_boxes: int | None, masks: bool):
+    """The detection records of `ds` (serialized Examples) parsed, checked, padded with `max_boxes`, batched."""
+    import tensorflow as tf
+
+    first_id, instance_masks, semantic_masks = detection.detection_settings(info)
+    num_classes = info.get("num_classes", len(info["class_names"]))
+
+    def parse(serialized):
+        fields = detection.parse_detection(serialized, decode, image_size, instance_masks and masks,
+                                           semantic_masks and masks)
+        fields = detection.training_fields(fields, first_id, num_classes, max_boxes)
+        if scale:
+            fields["image"] = tf.cast(fields["image"], tf.float32) / 255.0
+        return (fields["image"], {"boxes": fields["boxes"], "classes": fields["classes"]}) if supervised else fields
+
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    if batch_size and (max_boxes is None or image_size is None):  # lists of any length, or images of any size
         ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
     elif batch_size:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,

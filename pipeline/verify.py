@@ -20,6 +20,13 @@ wrong or stale index is a problem, and so is an index named like one of this
 tool's whose shard is not in the dataset. TFDS's files (dataset_info.json,
 features.json, label.labels.txt) must say what image_tfrecords.json says.
 
+A detection dataset ("task": "detection") has every object of every record checked too: its box in [0, 1] with
+xmin < xmax and ymin < ymax, its class id one of the dataset's (from its first_id) and its class text that class's
+name, its mask (with instance masks) a 0/1 PNG of the stored size, a semantic mask a PNG of class ids or 255; the
+objects per class and split against image_tfrecords.json's class_counts, and its "detection" section: annotations
+found = written + rejected (errors.jsonl's 'annotation' lines, per reason), the objects written, the images without
+objects and the most objects of an image as the records hold them.
+
 Duplicates are counted as the conversion counts them: groups of records whose source files have
 the same SHA-256 (stored in every record), within a split, across splits (leakage) or under
 different labels (a conflict), in the conversion's words, and checked against image_tfrecords.json's
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import re
 import struct
 import sys
 from collections import Counter, defaultdict
@@ -43,14 +51,17 @@ from dataclasses import dataclass, field
 from pipeline import reader
 from pipeline.cli import import_tensorflow, main_of, program_name
 from pipeline.errors import DatasetError
+from pipeline.readers import detection
 from transforms.base import bounded
 from transforms.base import duplicate_kinds as duplicates
 from transforms.base.dataset_format import (
     CHANGED_SINCE_DATASET,
+    DETECTION,
     ERRORS_FILE,
     INDEX_NAME,
     INFO_FILE,
     KAGGLE_NAME,
+    LABEL_MAP_FILE,
     LABELS_FILE,
     SHARD_NAME,
     SOURCES_NAME,
@@ -62,7 +73,7 @@ from transforms.base.dataset_format import (
     parse_source_line,
     shard_globs,
 )
-from transforms.base.examples import record_id
+from transforms.base.examples import Example, record_id
 from transforms.base.paths import list_files
 from transforms.base.tfrecord import CorruptRecord, record_offsets, scan_shard
 from transforms.output import tfds_metadata
@@ -93,6 +104,10 @@ class _ShardResult:
     entries: list[tuple[int, str, bytes | None, str | list[str], str]] = field(default_factory=list)
     _numbered: list[tuple[int, str]] = field(default_factory=list)
     damaged: dict[int, str] = field(default_factory=dict)  # record index -> why its JPEG data is damaged
+    # a detection dataset's: objects read, records without objects, the most objects of one record
+    objects: int = 0
+    without_objects: int = 0
+    most_objects: int = 0
 
     def problem(self, index: int | None, text: str) -> None:
         if index is None or len(self._numbered) < _PROBLEMS_PER_SHARD:
@@ -131,7 +146,11 @@ class _RecordChecker:
         extras = reader.extra_features(info)  # --features: each record must parse with its recorded types
         self._multi = multi = bool(info.get("multi_label"))
         self._unlabeled = unlabeled = bool(info.get("unlabeled"))  # an id per record instead of a label
-        told_by = ("id",) if unlabeled else ("label", "class_name")
+        # a detection record's classes are its objects', checked from its Example (`_check_objects`)
+        self._detection = info.get("task") == DETECTION
+        self._first_id, self._instance_masks, self._semantic_masks = detection.detection_settings(info)
+        self._most_objects = (info.get("detection") or {}).get("objects_per_image_max")
+        told_by = ("id",) if unlabeled else () if self._detection else ("label", "class_name")
 
         def summarise(index, serialized, decode):
             fields = reader.parse_example(serialized, schema, decode=False, multi_label=multi, extras=extras,
@@ -169,6 +188,8 @@ class _RecordChecker:
                     result.unread += 1
                     result.problem(index, "data checksum mismatch (the record's bytes are corrupt)")
                     continue
+                if self._detection:
+                    self._check_objects(result, index, data)
                 image = reader.record_image(data, self._image_key) if self._decode else None
                 too_large = image is not None and reader.image_too_large(image, self._budget)
                 if too_large:  # checked without decoding, as --no_decode checks every record
@@ -237,6 +258,27 @@ class _RecordChecker:
             result.problem(index, too_large)
         self._check_facts(result, row, decoded=False, content=not (decode_error or too_large))
 
+    def _check_objects(self, result: _ShardResult, index: int, data: bytes) -> None:
+        """A detection record's objects (`detection.object_problems`), counted per class; a record that is no
+        Example is left to the parse, which names it."""
+        try:
+            feature = Example.FromString(data).features.feature
+        except Exception:  # noqa: BLE001 - not an Example: the parse names it
+            return
+        size = [feature[key].int64_list.value for key in ("image/height", "image/width")]
+        height, width = (values[0] if len(values) == 1 else 0 for values in size)
+        problems, names = detection.object_problems(feature, height, width, self._labels, self._first_id,
+                                                    self._instance_masks, self._semantic_masks)
+        for problem in problems:
+            result.problem(index, problem)
+        if isinstance(self._most_objects, int) and len(names) > self._most_objects:
+            result.problem(index, f"{len(names)} objects, more than the {self._most_objects} of "
+                                  f"detection.objects_per_image_max in {INFO_FILE} (a reader pads to that many)")
+        result.class_counts.update(names)
+        result.objects += len(names)
+        result.without_objects += not names
+        result.most_objects = max(result.most_objects, len(names))
+
     def _check_label(self, result: _ShardResult, index: int, row: dict) -> str:
         """The record's class id (in range) and name; its class name."""
         label = int(row["label"])
@@ -289,6 +331,8 @@ class _RecordChecker:
         source_path = row["source_path"].decode("utf-8", "replace")
         if self._unlabeled:
             class_name = self._check_id(result, index, row, source_path)
+        elif self._detection:  # no class of the image's own: its objects' were checked from the Example
+            class_name = ""
         elif self._multi:
             class_name = self._check_labels(result, index, row)  # the list of names
         else:
@@ -322,6 +366,7 @@ class Report:
     error_lines: int = 0
     decoded: bool = True
     index_files: int = 0  # index files checked against their shards
+    annotations: dict = field(default_factory=dict)  # a detection dataset's: found, written, rejected
 
     @property
     def ok(self) -> bool:
@@ -345,6 +390,10 @@ class Report:
             f = self.files
             lines.append(f"Files: {f.get('found')} found = {f.get('written')} written + {f.get('rejected')} rejected"
                          f" + {f.get('skipped')} skipped; {ERRORS_FILE} has {self.error_lines} line(s).")
+        if self.annotations:
+            a = self.annotations
+            lines.append(f"Annotations: {a['found']} found = {a['written']} written + {a['rejected']} rejected; "
+                         "every object's box, class and mask checked.")
         if self.ok:
             lines.append("OK: checksums, Examples, labels, images, counts and accounting match "
                          f"{INFO_FILE}; no record is written twice.")
@@ -504,7 +553,8 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
             if most > (expected or 0):
                 report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but a class counts "
                                        f"{most}")
-        elif class_sum != expected and not info.get("unlabeled"):  # an unlabeled set has no classes to count
+        elif class_sum != expected and not info.get("unlabeled") and info.get("task") != DETECTION:
+            # an unlabeled set has no classes to count; a detection dataset counts objects per class
             report.problems.append(f"{INFO_FILE}: split {split!r} has {expected} records but its class counts add "
                                    f"up to {class_sum}")
         shards = by_split.get(split, [])
@@ -522,10 +572,63 @@ def _check_counts(info: dict, results: list[tuple[dict, _ShardResult]], report: 
         if info.get("multi_label") and without != split_info.get("images_without_labels", 0):
             report.problems.append(f"split {split!r}: {without} records have no label, but {INFO_FILE} says "
                                    f"{split_info.get('images_without_labels', 0)}")
+        counts_what = "objects" if info.get("task") == DETECTION else "records"  # a detection record has many
+        if info.get("task") == DETECTION and not listed_counts:
+            continue  # a description without objects per class has none to check (the objects' total is checked)
         for name in sorted(set(counted) | set(listed_counts)):
             if counted[name] != listed_counts.get(name, 0):
-                report.problems.append(f"split {split!r} class {name!r}: {counted[name]} records, but {INFO_FILE} "
-                                       f"says {listed_counts.get(name, 0)}")
+                report.problems.append(f"split {split!r} class {name!r}: {counted[name]} {counts_what}, but "
+                                       f"{INFO_FILE} says {listed_counts.get(name, 0)}")
+
+
+def _label_map_problem(dataset_dir: str, class_names: list[str], first_id: int) -> str | None:
+    """What is wrong with a detection dataset's label_map.pbtxt: missing, or its items not the class names with ids
+    from first_id, in order (the TF Object Detection API reads the ids from it)."""
+    text = _read_text(join(dataset_dir, LABEL_MAP_FILE))
+    if text is None:
+        return f"{LABEL_MAP_FILE}: missing; the TF Object Detection API reads the class ids from it"
+    items = [(int(number), re.sub(r"\\(.)", r"\1", name))
+             for number, name in re.findall(r"id:\s*(\d+)\s*name:\s*'((?:[^'\\]|\\.)*)'", text)]
+    expected = list(enumerate(class_names, first_id))
+    if items != expected:
+        differ = next((i for i, (a, b) in enumerate(zip(items, expected, strict=False)) if a != b),
+                      min(len(items), len(expected)))
+        return (f"{LABEL_MAP_FILE}: {len(items)} items, but {LABELS_FILE} has {len(class_names)} classes with ids "
+                f"from {first_id}; they differ first at item {differ}")
+    return None
+
+
+def _check_detection(dataset_dir: str, info: dict, results: list[tuple[dict, _ShardResult]], report: Report) -> None:
+    """A detection dataset's "detection" section: annotations found = written + rejected; once every record was
+    read, the objects written, the images without objects and the most objects of one image as the records hold
+    them."""
+    section = info.get("detection") or {}
+    problem = _label_map_problem(dataset_dir, info.get("class_names") or [], section.get("first_id", 1))
+    if problem:
+        report.problems.append(problem)
+    annotations = section.get("annotations") or {}
+    found, written = annotations.get("found"), annotations.get("written")
+    rejected = sum((annotations.get("rejected") or {}).values())
+    report.annotations = {"found": found, "written": written, "rejected": rejected}
+    if found != written + rejected:
+        report.problems.append(f"{INFO_FILE}: detection.annotations: {found} found but {written} written + "
+                               f"{rejected} rejected = {written + rejected}; annotations are unaccounted for")
+    listed = sum(len(split_info.get("shards", [])) for split_info in info["splits"].values())
+    if len(results) != listed or not all(r.readable and not r.unread for _, r in results):
+        return  # a missing or unreadable record is a problem already; the totals would only repeat it
+    objects = sum(r.objects for _, r in results)
+    if objects != written:
+        report.problems.append(f"the records hold {objects} objects, but {INFO_FILE} says "
+                               f"detection.annotations.written {written}")
+    without = sum(r.without_objects for _, r in results)
+    kept = (section.get("images_without_objects") or {}).get("kept")
+    if without != kept:
+        report.problems.append(f"{without} records have no object, but {INFO_FILE} says "
+                               f"detection.images_without_objects.kept {kept}")
+    most = max((r.most_objects for _, r in results), default=0)
+    if most != section.get("objects_per_image_max"):
+        report.problems.append(f"the most objects of one record is {most}, but {INFO_FILE} says "
+                               f"detection.objects_per_image_max {section.get('objects_per_image_max')}")
 
 
 def _nothing_written(info: dict) -> str:
@@ -761,7 +864,7 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
 
     A folder of format version 1 has none; a folder whose shards TFDS cannot read has none either.
     """
-    if "tfds" not in info:
+    if "tfds" not in info or info.get("task") == DETECTION:  # TFDS's files of detection records: not yet
         return
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
@@ -827,6 +930,8 @@ def verify_dataset(dataset_dir: str, decode: bool = True, workers: int | None = 
         report.split_records[split] = sum(r.records for _, r in results if r.split == split)
         report.split_shards[split] = len(split_info.get("shards", []))
     _check_counts(info, results, report)
+    if info.get("task") == DETECTION:
+        _check_detection(dataset_dir, info, results, report)
     if not any(split_info["records"] for split_info in info["splits"].values()):
         report.problems.insert(0, _nothing_written(info))
     written_paths = _check_duplicates(info, results, report, fail_on_duplicates)

@@ -1,4 +1,6 @@
-"""The read-side benchmark's parts: its input pipeline (bench_input), its report (bench_report), its device strategy.
+"""The read-side benchmark's parts: its input pipeline (bench_input), its report (bench_report), its device strategy;
+and a detection record's parse, padding and object checks (detection), which the reader, verify, preview and the
+benchmark share.
 
 The read-side tools themselves are modules of `pipeline/`: reader (tf.data pipelines from image_tfrecords.json),
 verify (python -m pipeline.verify DATASET), preview (python -m pipeline.preview DATASET) and benchmark

@@ -20,8 +20,9 @@ import tensorflow as tf
 
 from pipeline import reader
 from pipeline.errors import DatasetError, UserError
+from pipeline.readers import detection
 from pipeline.readers.bench_report import StageResult
-from transforms.base.dataset_format import INFO_FILE, SHARD_FORMATS, TFRECORD
+from transforms.base.dataset_format import DETECTION, INFO_FILE, SHARD_FORMATS, TFRECORD
 from transforms.base.paths import TF_IMAGE_EXTENSIONS
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -43,6 +44,9 @@ class Source:
     split: str | None = None
     records_per_epoch: int | None = None
     multi_hot_classes: int = 0  # a --multi_label dataset's num_classes: its labels are lists, fed as multi-hot
+    # a detection dataset's (first_id, num_classes, max_boxes): its records' boxes and classes are parsed and padded
+    # to max_boxes (objects_per_image_max, at least 1), as a TPU's input pipeline pads them; None for classification
+    detection: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -106,12 +110,17 @@ def dataset_source(dataset_dir: str, split: str, image_size: tuple[int, int] | N
     image_key, label_key = reader.image_label_keys(info["schema"])
     if info.get("unlabeled"):  # an unlabeled set's records have no label key: the images alone are read
         label_key = None
+    objects = None
+    if info.get("task") == DETECTION:  # boxes and classes per object, padded
+        first_id = detection.detection_settings(info)[0]
+        most = (info.get("detection") or {}).get("objects_per_image_max") or 1
+        objects = (first_id, len(info["class_names"]), most)
     return Source(
         name=dataset_dir, files=files, sizes=sizes, compression="GZIP" if info["compression"] == "gzip" else "",
         image_key=image_key, label_key=label_key, image_size=image_size or stored,
         resize=image_size is not None and image_size != stored, split=split,
         records_per_epoch=info["splits"][split]["records"],
-        multi_hot_classes=len(info["class_names"]) if info.get("multi_label") else 0,
+        multi_hot_classes=len(info["class_names"]) if info.get("multi_label") else 0, detection=objects,
     )
 
 
@@ -232,7 +241,7 @@ def tfrecord_dataset(source: Source, stage: str, batch_size: int, dtype: str = "
     image_type = DTYPES[dtype]
 
     def parse(record):
-        example = reader.parse_image_label(record, source.image_key, source.label_key, source.multi_hot_classes)
+        example = parse_record(record, source)
         if decode:
             example["image"] = _decode(example["image"], source.image_size, source.resize, image_type)
         if "label" in example and not source.multi_hot_classes:
@@ -243,6 +252,17 @@ def tfrecord_dataset(source: Source, stage: str, batch_size: int, dtype: str = "
     examples = records.map(parse, num_parallel_calls=AUTOTUNE, deterministic=False)
     batches = examples.batch(batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=False)
     return batches.prefetch(AUTOTUNE)
+
+
+def parse_record(record, source: Source) -> dict:
+    """What a training step reads of a record: {'image': encoded bytes, 'label'}; of a detection record {'image',
+    'boxes': float32 [max_boxes, 4], 'classes': int32 [max_boxes]} (pipeline/readers/detection.py), padded."""
+    if source.detection is None:
+        return reader.parse_image_label(record, source.image_key, source.label_key, source.multi_hot_classes)
+    first_id, num_classes, max_boxes = source.detection
+    fields = detection.training_fields(detection.parse_detection(record, decode=False), first_id, num_classes,
+                                       max_boxes)
+    return {"image": fields["image"], "boxes": fields["boxes"], "classes": fields["classes"]}
 
 
 def files_dataset(files: ImageFiles, image_size: tuple[int, int], batch_size: int, dtype: str = "float32",
@@ -288,8 +308,9 @@ def device_batches(strategy: tf.distribute.Strategy, dataset_fn: Callable) -> It
         def replica_step(batch):
             # Every pixel and label the device received goes into the result, so nothing is skipped.
             checksum = tf.reduce_mean(tf.cast(batch["image"], tf.float32))
-            if "label" in batch:
-                checksum += tf.cast(tf.reduce_sum(batch["label"]), tf.float32)
+            for key in ("label", "boxes", "classes"):  # a detection batch has boxes and classes instead of labels
+                if key in batch:
+                    checksum += tf.cast(tf.reduce_sum(batch[key]), tf.float32)
             return tf.shape(batch["image"])[0], tf.reduce_sum(batch["record_bytes"]), checksum
 
         records, stored_bytes, checksum = strategy.run(replica_step, args=(batch,))
@@ -410,8 +431,7 @@ def explain_error(error: Exception, source: Source | None, files: list[str]) -> 
     if isinstance(error, tf.errors.InvalidArgumentError) and source is not None:
         # Name the record: the first one that does not parse with the source's keys, or whose image does not decode.
         def check(record):
-            example = reader.parse_image_label(record, source.image_key, source.label_key,
-                                               source.multi_hot_classes)
+            example = parse_record(record, source)
             return tf.shape(tf.io.decode_image(example["image"], channels=3, expand_animations=False))
 
         found = find_failing_record(files, source.compression, check)
