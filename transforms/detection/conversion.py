@@ -20,7 +20,7 @@ from transforms.base.paths import display_path
 from transforms.base.records import ImageRef, Rejection
 from transforms.detection.geometry import BAD_SEMANTIC_MASK, place_annotations
 from transforms.detection.objects import AnnotationProblem, ImageAnnotations
-from transforms.detection.parsing import FOUND
+from transforms.detection.parsing import FOUND, add_tallies
 from transforms.detection.records import build_detection_example
 from transforms.images.convert import Built, read_bytes
 from transforms.images.imaging import EncodedImage
@@ -92,15 +92,10 @@ def objects_tally(objects_written: int = 0, records_without_objects: int = 0, mo
 def add_detection_tallies(total: dict, more: dict) -> dict:
     """`total` with `more` added in place: a parser's tally (transforms.detection.parsing) or an objects tally;
     numbers summed, {reason: count} merged, the most objects of a record the larger."""
-    for key, value in more.items():
-        if key == MOST_OBJECTS:
-            total[key] = max(total.get(key, 0), value)
-        elif isinstance(value, dict):
-            into = total.setdefault(key, {})
-            for reason, count in value.items():
-                into[reason] = into.get(reason, 0) + count
-        else:
-            total[key] = total.get(key, 0) + value
+    most = max(total.get(MOST_OBJECTS, 0), more.get(MOST_OBJECTS, 0))
+    add_tallies(total, {key: value for key, value in more.items() if key != MOST_OBJECTS})
+    if MOST_OBJECTS in total or MOST_OBJECTS in more:
+        total[MOST_OBJECTS] = most
     return total
 
 
