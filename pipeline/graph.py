@@ -41,6 +41,10 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     `run_id` names the run's own temporary folder in the output folder (see transforms.output.ownership).
     """
     sources = None  # an append's: the records of the dataset it grows
+    # the hash split of an image whose split no folder, list or row gives
+    hash_split = dict(seed=settings.seed, validation_split=settings.validation_split, test_split=settings.test_split)
+    # the class names the labelling takes as given (--labels_file's, or an append's dataset's); None: found in the job
+    given_names = plan.class_names if settings.labels_file or plan.base is not None else None
     annotations = None  # --task=detection: ReadAnnotations' outputs
     if settings.detection:
         # ImageRef of every image the annotations keep (its objects, its split), read and joined in the job
@@ -48,9 +52,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             settings.input_dir,
             plan.detection,  # the format and layout the launcher found
             plan.class_names or None,  # YOLO's names or --labels_file's; None: found in the job
-            seed=settings.seed,
-            validation_split=settings.validation_split,
-            test_split=settings.test_split,
+            **hash_split,
             drop_empty=settings.images_without_objects == "drop",
             segmentations=settings.instance_masks,
         )
@@ -63,10 +65,8 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             plan.manifest_format,
             plan.manifest_readings or settings.input_dir,  # how each file's rows are read
             # None: the rows' labels, found in the job; an append's are the dataset's; a one-hot header's
-            plan.class_names if settings.labels_file or plan.base is not None or plan.class_columns else None,
-            seed=settings.seed,
-            validation_split=settings.validation_split,
-            test_split=settings.test_split,
+            plan.class_names if given_names is not None or plan.class_columns else None,
+            **hash_split,
             size=plan.manifest_file_size,
             features=plan.features,
             multi_label=settings.multi_label,
@@ -94,11 +94,9 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             # job, unless given
             labeled = files | "LabelFromPaths" >> LabelFromPaths(
                 settings.label_from,
-                plan.class_names if settings.labels_file or plan.base is not None else None,
+                given_names,
                 split_folders=plan.split_folders,
-                seed=settings.seed,
-                validation_split=settings.validation_split,
-                test_split=settings.test_split,
+                **hash_split,
                 group_by=settings.group_by,
             )
             images, groups = labeled["images"], labeled[GROUPS]
@@ -109,9 +107,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             labeled = files | "AssignLabels" >> AssignLabels(
                 plan.class_names,
                 split_folders=plan.split_folders,
-                seed=settings.seed,
-                validation_split=settings.validation_split,
-                test_split=settings.test_split,
+                **hash_split,
                 group_by=settings.group_by,
                 unlabeled=settings.unlabeled,
             )
