@@ -99,6 +99,31 @@ def test_coco_roboflow_export_every_annotation_kept_or_rejected_with_its_reason(
     assert tally["annotation_files"] == 3
 
 
+def test_coco_image_id_given_twice_reads_the_first_file_and_rejects_the_other_once(tmp_path):
+    """Two image entries of one id with different file names: the first by name is read with every annotation
+    of the id; the other file is one duplicate_image rejection, never also kept as an image without objects.
+    A file named by a second entry and by its own id is read for its own id."""
+    data = {"categories": [{"id": 1, "name": "cat"}],
+            "images": [{"id": 3, "file_name": "a.jpg", "width": 10, "height": 10},
+                       {"id": 3, "file_name": "b.jpg", "width": 10, "height": 10},
+                       {"id": 3, "file_name": "c.jpg", "width": 10, "height": 10},
+                       {"id": 4, "file_name": "c.jpg", "width": 10, "height": 10},
+                       {"id": 3, "file_name": "gone.jpg", "width": 10, "height": 10}],
+            "annotations": [{"id": 1, "image_id": 3, "category_id": 1, "bbox": [1, 1, 2, 2]},
+                            {"id": 2, "image_id": 4, "category_id": 1, "bbox": [2, 2, 3, 3]}]}
+    write(f"{tmp_path}/_annotations.coco.json", json.dumps(data))
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        write(f"{tmp_path}/{name}", IMAGE)
+    out = run_parser(ReadCoco(str(tmp_path), find_coco(str(tmp_path))))
+    images = _by_relpath(out[IMAGES])
+    assert sorted(images) == ["a.jpg", "c.jpg"]
+    assert [o.box for o in images["a.jpg"].objects] == [Box(1, 1, 3, 3)]
+    assert [o.box for o in images["c.jpg"].objects] == [Box(2, 2, 5, 5)] and images["c.jpg"].source_id == "4"
+    assert _reasons(out[REJECTED]) == [("duplicate_image", "b.jpg"), ("duplicate_image", "gone.jpg")]
+    assert "a second image entry of id 3" in next(r.detail for r in out[REJECTED] if r.relpath == "b.jpg")
+    _assert_adds_up(out[COUNTS], 2)
+
+
 def test_coco_class_list_given_makes_other_categories_unknown(tmp_path):
     roboflow_coco(tmp_path)
     sources = [s for s in find_coco(str(tmp_path)) if s.images_rel == "valid"]

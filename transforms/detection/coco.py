@@ -57,6 +57,7 @@ CATEGORY_ITEMS, IMAGE_ITEMS, ANNOTATION_ITEMS = "categories.item", "images.item"
 _ITEMS = (CATEGORY_ITEMS, IMAGE_ITEMS, ANNOTATION_ITEMS)
 CATEGORIES = "categories"
 BAD_FILES = "bad_files"
+DUPLICATES = "duplicates"  # (relpath key, Rejection): a second image entry of an id, set aside in the join
 
 
 class CocoSource(NamedTuple):
@@ -242,7 +243,8 @@ class _StreamCoco(beam.DoFn):
 
 def coco_entries(key, values, categories: dict, bad_files: dict, sources: list[CocoSource], class_names=None):
     """One image id's entries -> (relpath key, ImageAnnotations) for the join with the files on disk, or
-    PROBLEMS: annotations whose image entry is missing or unusable, or whose file does not parse."""
+    PROBLEMS: annotations whose image entry is missing or unusable, or whose file does not parse; DUPLICATES:
+    (relpath key, Rejection) for the files of the id's second image entries."""
     index, image_id = key
     source = sources[index]
     images, objects, problems, bad_image = [], [], [], None
@@ -277,10 +279,11 @@ def coco_entries(key, values, categories: dict, bad_files: dict, sources: list[C
     kept, rejected = screen(objects, first.frame_size, class_names, first.relpath)
     attached = tuple(p._replace(image=first.relpath) for p in problems) + rejected
     yield name_bytes(first.relpath), first._replace(objects=kept, problems=attached)
-    for image in others:  # one id, two image entries: the first (by file name) is read
-        yield beam.pvalue.TaggedOutput(REJECTED, Rejection(
+    for image in others:  # one id, two image entries: the first (by file name) is read; the other file is set
+        # aside in the join with the files on disk (where it would else be an image without an entry)
+        yield beam.pvalue.TaggedOutput(DUPLICATES, (name_bytes(image.relpath), Rejection(
             image.relpath, "rejected", DUPLICATE_IMAGE,
-            f"{source.relpath}: a second image entry of id {image_id}, whose first ({first.relpath}) is read"))
+            f"{source.relpath}: a second image entry of id {image_id}, whose first ({first.relpath}) is read")))
 
 
 def _deepest(relpath: str, folders: list[str]) -> int:
@@ -298,11 +301,19 @@ def _on_disk(entry, input_dir: str, sources: list[CocoSource], ignore: frozenset
 
 
 def _settle(item, bad_files: dict, sources: list[CocoSource]):
+    """One file name's outputs from its annotation entries, its file on disk, and the second image entries of
+    another id that name it (`duplicate`): a file only such entries name is one duplicate_image rejection
+    (never also kept as an image without objects); a file with an entry of its own is read for that entry."""
     _, grouped = item
-    candidates, on_disk = list(grouped["annotated"]), list(grouped["on_disk"])
-    relpath = (on_disk or candidates)[0].relpath
+    candidates, on_disk, duplicates = (list(grouped["annotated"]), list(grouped["on_disk"]),
+                                       sorted(grouped["duplicate"], key=lambda rejection: rejection.detail))
+    relpath = (on_disk or candidates or duplicates)[0].relpath
     index = _deepest(relpath, [source.images_rel for source in sources])
     unusable = Unusable(BAD_ANNOTATION_FILE, bad_files[index]) if index in bad_files else None
+    if duplicates and not candidates:
+        yield beam.pvalue.TaggedOutput(REJECTED, duplicates[0] if unusable is None else
+                                       Rejection(relpath, "rejected", *unusable))
+        return
     yield from settle(candidates, on_disk, unusable)
 
 
@@ -342,7 +353,7 @@ class ReadCoco(beam.PTransform):
                      | "ImageObjects" >> beam.FlatMap(
                          lambda item, cats, bad, srcs, names: coco_entries(*item, cats, bad, srcs, names),
                          beam.pvalue.AsSingleton(categories), bad, sources, self._class_names
-                     ).with_outputs(PROBLEMS, REJECTED, main="annotated"))
+                     ).with_outputs(PROBLEMS, DUPLICATES, main="annotated"))
         ignore = frozenset(source.relpath for source in sources)
         folders = sorted({_join(input_dir, source.images_rel) for source in sources})
         listed = (pbegin
@@ -351,10 +362,10 @@ class ReadCoco(beam.PTransform):
                   | "ImagesOnDisk" >> beam.FlatMap(_on_disk, input_dir, sources, ignore).with_outputs(
                       REJECTED, main="images"))
         on_disk = listed.images | "KeyOnDisk" >> beam.Map(lambda image: (name_bytes(image.relpath), image))
-        joined = ({"annotated": per_image.annotated, "on_disk": on_disk}
+        joined = ({"annotated": per_image.annotated, "on_disk": on_disk, "duplicate": per_image[DUPLICATES]}
                   | "JoinFiles" >> beam.CoGroupByKey()
                   | "Settle" >> beam.FlatMap(_settle, bad, sources).with_outputs(REJECTED, PROBLEMS, main=IMAGES))
-        rejected = ((streamed[REJECTED], per_image[REJECTED], listed[REJECTED], joined[REJECTED])
+        rejected = ((streamed[REJECTED], listed[REJECTED], joined[REJECTED])
                     | "AllRejected" >> beam.Flatten())
         problems = ((streamed[PROBLEMS], per_image[PROBLEMS], joined[PROBLEMS]) | "AllProblems" >> beam.Flatten())
         # CATEGORIES: one dict {(file index, category id): name} of the files' categories (the class ids' order)
