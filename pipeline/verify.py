@@ -757,6 +757,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
     listed_annotations = Counter((detection.get("annotations") or {}).get("rejected") or {})
     if detection.get("semantic_masks_rejected"):
         listed_annotations["bad_semantic_mask"] = detection["semantic_masks_rejected"]
+    listed_annotations.update(detection.get("instance_masks_rejected") or {})  # masks set aside, objects written
     if reasons[ANNOTATION_STAGE] != listed_annotations:
         report.problems.append(f"{ERRORS_FILE}: annotations set aside {dict(reasons[ANNOTATION_STAGE])}, but "
                                f"{INFO_FILE} says {dict(listed_annotations)}")

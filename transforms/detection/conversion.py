@@ -18,7 +18,12 @@ from typing import NamedTuple
 
 from transforms.base.paths import display_path
 from transforms.base.records import ImageRef, Rejection
-from transforms.detection.geometry import BAD_SEMANTIC_MASK, place_annotations
+from transforms.detection.geometry import (
+    BAD_INSTANCE_MASK,
+    BAD_SEMANTIC_MASK,
+    INSTANCE_MASK_REASONS,
+    place_annotations,
+)
 from transforms.detection.objects import AnnotationProblem, ImageAnnotations
 from transforms.detection.parsing import FOUND, add_tallies
 from transforms.detection.records import build_detection_example
@@ -65,14 +70,12 @@ class DetectionRecords(NamedTuple):
         through the image's orientation and resize, each rejected one as an errors.jsonl line; with `drop_empty`,
         a record left without objects is skipped as no_objects instead."""
         annotations: ImageAnnotations = ref.annotations
-        semantic, set_aside = None, []
-        if annotations.semantic_mask:
-            try:
-                semantic = read_bytes(annotations.semantic_mask, self.max_mask_bytes)
-            except Exception as e:  # noqa: BLE001 - an unreadable mask is this image's problem, never the job's
-                set_aside.append(Rejection(ref.relpath, ANNOTATION, BAD_SEMANTIC_MASK,
-                                           f"{annotations.semantic_mask}: not readable ({type(e).__name__}: {e})"))
-        placed = place_annotations(annotations, image.placement, semantic, masks=self.instance_masks)
+        set_aside = []
+        semantic = self._read_mask(annotations.semantic_mask, BAD_SEMANTIC_MASK, ref.relpath, set_aside)
+        instance = self._read_mask(annotations.instance_mask if self.instance_masks else "", BAD_INSTANCE_MASK,
+                                   ref.relpath, set_aside)
+        placed = place_annotations(annotations, image.placement, semantic, masks=self.instance_masks,
+                                   instance_mask=instance)
         set_aside += [annotation_rejection(problem, ref.relpath) for problem in placed.problems]
         if self.drop_empty and not placed.objects:
             skipped = Rejection(ref.relpath, "skipped", NO_OBJECTS,
@@ -83,6 +86,16 @@ class DetectionRecords(NamedTuple):
                                           filename=display_path(ref.relpath), first_id=self.first_id,
                                           with_masks=self.instance_masks)
         return Built(image, example, len(placed.objects), tuple(set_aside))
+
+    def _read_mask(self, path: str, reason: str, relpath: str, set_aside: list) -> bytes | None:
+        """The bytes of a mask file (None for no path); one that cannot be read is `reason`, set aside."""
+        if not path:
+            return None
+        try:
+            return read_bytes(path, self.max_mask_bytes)
+        except Exception as e:  # noqa: BLE001 - an unreadable mask is this image's problem, never the job's
+            set_aside.append(Rejection(relpath, ANNOTATION, reason, f"{path}: not readable ({type(e).__name__}: {e})"))
+            return None
 
 
 def objects_tally(objects_written: int = 0, records_without_objects: int = 0, most: int = 0) -> dict:
@@ -104,8 +117,10 @@ def detection_section(tally: dict, annotations_rejected: Mapping[str, int], drop
     """image_tfrecords.json's "detection" section: `tally` is the parsers' tally with the object tallies added
     (`add_detection_tallies`), `annotations_rejected` the errors.jsonl lines of stage 'annotation' per reason,
     `dropped` the images skipped as no_objects. A rejected semantic mask is not an annotation the parsers count:
-    it is reported on its own (`semantic_masks_rejected`)."""
-    rejected = {reason: n for reason, n in sorted(annotations_rejected.items()) if reason != BAD_SEMANTIC_MASK}
+    it is reported on its own (`semantic_masks_rejected`), and so is an instance mask set aside, whose objects are
+    written with their boxes as masks (`instance_masks_rejected`, per reason)."""
+    rejected = {reason: n for reason, n in sorted(annotations_rejected.items())
+                if reason != BAD_SEMANTIC_MASK and reason not in INSTANCE_MASK_REASONS}
     section = {
         "first_id": first_id,
         "instance_masks": instance_masks,
@@ -117,6 +132,10 @@ def detection_section(tally: dict, annotations_rejected: Mapping[str, int], drop
     }
     if annotations_rejected.get(BAD_SEMANTIC_MASK):
         section["semantic_masks_rejected"] = annotations_rejected[BAD_SEMANTIC_MASK]
+    instance_masks_rejected = {reason: n for reason, n in sorted(annotations_rejected.items())
+                               if reason in INSTANCE_MASK_REASONS and n}
+    if instance_masks_rejected:
+        section["instance_masks_rejected"] = instance_masks_rejected
     return section
 
 
