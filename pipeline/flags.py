@@ -104,8 +104,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser, mark_required: bool =
              "is rejected. Counted either way in image_tfrecords.json. Default: keep.")
     add("--instance_masks", **ON_OFF,
         help="With --task=detection: write one mask per object (image/object/mask, a 0/1 PNG at the stored "
-             "size) from the annotations' polygons or RLE (COCO, YOLO segmentation), the box itself for an "
-             "object without one. Default: off, boxes only (segmentations are counted, not written).")
+             "size) from the annotations' polygons or RLE (COCO, YOLO segmentation) or VOC's SegmentationObject "
+             "PNGs, the box itself for an object without one. Default: off, boxes only (segmentations are "
+             "counted, not written).")
     add("--output_dir", default=None, **required,
         help="Folder for the TFRecord shards and image_tfrecords.json, local or gs://. {date} and {timestamp} in "
              "it become the UTC launch date (2024-01-31) and time (20240131-235959), for scheduled runs; "

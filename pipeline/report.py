@@ -43,8 +43,9 @@ def class_count_lines(info: dict) -> list[str]:
     splits = {split: s.get("class_counts", {}) for split, s in info["splits"].items()}
     if not names or not splits:
         return []
+    what = "Objects" if info.get("task") == DETECTION else "Images"  # a detection record holds several
     if len(names) <= MAX_LISTED_CLASSES:
-        title = "Images per class:"
+        title = f"{what} per class:"
         id_width = len(str(len(names) - 1))
         first = max(len(title), 2 + id_width + 1 + max(len(n) for n in names))
         widths = [max(len(split), 6) for split in splits]
@@ -53,7 +54,7 @@ def class_count_lines(info: dict) -> list[str]:
             counts = "".join("  " + str(c.get(name, 0)).rjust(w) for c, w in zip(splits.values(), widths, strict=True))
             lines.append(f"  {str(label).rjust(id_width)} {name}".ljust(first) + counts)
         return lines
-    lines = [f"Images per class ({len(names)} classes; every count is in image_tfrecords.json):"]
+    lines = [f"{what} per class ({len(names)} classes; every count is in image_tfrecords.json):"]
     for split, counts in splits.items():
         values = sorted((counts.get(name, 0), name) for name in names)
         fewest = ", ".join(f"{name} {count}" for count, name in values[:3])

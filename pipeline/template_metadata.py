@@ -122,7 +122,7 @@ PARAMETERS = {
     "instance_masks": Parameter(
         "Instance masks",
         "true: with task=detection, write one 0/1 PNG mask per object (image/object/mask) from the annotations' "
-        "polygons or RLE, the box for an object without one."),
+        "polygons or RLE or VOC's SegmentationObject PNGs, the box for an object without one."),
     "labels_file": Parameter(
         "Labels file",
         "Text file with one class name per line; line i gets label id i. Give it to keep label ids stable across "

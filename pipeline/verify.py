@@ -108,6 +108,7 @@ class _ShardResult:
     objects: int = 0
     without_objects: int = 0
     most_objects: int = 0
+    class_images: Counter = field(default_factory=Counter)  # records holding an object of the class
 
     def problem(self, index: int | None, text: str) -> None:
         if index is None or len(self._numbered) < _PROBLEMS_PER_SHARD:
@@ -275,6 +276,7 @@ class _RecordChecker:
             result.problem(index, f"{len(names)} objects, more than the {self._most_objects} of "
                                   f"detection.objects_per_image_max in {INFO_FILE} (a reader pads to that many)")
         result.class_counts.update(names)
+        result.class_images.update(set(names))
         result.objects += len(names)
         result.without_objects += not names
         result.most_objects = max(result.most_objects, len(names))
@@ -629,6 +631,15 @@ def _check_detection(dataset_dir: str, info: dict, results: list[tuple[dict, _Sh
     if most != section.get("objects_per_image_max"):
         report.problems.append(f"the most objects of one record is {most}, but {INFO_FILE} says "
                                f"detection.objects_per_image_max {section.get('objects_per_image_max')}")
+    if "images_per_class" not in section:
+        return  # a description written before the images per class were counted
+    for split in sorted(set(info["splits"]) | set(section["images_per_class"])):
+        counted = sum((r.class_images for _, r in results if r.split == split), Counter())
+        listed = section["images_per_class"].get(split) or {}
+        for name in sorted(set(counted) | set(listed)):
+            if counted[name] != listed.get(name, 0):
+                report.problems.append(f"split {split!r} class {name!r}: {counted[name]} records hold one, but "
+                                       f"{INFO_FILE} says detection.images_per_class {listed.get(name, 0)}")
 
 
 def _nothing_written(info: dict) -> str:
@@ -757,6 +768,7 @@ def _check_accounting(dataset_dir: str, info: dict, written_paths: set[str], rep
     listed_annotations = Counter((detection.get("annotations") or {}).get("rejected") or {})
     if detection.get("semantic_masks_rejected"):
         listed_annotations["bad_semantic_mask"] = detection["semantic_masks_rejected"]
+    listed_annotations.update(detection.get("instance_masks_rejected") or {})  # masks set aside, objects written
     if reasons[ANNOTATION_STAGE] != listed_annotations:
         report.problems.append(f"{ERRORS_FILE}: annotations set aside {dict(reasons[ANNOTATION_STAGE])}, but "
                                f"{INFO_FILE} says {dict(listed_annotations)}")

@@ -5,11 +5,12 @@ TensorFlow."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from tests.detection_datasets import voc_xml, write
 from transforms.base.examples import Example
@@ -67,14 +68,36 @@ def coco_export(root, images=IMAGES, extra: dict | None = None) -> dict:
     return written
 
 
-def voc_export(root, images=IMAGES) -> None:
+def instance_indices(objects) -> np.ndarray:
+    """VOC's SegmentationObject pixels of an image's objects: index k (from 1) an ellipse in the k-th object's box
+    with VOC's void border (255) around it, later objects over earlier ones; 0 the background."""
+    picture = Image.new("L", SIZE, 0)
+    draw = ImageDraw.Draw(picture)
+    for index, (_, (x0, y0, x1, y1)) in enumerate(objects, 1):
+        draw.ellipse((x0, y0, x1 - 1, y1 - 1), fill=index, outline=255)
+    return np.asarray(picture)
+
+
+def index_png(indices: np.ndarray) -> bytes:
+    """A palette PNG of `indices`, coloured as VOC's are (so that its colours are not its indices)."""
+    picture = Image.fromarray(indices, "P")
+    picture.putpalette([channel for k in range(256) for channel in ((k * 53) % 256, (k * 101) % 256, 128)])
+    out = io.BytesIO()
+    picture.save(out, "PNG")
+    return out.getvalue()
+
+
+def voc_export(root, images=IMAGES, instance_masks: bool = False) -> None:
     """Pascal VOC: Annotations/<stem>.xml (1-based inclusive corners), JPEGImages/<stem>.jpg, ImageSets/Main's
-    train.txt and val.txt."""
+    train.txt and val.txt; with `instance_masks`, SegmentationObject/<stem>.png (`instance_indices`) of each image
+    with objects."""
     lists = {"train": [], "validation": []}
     for number, (split, stem, objects) in enumerate(images, 1):
         _picture(f"{root}/JPEGImages/{stem}.jpg", number)
         corners = [(name, (int(x0) + 1, int(y0) + 1, int(x1), int(y1)), 0, 0) for name, (x0, y0, x1, y1) in objects]
         write(f"{root}/Annotations/{stem}.xml", voc_xml(f"{stem}.jpg", corners, SIZE))
+        if instance_masks and objects:
+            write(f"{root}/SegmentationObject/{stem}.png", index_png(instance_indices(objects)))
         lists[split].append(stem)
     write(f"{root}/ImageSets/Main/train.txt", "".join(f"{stem}\n" for stem in lists["train"]))
     write(f"{root}/ImageSets/Main/val.txt", "".join(f"{stem}\n" for stem in lists["validation"]))

@@ -4,11 +4,7 @@ label map in the OD API's text format."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import os
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -16,6 +12,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from PIL import Image
 
 from tests.detection_images import oriented_file
+from tests.model_garden import MODEL_GARDEN, model_garden_decoder
 from transforms.detection.geometry import PlacedAnnotations, place_annotations
 from transforms.detection.objects import Annotation, Box, ImageAnnotations, Segmentation
 from transforms.detection.records import build_detection_example, label_map_text
@@ -138,35 +135,8 @@ def test_what_the_caller_got_wrong_is_a_value_error(converted):
         build_detection_example(encoded, unmasked, INDEX, source_id="7", filename="a.jpg")
 
 
-# Where `make venv` installs tf-models-official, without its dependencies (Makefile: MODEL_GARDEN_VERSION).
-MODEL_GARDEN = os.path.join(sys.prefix, "model-garden")
-
-
-def _model_garden_decoder():
-    """Model Garden's TfExampleDecoder, loaded without its package's heavy __init__ (configs, tasks) and with a
-    stand-in for tf_keras, which the module imports and does not use; from the folder `make venv` installs
-    tf-models-official into (without its dependencies: MODEL_GARDEN below), or $MODEL_GARDEN_PATH. None when
-    neither has it."""
-    for extra in (os.environ.get("MODEL_GARDEN_PATH"), MODEL_GARDEN):
-        if extra and os.path.isdir(extra) and extra not in sys.path:
-            sys.path.append(extra)
-    spec = importlib.util.find_spec("official")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = list(spec.submodule_search_locations)[0]
-    for name in ("official", "official.vision", "official.vision.dataloaders"):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
-            sys.modules[name] = package
-    sys.modules.setdefault("tf_keras", types.ModuleType("tf_keras"))
-    from official.vision.dataloaders import tf_example_decoder
-
-    return tf_example_decoder.TfExampleDecoder
-
-
 def test_model_gardens_decoder_reads_the_record(converted):
-    decoder_class = _model_garden_decoder()
+    decoder_class = model_garden_decoder()
     if decoder_class is None:
         pytest.fail(f"tf-models-official is not in {MODEL_GARDEN}: make venv installs it there (make test does)")
     encoded, placed = converted

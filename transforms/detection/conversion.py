@@ -13,12 +13,19 @@ be converted, or was skipped). So annotations found = written + rejected, per re
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from transforms.base.dataset_format import SPLITS
 from transforms.base.paths import display_path
 from transforms.base.records import ImageRef, Rejection
-from transforms.detection.geometry import BAD_SEMANTIC_MASK, place_annotations
+from transforms.detection.geometry import (
+    BAD_INSTANCE_MASK,
+    BAD_SEMANTIC_MASK,
+    INSTANCE_MASK_REASONS,
+    place_annotations,
+)
 from transforms.detection.objects import AnnotationProblem, ImageAnnotations
 from transforms.detection.parsing import FOUND, add_tallies
 from transforms.detection.records import build_detection_example
@@ -34,6 +41,8 @@ INPUT_FORMATS = ("coco", "voc", "yolo", "boxes")
 OBJECTS_WRITTEN = "objects_written"
 RECORDS_WITHOUT_OBJECTS = "records_without_objects"
 MOST_OBJECTS = "objects_per_image_max"
+CLASS_OBJECTS = "class_objects"  # {(split, class name): objects written}
+CLASS_IMAGES = "class_images"  # {(split, class name): records holding at least one object of the class}
 
 
 def annotation_rejection(problem: AnnotationProblem, relpath: str = "") -> Rejection:
@@ -65,14 +74,12 @@ class DetectionRecords(NamedTuple):
         through the image's orientation and resize, each rejected one as an errors.jsonl line; with `drop_empty`,
         a record left without objects is skipped as no_objects instead."""
         annotations: ImageAnnotations = ref.annotations
-        semantic, set_aside = None, []
-        if annotations.semantic_mask:
-            try:
-                semantic = read_bytes(annotations.semantic_mask, self.max_mask_bytes)
-            except Exception as e:  # noqa: BLE001 - an unreadable mask is this image's problem, never the job's
-                set_aside.append(Rejection(ref.relpath, ANNOTATION, BAD_SEMANTIC_MASK,
-                                           f"{annotations.semantic_mask}: not readable ({type(e).__name__}: {e})"))
-        placed = place_annotations(annotations, image.placement, semantic, masks=self.instance_masks)
+        set_aside = []
+        semantic = self._read_mask(annotations.semantic_mask, BAD_SEMANTIC_MASK, ref.relpath, set_aside)
+        instance = self._read_mask(annotations.instance_mask if self.instance_masks else "", BAD_INSTANCE_MASK,
+                                   ref.relpath, set_aside)
+        placed = place_annotations(annotations, image.placement, semantic, masks=self.instance_masks,
+                                   instance_mask=instance)
         set_aside += [annotation_rejection(problem, ref.relpath) for problem in placed.problems]
         if self.drop_empty and not placed.objects:
             skipped = Rejection(ref.relpath, "skipped", NO_OBJECTS,
@@ -82,11 +89,49 @@ class DetectionRecords(NamedTuple):
         example = build_detection_example(image, placed, class_index, source_id=annotations.source_id,
                                           filename=display_path(ref.relpath), first_id=self.first_id,
                                           with_masks=self.instance_masks)
-        return Built(image, example, len(placed.objects), tuple(set_aside))
+        return Built(image, example, len(placed.objects), tuple(set_aside),
+                     classes=tuple(obj.class_name for obj in placed.objects))
+
+    def _read_mask(self, path: str, reason: str, relpath: str, set_aside: list) -> bytes | None:
+        """The bytes of a mask file (None for no path); one that cannot be read is `reason`, set aside."""
+        if not path:
+            return None
+        try:
+            return read_bytes(path, self.max_mask_bytes)
+        except Exception as e:  # noqa: BLE001 - an unreadable mask is this image's problem, never the job's
+            set_aside.append(Rejection(relpath, ANNOTATION, reason, f"{path}: not readable ({type(e).__name__}: {e})"))
+            return None
 
 
-def objects_tally(objects_written: int = 0, records_without_objects: int = 0, most: int = 0) -> dict:
-    return {OBJECTS_WRITTEN: objects_written, RECORDS_WITHOUT_OBJECTS: records_without_objects, MOST_OBJECTS: most}
+def objects_tally(objects_written: int = 0, records_without_objects: int = 0, most: int = 0, split: str = "",
+                  classes=()) -> dict:
+    """A shard's objects tally; `classes`: ((class name, objects, records), ...) of its split `split`."""
+    return {OBJECTS_WRITTEN: objects_written, RECORDS_WITHOUT_OBJECTS: records_without_objects, MOST_OBJECTS: most,
+            CLASS_OBJECTS: {(split, name): objects for name, objects, _ in classes},
+            CLASS_IMAGES: {(split, name): records for name, _, records in classes}}
+
+
+def record_classes(names) -> list[tuple[str, int, int]]:
+    """One record's class names of its objects -> ((class name, objects, 1), ...)."""
+    return [(name, n, 1) for name, n in Counter(names).items()]
+
+
+def add_class_counts(total: dict, classes) -> dict:
+    """{class name: [objects, records]} `total` with `classes` ((class name, objects, records), ...) added in
+    place."""
+    for name, objects, records in classes:
+        counts = total.setdefault(name, [0, 0])
+        counts[0] += objects
+        counts[1] += records
+    return total
+
+
+def per_class(tally: dict, key: str, class_names) -> dict[str, dict[str, int]]:
+    """{split: {class name: count}} of a tally's CLASS_OBJECTS or CLASS_IMAGES, splits in SPLITS order, classes in
+    id order (those of no object left out)."""
+    counts = tally.get(key) or {}
+    return {split: {name: counts[split, name] for name in class_names if counts.get((split, name))}
+            for split in SPLITS if any(s == split for s, _ in counts)}
 
 
 def add_detection_tallies(total: dict, more: dict) -> dict:
@@ -100,12 +145,16 @@ def add_detection_tallies(total: dict, more: dict) -> dict:
 
 
 def detection_section(tally: dict, annotations_rejected: Mapping[str, int], dropped: int, *, first_id: int,
-                      instance_masks: bool, semantic_masks: bool, input_format: str) -> dict:
+                      instance_masks: bool, semantic_masks: bool, input_format: str, class_names=()) -> dict:
     """image_tfrecords.json's "detection" section: `tally` is the parsers' tally with the object tallies added
     (`add_detection_tallies`), `annotations_rejected` the errors.jsonl lines of stage 'annotation' per reason,
     `dropped` the images skipped as no_objects. A rejected semantic mask is not an annotation the parsers count:
-    it is reported on its own (`semantic_masks_rejected`)."""
-    rejected = {reason: n for reason, n in sorted(annotations_rejected.items()) if reason != BAD_SEMANTIC_MASK}
+    it is reported on its own (`semantic_masks_rejected`), and so is an instance mask set aside, whose objects are
+    written with their boxes as masks (`instance_masks_rejected`, per reason). `images_per_class`: per split, the
+    records holding at least one object of each class of `class_names` (the objects per class are the splits'
+    class_counts: `per_class`)."""
+    rejected = {reason: n for reason, n in sorted(annotations_rejected.items())
+                if reason != BAD_SEMANTIC_MASK and reason not in INSTANCE_MASK_REASONS}
     section = {
         "first_id": first_id,
         "instance_masks": instance_masks,
@@ -114,9 +163,14 @@ def detection_section(tally: dict, annotations_rejected: Mapping[str, int], drop
         "annotations": {"found": tally.get(FOUND, 0), "written": tally.get(OBJECTS_WRITTEN, 0), "rejected": rejected},
         "images_without_objects": {"kept": tally.get(RECORDS_WITHOUT_OBJECTS, 0), "dropped": dropped},
         "objects_per_image_max": tally.get(MOST_OBJECTS, 0),
+        "images_per_class": per_class(tally, CLASS_IMAGES, class_names),
     }
     if annotations_rejected.get(BAD_SEMANTIC_MASK):
         section["semantic_masks_rejected"] = annotations_rejected[BAD_SEMANTIC_MASK]
+    instance_masks_rejected = {reason: n for reason, n in sorted(annotations_rejected.items())
+                               if reason in INSTANCE_MASK_REASONS and n}
+    if instance_masks_rejected:
+        section["instance_masks_rejected"] = instance_masks_rejected
     return section
 
 

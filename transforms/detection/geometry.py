@@ -21,7 +21,8 @@ box follow the one mapping); a COCO RLE is decoded at its own size (the frame's)
 a semantic mask PNG (a palette PNG's indices, never its colours; a grey PNG's values), so that a mask holds only
 values it held before. Pad's bars are 0 in an instance mask and `SEMANTIC_PAD` (255, "ignore") in a semantic one.
 When some objects of an image have a segmentation, those without get their box as their mask (the records need
-one mask per object).
+one mask per object). An instance mask file (VOC's SegmentationObject PNG) is sampled the same way, its index k the
+mask of the annotation's k-th object (`Annotation.instance`), its boundary (VOID, 255) part of none.
 """
 
 from __future__ import annotations
@@ -46,9 +47,18 @@ BOX_TOO_SMALL = "box_too_small"  # under one output pixel wide or high once resi
 BAD_SEGMENTATION = "bad_segmentation"  # a polygon or RLE that cannot be rasterised
 IMAGE_SIZE_MISMATCH = "image_size_mismatch"  # the annotation's image size is neither the file's stored nor upright
 BAD_SEMANTIC_MASK = "bad_semantic_mask"  # not a palette or grey PNG of the image's size
-REASONS = (BAD_BOX, BOX_OUTSIDE_IMAGE, BOX_TOO_SMALL, BAD_SEGMENTATION, IMAGE_SIZE_MISMATCH, BAD_SEMANTIC_MASK)
+# An instance mask PNG's problems (VOC's SegmentationObject): the objects are kept, each with its box as its mask.
+BAD_INSTANCE_MASK = "bad_instance_mask"  # not readable, or not a palette or grey PNG: the whole file
+INSTANCE_MASK_SIZE_MISMATCH = "instance_mask_size_mismatch"  # neither the image's stored nor upright size
+INSTANCE_MASK_EXTRA_INDEX = "instance_mask_extra_index"  # indices beyond the annotation's objects: the whole file
+EMPTY_INSTANCE_MASK = "empty_instance_mask"  # one object whose index has no pixel in the file
+INSTANCE_MASK_REASONS = (BAD_INSTANCE_MASK, INSTANCE_MASK_SIZE_MISMATCH, INSTANCE_MASK_EXTRA_INDEX,
+                         EMPTY_INSTANCE_MASK)
+REASONS = (BAD_BOX, BOX_OUTSIDE_IMAGE, BOX_TOO_SMALL, BAD_SEGMENTATION, IMAGE_SIZE_MISMATCH, BAD_SEMANTIC_MASK,
+           *INSTANCE_MASK_REASONS)
 
 SEMANTIC_PAD = 255  # the class id of pad's bars in a semantic mask: the "ignore" label of VOC and Model Garden
+VOID = 255  # VOC's boundary ("void") in an instance mask: part of no object's mask
 MIN_SIZE_PX = 1.0  # a box narrower or lower than this many output pixels is `box_too_small`
 
 
@@ -267,6 +277,33 @@ def _semantic(data: bytes, annotations: ImageAnnotations, placement: Placement) 
     return _Mapping(placement, frame).sample(values, SEMANTIC_PAD)
 
 
+def _instances(data: bytes, annotations: ImageAnnotations, placement: Placement):
+    """An instance mask file (VOC's SegmentationObject PNG: index k is the k-th object of the annotation file, 0
+    the background, VOID the boundary) -> (its indices at the output size, nearest-neighbour, 0 on pad's bars;
+    the indices it holds), or (reason, detail) of what is wrong with it. Its own size says its frame."""
+    try:
+        mask = Image.open(io.BytesIO(data), formats=["PNG"])
+        size = mask.size
+        frame = decide_frame(annotations.frame, size, placement)
+        if not frame:  # before its pixels are decoded
+            return INSTANCE_MASK_SIZE_MISMATCH, "its size {}x{} is neither the image's {}x{} nor, upright, " \
+                "{}x{}".format(*size, *placement.stored_size, *placement.upright_size)
+        if mask.mode not in ("P", "L", "1"):
+            return BAD_INSTANCE_MASK, (f"a {mask.mode} PNG: its colours are not object indices; save it as a palette "
+                                       "(P) or greyscale (L) PNG whose value k is the annotation's k-th object")
+        values = np.asarray(mask, dtype=np.uint8)  # a palette image's indices, not its colours
+    except Exception as e:  # noqa: BLE001 - an unreadable mask is this image's problem, not the job's
+        return BAD_INSTANCE_MASK, f"not a readable PNG ({type(e).__name__}: {e})"
+    held = np.bincount(values.ravel(), minlength=256)
+    present = frozenset(k for k in range(1, VOID) if held[k])
+    extra = sorted(k for k in present if k > annotations.instances)
+    if extra:
+        return INSTANCE_MASK_EXTRA_INDEX, (f"it holds object indices up to {extra[-1]} ({len(extra)} beyond), but "
+                                           f"the annotation file lists {annotations.instances} objects: it is not "
+                                           "this annotation's mask")
+    return _Mapping(placement, frame).sample(values, 0), present
+
+
 def _content(placement: Placement) -> np.ndarray:
     width, height = placement.output_size
     inside = np.zeros((height, width), np.uint8)
@@ -280,9 +317,9 @@ def _clip(box, limits) -> tuple[float, float, float, float]:
 
 
 def _place(annotation: Annotation, mapping: _Mapping, scale: tuple[float, float], content: np.ndarray | None,
-           image: str) -> PlacedObject | AnnotationProblem:
+           image: str, given: np.ndarray | None = None) -> PlacedObject | AnnotationProblem:
     """One object in the output frame, or its problem. `content` (the content box's pixels) is given when the
-    image has masks: then the object gets one."""
+    image has masks: then the object gets one, `given` (its instance mask at the output size) when there is one."""
     placement, (fw, fh) = mapping.placement, mapping.frame_size
     width, height = placement.output_size
     box = _frame_box(annotation, scale)
@@ -303,7 +340,9 @@ def _place(annotation: Annotation, mapping: _Mapping, scale: tuple[float, float]
         return _problem(BOX_TOO_SMALL, annotation, f"box {_fmt(box)} is {out_w:.3g}x{out_h:.3g} pixels once "
                         f"resized to {width}x{height}: under one pixel", image)
     mask = None
-    if content is not None:
+    if content is not None and given is not None:
+        mask = given
+    elif content is not None:
         mask = _box_mask(out, placement.output_size) if annotation.segmentation is None else \
             _mask(annotation, scale, mapping, content)
         if isinstance(mask, str):
@@ -323,7 +362,7 @@ def _place(annotation: Annotation, mapping: _Mapping, scale: tuple[float, float]
 
 
 def place_annotations(annotations: ImageAnnotations, placement: Placement, semantic_mask: bytes | None = None,
-                      masks: bool | None = None) -> PlacedAnnotations:
+                      masks: bool | None = None, instance_mask: bytes | None = None) -> PlacedAnnotations:
     """The image's objects in its output frame (see the module's docstring), and the annotations rejected.
 
     `placement` is the converted image's (`EncodedImage.placement`); `semantic_mask` the bytes of the file
@@ -333,6 +372,11 @@ def place_annotations(annotations: ImageAnnotations, placement: Placement, seman
     `masks`: None gives every object a mask when one of the image's objects has a segmentation; True always (a
     dataset of instance masks: one per object in every record, its box for an object without a segmentation);
     False never (boxes only: nothing is rasterised).
+    `instance_mask`: the bytes of the file `annotations.instance_mask` names (read with masks only): each object
+    whose `instance` index it holds gets that index's pixels as its mask; one whose index has no pixel
+    (`empty_instance_mask`), and every object when the file cannot be used (`bad_instance_mask`,
+    `instance_mask_size_mismatch`, `instance_mask_extra_index`), is kept with its box as its mask, the problem
+    one line of `problems` (a mask's, not an annotation's: INSTANCE_MASK_REASONS).
     """
     image = annotations.relpath
     frame = decide_frame(annotations.frame, annotations.frame_size, placement)
@@ -343,9 +387,21 @@ def place_annotations(annotations: ImageAnnotations, placement: Placement, seman
         if masks is None:
             masks = any(a.segmentation is not None for a in annotations.objects)
         content = _content(placement) if masks else None
+        indices, present = None, frozenset()
+        if content is not None and instance_mask is not None:
+            found = _instances(instance_mask, annotations, placement)
+            if isinstance(found[0], str):
+                problems.append(AnnotationProblem(found[0], f"{annotations.instance_mask}: {found[1]}", image))
+            else:
+                indices, present = found
         for annotation in annotations.objects:
-            result = _place(annotation, mapping, scale, content, image)
+            index = annotation.instance if indices is not None else 0
+            given = (indices == index).astype(np.uint8) if index in present else None
+            result = _place(annotation, mapping, scale, content, image, given)
             (problems if isinstance(result, AnnotationProblem) else placed).append(result)
+            if index and given is None and not isinstance(result, AnnotationProblem):
+                problems.append(_problem(EMPTY_INSTANCE_MASK, annotation, f"index {index} has no pixel in "
+                                         f"{annotations.instance_mask}: its box is its mask", image))
     else:
         detail = "the annotation file gives the image as {}x{}{}, the file is {}x{} ({}x{} upright)".format(
             *annotations.frame_size, f" ({annotations.frame})" if annotations.frame else "",

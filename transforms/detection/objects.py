@@ -41,6 +41,9 @@ class Annotation(NamedTuple):
     area: float | None = None  # COCO's `area` (of the segmentation, in source pixels); None: the box's
     segmentation: Segmentation | None = None
     where: str = ""  # where it is written, for errors.jsonl: "annotations.json: annotation id 17", "0001.xml: object 3"
+    # its index in the image's instance mask (VOC: the k-th <object> of the XML is index k of its SegmentationObject
+    # PNG, from 1); 0 for none
+    instance: int = 0
 
 
 class AnnotationProblem(NamedTuple):
@@ -70,4 +73,5 @@ class ImageAnnotations(NamedTuple):
     # Full path of a per-image instance mask (VOC's SegmentationObject PNG: palette index k is the k-th object of
     # the annotation file, in its order; 0 background, 255 the boundary): '' for none.
     instance_mask: str = ""
+    instances: int = 0  # the objects its annotation file lists, rejected ones too: the indices its instance mask uses
     size: int = 0  # the image file's bytes as its folder's listing gave them (0 when not listed: box rows)

@@ -170,7 +170,7 @@ def voc_objects(root: ElementTree.Element, xml_relpath: str):
             continue
         objects.append(Annotation(_text(element, "name"), Box(xmin - 1, ymin - 1, xmax, ymax),
                                   difficult=_flag(element, "difficult"), truncated=_flag(element, "truncated"),
-                                  where=where))
+                                  where=where, instance=number))
     return frame, objects, problems
 
 
@@ -201,7 +201,8 @@ class _ParseXml(beam.DoFn):
         image = _join(self._layout.root, IMAGES_DIR, key.decode("utf-8", "surrogateescape") + ".jpg")
         kept, rejected = screen(objects, frame, self._class_names, image)
         yield key, ("annotated", ImageAnnotations(image, "", source_id_of(image), "", frame, kept,
-                                                  tuple(p._replace(image=image) for p in problems) + rejected))
+                                                  tuple(p._replace(image=image) for p in problems) + rejected,
+                                                  instances=len(objects) + len(problems)))
 
 
 def voc_image(key, grouped: dict, masks: tuple):

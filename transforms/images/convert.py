@@ -258,6 +258,7 @@ class Built(NamedTuple):
     objects: int = 0
     set_aside: tuple = ()
     skipped: Rejection | None = None
+    classes: tuple = ()  # the class name of each object it holds, in order
 
 
 class Converted(NamedTuple):
@@ -273,6 +274,7 @@ class Converted(NamedTuple):
     kept: bool = False  # its source's own bytes were stored (already at the output size)
     objects: int | None = None  # a detection record's objects (Built.objects); None for a classification record
     set_aside: tuple = ()  # Built.set_aside: its annotations that are not in the record
+    classes: tuple = ()  # Built.classes: its objects' class names
 
 
 def convert_in_order(pool: ConversionPool, refs: Iterable[ImageRef], settings: ImageSettings, schema: str
@@ -332,7 +334,8 @@ def collect_in_order(pool: ConversionPool, jobs: Iterable[tuple[ImageRef, Job]],
                 continue
             counters.inc(counters.CONVERTED)
             yield Converted(ref, built.example, image.upscaled, None, image.sha256, stats=image.stats,
-                            kept=image.kept, objects=built.objects, set_aside=built.set_aside)
+                            kept=image.kept, objects=built.objects, set_aside=built.set_aside,
+                            classes=built.classes)
             continue
         serialized = build_example(
             image=image.data,

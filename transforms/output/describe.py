@@ -38,7 +38,14 @@ from transforms.base.dataset_format import (
 )
 from transforms.base.examples import detection_feature_description, feature_description
 from transforms.base.features import describe as describe_features
-from transforms.detection.conversion import ANNOTATION, NO_OBJECTS, annotations_problem, detection_section
+from transforms.detection.conversion import (
+    ANNOTATION,
+    CLASS_OBJECTS,
+    NO_OBJECTS,
+    annotations_problem,
+    detection_section,
+    per_class,
+)
 from transforms.detection.records import label_map_text
 from transforms.images import stats as pixel_stats
 from transforms.images.imaging import converter_libraries
@@ -305,7 +312,11 @@ class _WriteInfo(beam.DoFn):
         section = None
         if self._detection is not None:  # every annotation found: written, or in errors.jsonl
             section = detection_section(detection or {}, counts.annotations_rejected,
-                                        counts.skipped_by_reason.get(NO_OBJECTS, 0), **self._detection)
+                                        counts.skipped_by_reason.get(NO_OBJECTS, 0), **self._detection,
+                                        class_names=list(self._class_names))
+            objects = per_class(detection or {}, CLASS_OBJECTS, list(self._class_names))
+            for split, split_info in counts.splits.items():  # a detection dataset counts objects per class
+                split_info["class_counts"] = objects.get(split, {})
             problem = annotations_problem(section)
             if problem:
                 raise DatasetIncomplete(f"annotations unaccounted for: {problem}; {INFO_FILE} was not written. "

@@ -60,7 +60,13 @@ from transforms.base.dataset_format import (
 )
 from transforms.base.paths import display_path
 from transforms.base.records import label_of
-from transforms.detection.conversion import DetectionRecords, lost_annotations, objects_tally
+from transforms.detection.conversion import (
+    DetectionRecords,
+    add_class_counts,
+    lost_annotations,
+    objects_tally,
+    record_classes,
+)
 from transforms.images.convert import ReadPacing, collect_in_order, read_room, start_conversions
 from transforms.images.pool import ConversionPool, time_limit
 from transforms.images.settings import ImageSettings
@@ -163,6 +169,7 @@ class PieceInfo(NamedTuple):
     # its objects tally (objects written, records without objects, the most in one record); () otherwise
     annotations: tuple = ()
     objects: tuple = ()
+    classes: tuple = ()  # ((class name, objects, records holding one), ...) of its records
 
 
 def cut_chunks(keyed, file_format: str = TFRECORD, max_images: int = CHUNK_IMAGES,
@@ -316,6 +323,7 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
     tally = StatsTally()  # one small element per shard leaves, not one per image
     members = []
     annotations, objects = [], None  # --task=detection: what its records do not hold; (objects, empty, most)
+    classes: dict = {}  # --task=detection: {class name: [objects, records]}
     for outcome in outcomes:
         members.append(outcome.sha256)  # a rejected one's when it was read whole, else ''
         annotations.extend(outcome.set_aside)
@@ -326,6 +334,7 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
         if outcome.objects is not None:
             written_objects, empty, most = objects or (0, 0, 0)
             objects = (written_objects + outcome.objects, empty + (not outcome.objects), max(most, outcome.objects))
+            add_class_counts(classes, record_classes(outcome.classes))
         sizes.append(out.write(outcome.example))
         label = label_of(outcome.ref)  # a tuple of class ids with --multi_label
         written[(key.split, label, outcome.upscaled)] += 1
@@ -336,7 +345,8 @@ def write_piece(folder: str, key: ChunkKey, outcomes, compression: str, file_for
         done.update(members=members, sha256=getattr(out, "sha256", None))
     return PieceInfo((key.split, key.index, key.count), key.chunk, key.chunks, name, size, tuple(sizes),
                      tuple(written.items()), tally.result() if tally.images else None, tuple(rejections),
-                     tuple(hashes), annotations=tuple(annotations), objects=objects or ())
+                     tuple(hashes), annotations=tuple(annotations), objects=objects or (),
+                     classes=tuple((name, n, records) for name, (n, records) in sorted(classes.items())))
 
 
 def chosen_pieces(pieces) -> list[PieceInfo]:
@@ -429,7 +439,7 @@ class _AssembleShard(beam.DoFn):
             self._resume.assembled(self._folder, temp, pieces)
         sizes = [record for piece in pieces for record in piece.sizes]
         written: Counter = Counter()
-        objects = None  # --task=detection: the shard's objects tally
+        objects, classes = None, {}  # --task=detection: the shard's objects tally, {class name: [objects, records]}
         for piece in pieces:
             if piece.resumed_from:
                 yield beam.pvalue.TaggedOutput(RESUMED, (piece.resumed_from, len(piece.sizes)))
@@ -441,8 +451,10 @@ class _AssembleShard(beam.DoFn):
             if piece.objects:
                 total = objects or (0, 0, 0)
                 objects = (total[0] + piece.objects[0], total[1] + piece.objects[1], max(total[2], piece.objects[2]))
+                add_class_counts(classes, piece.classes)
         if objects is not None:
-            yield beam.pvalue.TaggedOutput(OBJECTS, objects_tally(*objects))
+            yield beam.pvalue.TaggedOutput(OBJECTS, objects_tally(
+                *objects, split=key.split, classes=[(name, n, records) for name, (n, records) in classes.items()]))
         final = name
         if self._shard_names == KAGGLE:  # the record count is known now; the file is renamed when published
             final = kaggle_name(key.split, key.index, key.count, len(sizes), self._compression, self._file_format)
