@@ -2,7 +2,7 @@
 contract of image_tfrecords.json's "detection" section): real JPEGs (Pillow) of coloured rectangles whose boxes are
 known, each record built by transforms.detection.records.build_detection_example, framed by
 transforms.base.tfrecord.frame_record, the description made by transforms.output.describe (summarise, dataset_info)
-with the detection keys added; labels.txt and label_map.pbtxt beside the shards.
+with the detection keys added; labels.txt, label_map.pbtxt and TFDS's files beside the shards.
 
 `export(root)` also writes the same images as a COCO export (train/, valid/ with _annotations.coco.json), so that
 the tests switch to real conversions by changing `build` in one line:
@@ -137,7 +137,7 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
                   semantic_masks: bool = False) -> str:
     """The dataset folder a conversion of `export_dir` (see `export`) writes, without resizing: shards, labels.txt,
     label_map.pbtxt, errors.jsonl and image_tfrecords.json (with the "detection" section). Returns `out`."""
-    from transforms.output import describe
+    from transforms.output import describe, tfds_metadata
 
     del export_dir  # the pictures are known here; a real conversion reads them from the export
     os.makedirs(out, exist_ok=True)
@@ -164,8 +164,9 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
         split_info["class_counts"] = {name: objects.count(name) for name in CLASSES if name in objects}
     options = {"compression": "none", "file_format": "tfrecord", "task": DETECTION, "first_class_id": first_id}
     image_info = {"height": HEIGHT, "width": WIDTH, "fixed_size": True, "format": "jpeg"}
+    tfds_files, tfds_note = tfds_metadata.tfds_files(counts.splits, DETECTION, image_info, list(CLASSES), "none")
     info = describe.dataset_info(counts, "test-run", list(CLASSES), DETECTION, options, image_info, 0.0, "test",
-                                 tfds={"files": [], "note": "no TFDS files for detection records yet"})
+                                 tfds={"files": list(tfds_files), "note": tfds_note})
     written = sum(len(p.objects) for p in PICTURES)
     info.update({
         "task": DETECTION,
@@ -184,6 +185,7 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
     files = {ERRORS_FILE: "".join(json.dumps(e) + "\n" for e in errors),
              LABELS_FILE: "".join(f"{name}\n" for name in CLASSES),
              LABEL_MAP_FILE: label_map_text(CLASSES, first_id),
+             **tfds_files,  # TFDS's: objects-label.labels.txt, features.json, dataset_info.json
              INFO_FILE: json.dumps(info, indent=2)}
     for name, text in files.items():  # the description last, as the converter publishes it
         with open(os.path.join(out, name), "w") as f:
