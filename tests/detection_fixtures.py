@@ -28,6 +28,7 @@ from transforms.base.dataset_format import (
     INFO_FILE,
     LABEL_MAP_FILE,
     LABELS_FILE,
+    TFDS_INFO_FILE,
     shard_name,
 )
 from transforms.base.examples import detection_feature_description
@@ -232,7 +233,8 @@ def rewrite_info(out, change) -> None:
 
 def rewrite_record(out, shard: str, index: int, change) -> None:
     """Replace record `index` of `shard` by `change(example)` (a tf.train.Example message, changed in place), with
-    valid framing, and update the shard's bytes in image_tfrecords.json: only the record's content is damaged."""
+    valid framing, and update the shard's bytes in image_tfrecords.json (and TFDS's dataset_info.json, when the
+    folder has one): only the record's content is damaged."""
     from transforms.base.examples import Example
     from transforms.base.tfrecord import iter_records
 
@@ -253,3 +255,13 @@ def rewrite_record(out, shard: str, index: int, change) -> None:
                     entry["bytes"] = len(data)
 
     rewrite_info(out, sizes)
+    tfds_info = os.path.join(out, TFDS_INFO_FILE)
+    if os.path.exists(tfds_info):  # TFDS's copy of the split sizes
+        with open(os.path.join(out, INFO_FILE)) as f:
+            split_bytes = {name: split_info["bytes"] for name, split_info in json.load(f)["splits"].items()}
+        with open(tfds_info) as f:
+            described = json.load(f)
+        for entry in described["splits"]:
+            entry["numBytes"] = str(split_bytes[entry["name"]])
+        with open(tfds_info, "w") as f:
+            json.dump(described, f, indent=2)
