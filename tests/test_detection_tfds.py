@@ -1,7 +1,7 @@
 """TensorFlow Datasets loads a detection dataset as it is: `tfds.builder_from_directory(out)` gives each record's
 image, objects/bbox and objects/label, the same boxes and 0-based classes the reader gives, for every input format
 and both --first_class_id; TFDS's files say what TFDS's own classes would write; verify names a record whose TFDS
-keys disagree with the OD API's; the docs' KerasCV/KerasHub snippet batches what TFDS gives."""
+keys disagree with the OD API's; the docs' KerasCV and KerasHub maps batch what TFDS gives."""
 
 from __future__ import annotations
 
@@ -190,24 +190,30 @@ def test_gzip_detection_shards_get_no_tfds_files_and_say_why(dataset):
     assert files == {} and why_not.startswith("TFDS reads uncompressed TFRecord shards only")
 
 
-def test_the_docs_keras_cv_snippet_batches_what_tfds_gives(dataset, monkeypatch):
-    """docs/detection.md's map from TFDS's features to KerasCV's and KerasHub's bounding-box dict, run with plain
-    TensorFlow (neither is installed here) in a folder holding its detections/ dataset."""
+def test_the_docs_keras_snippets_batch_what_tfds_gives(dataset, monkeypatch):
+    """docs/detection.md's maps from TFDS's features to KerasCV's bounding-box dict and KerasHub's pairs, run with
+    plain TensorFlow and Keras (neither KerasCV nor KerasHub is installed here) in a folder holding its detections/."""
     shutil.copytree(dataset, dataset.rsplit("/", 1)[0] + "/detections")
     monkeypatch.chdir(dataset.rsplit("/", 1)[0])
     scope: dict = {}
     exec(compile(doc_example("docs/detection.md", "def to_keras_cv"), "docs/detection.md", "exec"), scope)
-    batch = next(iter(scope["train"]))
-    boxes, classes = batch["bounding_boxes"]["boxes"], batch["bounding_boxes"]["classes"]
     most = json.loads(open(f"{dataset}/image_tfrecords.json").read())["detection"]["objects_per_image_max"]
-    assert batch["images"].shape == (4, fixtures.HEIGHT, fixtures.WIDTH, 3) and batch["images"].dtype == tf.float32
-    assert boxes.shape == (4, most, 4) and classes.shape == (4, most) and classes.dtype == tf.float32
-    # Each image's objects first, then padding: classes -1, boxes 0 (KerasCV's and KerasHub's padding).
     by_file = {path: (b, c) for path, b, c in fixtures.objects_of("train")}
     names = [e["image"]["filename"].decode() for e in tfds.as_numpy(scope["builder"].as_dataset(split="train"))][:4]
+    batch = next(iter(scope["train"]))
+    images, hub_boxes = next(iter(scope["train_hub"]))
+    boxes, classes = batch["bounding_boxes"]["boxes"], batch["bounding_boxes"]["classes"]
+    for pixels in (batch["images"], images):
+        assert pixels.shape == (4, fixtures.HEIGHT, fixtures.WIDTH, 3) and pixels.dtype == tf.float32
+    assert boxes.shape == hub_boxes["boxes"].shape == (4, most, 4)
+    assert classes.shape == hub_boxes["labels"].shape == (4, most) and classes.dtype == tf.float32
+    # Each image's objects first, then padding: classes (labels) -1; boxes 0 (KerasCV's), -1 (Keras's layer).
     for row, path in enumerate(names):
         expected_boxes, expected_classes = by_file[path]
         n = len(expected_classes)
-        assert classes[row].numpy().tolist() == [float(c) for c in expected_classes] + [-1.0] * (most - n)
-        np.testing.assert_array_equal(boxes[row, :n].numpy(), np.asarray(expected_boxes, np.float32).reshape(-1, 4))
-        assert not boxes[row, n:].numpy().any()
+        for got_classes in (classes, hub_boxes["labels"]):
+            assert got_classes[row].numpy().tolist() == [float(c) for c in expected_classes] + [-1.0] * (most - n)
+        expected = np.asarray(expected_boxes, np.float32).reshape(-1, 4)
+        np.testing.assert_array_equal(boxes[row, :n].numpy(), expected)
+        np.testing.assert_array_equal(hub_boxes["boxes"][row, :n].numpy(), expected)
+        assert not boxes[row, n:].numpy().any() and (hub_boxes["boxes"][row, n:].numpy() == -1).all()
