@@ -25,13 +25,13 @@ TFDS_FILES = ["objects-label.labels.txt", "features.json", "dataset_info.json"]
 TRAIN_SHARD = "train-00000-of-00002.tfrecord"  # of the fixture: a.jpg (cat, dog), c.jpg (dog, dog, cat), e.jpg
 
 
-def _convert(kind: str, root, first_id: int) -> str:
+def _convert(kind: str, root, first_id: int, *args: str) -> str:
     from pipeline.launcher import run
 
     inputs, _ = export_of(kind, root / kind)
     out = root / "out"
     assert run([*inputs, f"--output_dir={out}", "--quiet", "--task=detection", f"--first_class_id={first_id}",
-                f"--image_size={OUTPUT[0]}x{OUTPUT[1]}", *FAST]) == 0
+                f"--image_size={OUTPUT[0]}x{OUTPUT[1]}", *args, *FAST]) == 0
     return str(out)
 
 
@@ -39,15 +39,20 @@ def _by_file(dataset, name) -> dict:
     return {name(e): e for e in tfds.as_numpy(dataset)}
 
 
-@pytest.mark.parametrize("kind, first_id", [("coco", 1), ("coco", 0), ("voc", 0), ("yolo", 1), ("boxes", 0)])
-def test_tfds_loads_the_boxes_and_classes_the_reader_reads(tmp_path, kind, first_id):
+@pytest.mark.parametrize("kind, first_id, args", [
+    ("coco", 1, ()), ("coco", 0, ("--instance_masks",)), ("voc", 0, ()), ("yolo", 1, ()), ("boxes", 0, ()),
+])
+def test_tfds_loads_the_boxes_and_classes_the_reader_reads(tmp_path, kind, first_id, args):
     from pipeline import reader
 
-    out = _convert(kind, tmp_path, first_id)
+    out = _convert(kind, tmp_path, first_id, *args)
     info = reader.load_info(out)
     assert info["tfds"] == {"files": TFDS_FILES, "note": None}
+    assert info["detection"]["instance_masks"] == bool(args)
     builder = tfds.builder_from_directory(out)
     features = builder.info.features
+    assert set(features) == {"image", "objects"}  # the masks (with --instance_masks) are not TFDS's features
+    assert set(features["objects"].feature) == {"bbox", "label", "is_crowd", "is_difficult"}
     assert features["objects"]["label"].names == info["class_names"] == ["cat", "dog"]
     assert isinstance(features["objects"]["bbox"], tfds.features.BBoxFeature)
     assert features["image"]["encoded"].shape == (OUTPUT[1], OUTPUT[0], 3)
