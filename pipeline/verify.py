@@ -25,7 +25,8 @@ xmin < xmax and ymin < ymax, its class id one of the dataset's (from its first_i
 name, its mask (with instance masks) a 0/1 PNG of the stored size, a semantic mask a PNG of class ids or 255; the
 objects per class and split against image_tfrecords.json's class_counts, and its "detection" section: annotations
 found = written + rejected (errors.jsonl's 'annotation' lines, per reason), the objects written, the images without
-objects and the most objects of an image as the records hold them.
+objects and the most objects of an image as the records hold them; TFDS's keys of each record (objects/bbox,
+objects/label, ...) must hold the same objects as the OD API's (objects/label = image/object/class/label - first_id).
 
 Duplicates are counted as the conversion counts them: groups of records whose source files have
 the same SHA-256 (stored in every record), within a split, across splits (leakage) or under
@@ -151,6 +152,7 @@ class _RecordChecker:
         self._detection = info.get("task") == DETECTION
         self._first_id, self._instance_masks, self._semantic_masks = detection.detection_settings(info)
         self._most_objects = (info.get("detection") or {}).get("objects_per_image_max")
+        self._tfds_objects = self._detection and detection.has_tfds_objects(info)
         told_by = ("id",) if unlabeled else () if self._detection else ("label", "class_name")
 
         def summarise(index, serialized, decode):
@@ -269,7 +271,7 @@ class _RecordChecker:
         size = [feature[key].int64_list.value for key in ("image/height", "image/width")]
         height, width = (values[0] if len(values) == 1 else 0 for values in size)
         problems, names = detection.object_problems(feature, height, width, self._labels, self._first_id,
-                                                    self._instance_masks, self._semantic_masks)
+                                                    self._instance_masks, self._semantic_masks, self._tfds_objects)
         for problem in problems:
             result.problem(index, problem)
         if isinstance(self._most_objects, int) and len(names) > self._most_objects:
@@ -876,8 +878,8 @@ def _check_tfds_files(dataset_dir: str, info: dict, report: Report) -> None:
 
     A folder of format version 1 has none; a folder whose shards TFDS cannot read has none either.
     """
-    if "tfds" not in info or info.get("task") == DETECTION:  # TFDS's files of detection records: not yet
-        return
+    if "tfds" not in info or (info.get("task") == DETECTION and not detection.has_tfds_objects(info)):
+        return  # format version 1; or detection records written before they held TFDS's keys, without its files
     try:
         expected, _ = tfds_metadata.tfds_files(info["splits"], info["schema"], info["image"], info["class_names"],
                                                info["compression"], multi_label=bool(info.get("multi_label")),

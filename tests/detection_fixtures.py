@@ -2,7 +2,7 @@
 contract of image_tfrecords.json's "detection" section): real JPEGs (Pillow) of coloured rectangles whose boxes are
 known, each record built by transforms.detection.records.build_detection_example, framed by
 transforms.base.tfrecord.frame_record, the description made by transforms.output.describe (summarise, dataset_info)
-with the detection keys added; labels.txt and label_map.pbtxt beside the shards.
+with the detection keys added; labels.txt, label_map.pbtxt and TFDS's files beside the shards.
 
 `export(root)` also writes the same images as a COCO export (train/, valid/ with _annotations.coco.json), so that
 the tests switch to real conversions by changing `build` in one line:
@@ -28,6 +28,7 @@ from transforms.base.dataset_format import (
     INFO_FILE,
     LABEL_MAP_FILE,
     LABELS_FILE,
+    TFDS_INFO_FILE,
     shard_name,
 )
 from transforms.base.examples import detection_feature_description
@@ -137,7 +138,7 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
                   semantic_masks: bool = False) -> str:
     """The dataset folder a conversion of `export_dir` (see `export`) writes, without resizing: shards, labels.txt,
     label_map.pbtxt, errors.jsonl and image_tfrecords.json (with the "detection" section). Returns `out`."""
-    from transforms.output import describe
+    from transforms.output import describe, tfds_metadata
 
     del export_dir  # the pictures are known here; a real conversion reads them from the export
     os.makedirs(out, exist_ok=True)
@@ -164,8 +165,9 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
         split_info["class_counts"] = {name: objects.count(name) for name in CLASSES if name in objects}
     options = {"compression": "none", "file_format": "tfrecord", "task": DETECTION, "first_class_id": first_id}
     image_info = {"height": HEIGHT, "width": WIDTH, "fixed_size": True, "format": "jpeg"}
+    tfds_files, tfds_note = tfds_metadata.tfds_files(counts.splits, DETECTION, image_info, list(CLASSES), "none")
     info = describe.dataset_info(counts, "test-run", list(CLASSES), DETECTION, options, image_info, 0.0, "test",
-                                 tfds={"files": [], "note": "no TFDS files for detection records yet"})
+                                 tfds={"files": list(tfds_files), "note": tfds_note})
     written = sum(len(p.objects) for p in PICTURES)
     info.update({
         "task": DETECTION,
@@ -184,6 +186,7 @@ def write_dataset(export_dir, out, *, first_id: int = 1, train_shards: int = 2, 
     files = {ERRORS_FILE: "".join(json.dumps(e) + "\n" for e in errors),
              LABELS_FILE: "".join(f"{name}\n" for name in CLASSES),
              LABEL_MAP_FILE: label_map_text(CLASSES, first_id),
+             **tfds_files,  # TFDS's: objects-label.labels.txt, features.json, dataset_info.json
              INFO_FILE: json.dumps(info, indent=2)}
     for name, text in files.items():  # the description last, as the converter publishes it
         with open(os.path.join(out, name), "w") as f:
@@ -230,7 +233,8 @@ def rewrite_info(out, change) -> None:
 
 def rewrite_record(out, shard: str, index: int, change) -> None:
     """Replace record `index` of `shard` by `change(example)` (a tf.train.Example message, changed in place), with
-    valid framing, and update the shard's bytes in image_tfrecords.json: only the record's content is damaged."""
+    valid framing, and update the shard's bytes in image_tfrecords.json (and TFDS's dataset_info.json, when the
+    folder has one): only the record's content is damaged."""
     from transforms.base.examples import Example
     from transforms.base.tfrecord import iter_records
 
@@ -251,3 +255,13 @@ def rewrite_record(out, shard: str, index: int, change) -> None:
                     entry["bytes"] = len(data)
 
     rewrite_info(out, sizes)
+    tfds_info = os.path.join(out, TFDS_INFO_FILE)
+    if os.path.exists(tfds_info):  # TFDS's copy of the split sizes
+        with open(os.path.join(out, INFO_FILE)) as f:
+            split_bytes = {name: split_info["bytes"] for name, split_info in json.load(f)["splits"].items()}
+        with open(tfds_info) as f:
+            described = json.load(f)
+        for entry in described["splits"]:
+            entry["numBytes"] = str(split_bytes[entry["name"]])
+        with open(tfds_info, "w") as f:
+            json.dump(described, f, indent=2)

@@ -133,6 +133,19 @@ def boxes_csv(root, images=IMAGES) -> str:
     return path
 
 
+def export_of(kind: str, root) -> tuple[list[str], str]:
+    """(the command's input options, its input folder) of a generated export of `kind`: coco, voc, yolo or boxes."""
+    if kind == "coco":
+        coco_export(root)
+    elif kind == "voc":
+        voc_export(root)
+    elif kind == "yolo":
+        yolo_export(root)
+    else:
+        return [f"--manifest={boxes_csv(root)}"], str(root)
+    return [f"--input_dir={root}"], str(root)
+
+
 def _values(feature, key: str, kind: str) -> list:
     if key not in feature:
         return []

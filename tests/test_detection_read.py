@@ -176,6 +176,7 @@ def test_verify_passes_a_good_dataset(masked):
 def test_verify_names_a_box_outside_the_image(damaged):
     def outside(example):
         example.features.feature["image/object/bbox/xmax"].float_list.value[1] = 1.25
+        example.features.feature["objects/bbox"].float_list.value[4 + 3] = 1.25  # TFDS's copy agrees
     fixtures.rewrite_record(damaged, TRAIN_SHARD, 0, outside)
     result = run_tool("pipeline.verify", damaged)
     assert result.returncode == 1
@@ -187,6 +188,7 @@ def test_verify_names_a_box_outside_the_image(damaged):
 def test_verify_names_a_class_id_out_of_range_and_a_wrong_class_text(damaged):
     def bad(example):
         example.features.feature["image/object/class/label"].int64_list.value[0] = 7
+        example.features.feature["objects/label"].int64_list.value[0] = 6  # TFDS's copy agrees (from 0)
         example.features.feature["image/object/class/text"].bytes_list.value[1] = b"bird"
     fixtures.rewrite_record(damaged, TRAIN_SHARD, 0, bad)
     result = run_tool("pipeline.verify", damaged)

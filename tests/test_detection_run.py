@@ -18,9 +18,9 @@ from tests.detection_runs import (
     CLASSES,
     IMAGES,
     SIZE,
-    boxes_csv,
     boxes_of,
     coco_export,
+    export_of,
     read_detection_records,
     record_boxes,
     voc_export,
@@ -31,17 +31,7 @@ OUTPUT = (32, 24)  # --image_size: half the source's width and height, stretched
 ARGS = ("--task=detection", f"--image_size={OUTPUT[0]}x{OUTPUT[1]}")
 
 
-def _export(kind: str, root) -> tuple[list[str], str]:
-    """(the command's input options, its input folder) of a generated export of `kind`."""
-    if kind == "coco":
-        coco_export(root)
-    elif kind == "voc":
-        voc_export(root)
-    elif kind == "yolo":
-        yolo_export(root)
-    else:
-        return [f"--manifest={boxes_csv(root)}"], str(root)
-    return [f"--input_dir={root}"], str(root)
+_export = export_of
 
 
 def _run(inputs: list[str], out, *args) -> int:

@@ -136,13 +136,21 @@ def test_a_detection_description_is_checked():
 
 
 def test_the_detection_features_match_the_records_keys():
-    from transforms.detection.records import IMAGE_KEYS, MASK_KEY, OBJECT_KEYS, SEMANTIC_FORMAT_KEY, SEMANTIC_KEY
+    from transforms.detection.records import (
+        IMAGE_KEYS,
+        MASK_KEY,
+        OBJECT_KEYS,
+        SEMANTIC_FORMAT_KEY,
+        SEMANTIC_KEY,
+        TFDS_OBJECT_KEYS,
+    )
 
     plain = detection_feature_description()
-    assert set(plain) == set(IMAGE_KEYS) | set(OBJECT_KEYS)
-    for key, kind in {**IMAGE_KEYS, **OBJECT_KEYS}.items():
+    assert set(plain) == set(IMAGE_KEYS) | set(OBJECT_KEYS) | set(TFDS_OBJECT_KEYS)
+    for key, kind in {**IMAGE_KEYS, **OBJECT_KEYS, **TFDS_OBJECT_KEYS}.items():
         assert plain[key]["dtype"] == {"bytes": "string"}.get(kind, kind)
-        assert plain[key]["shape"] == ([-1] if key in OBJECT_KEYS else [])
+        lists = [-1, 4] if key == "objects/bbox" else [-1]  # objects/bbox: 4 floats per object
+        assert plain[key]["shape"] == (lists if key in {**OBJECT_KEYS, **TFDS_OBJECT_KEYS} else [])
     masks = detection_feature_description(True, True)
     assert set(masks) - set(plain) == {MASK_KEY, SEMANTIC_KEY, SEMANTIC_FORMAT_KEY}
     assert masks[MASK_KEY]["shape"] == [-1] and masks[SEMANTIC_KEY]["shape"] == []

@@ -19,6 +19,7 @@ from transforms.base.dataset_format import (
     DETECTION,
     DETECTION_INSTANCE_MASK,
     DETECTION_SEMANTIC_MASK,
+    DETECTION_TFDS_OBJECTS,
     SCHEMAS,
 )
 
@@ -33,6 +34,12 @@ def detection_settings(info: dict) -> tuple[int, bool, bool]:
     """(first_id, instance_masks, semantic_masks) of a detection dataset's description."""
     section = info.get("detection") or {}
     return section.get("first_id", 1), bool(section.get("instance_masks")), bool(section.get("semantic_masks"))
+
+
+def has_tfds_objects(info: dict) -> bool:
+    """Whether a detection dataset's records hold TFDS's keys (objects/bbox, ...) beside the OD API's: those of
+    every dataset its description lists them for (datasets written before they were added have none)."""
+    return DETECTION_TFDS_OBJECTS["tfds_bbox"][0] in (info.get("features") or {})
 
 
 def feature_spec(instance_masks: bool = False, semantic_masks: bool = False) -> dict:
@@ -155,14 +162,16 @@ def training_fields(fields: dict, first_id: int, num_classes: int, max_boxes: in
 
 
 def object_problems(feature, height: int, width: int, class_names: list[str], first_id: int,
-                    instance_masks: bool, semantic_masks: bool) -> tuple[list[str], list[str]]:
+                    instance_masks: bool, semantic_masks: bool, tfds_objects: bool = False
+                    ) -> tuple[list[str], list[str]]:
     """What is wrong with the objects of one record (its Example's `feature` map), one line each, and the class
     names of its objects (by their ids, '<id 7>' for one out of range) for the counts.
 
     Checks: every object list as long as the boxes; each box finite, in [0, 1], xmin < xmax and ymin < ymax; each
     class id in first_id..first_id + len(class_names) - 1 and its text the class name of that id; with instance
     masks one PNG per object, single-channel, of the record's height x width, of 0 and 1 only; a semantic mask a PNG
-    of that size holding class ids (0 .. first_id + len(class_names) - 1) or 255 only.
+    of that size holding class ids (0 .. first_id + len(class_names) - 1) or 255 only; with `tfds_objects`, TFDS's
+    keys the same objects as the OD API's (`_tfds_problems`).
     """
     keys = SCHEMAS[DETECTION]
 
@@ -207,6 +216,8 @@ def object_problems(feature, height: int, width: int, class_names: list[str], fi
             problems.append(f"object {i}: class id {label} is out of range: the dataset's {len(class_names)} "
                             f"classes have ids {first_id}..{last}")
         names.append(name)
+    if tfds_objects:
+        problems += _tfds_problems(feature, lists, first_id)
     if instance_masks:
         mask_key = DETECTION_INSTANCE_MASK["mask"][0]
         pngs = list(feature[mask_key].bytes_list.value) if mask_key in feature else []
@@ -225,6 +236,35 @@ def object_problems(feature, height: int, width: int, class_names: list[str], fi
             if problem:
                 problems.append(f"its semantic mask {problem}")
     return problems, names
+
+
+def _tfds_problems(feature, lists: dict, first_id: int) -> list[str]:
+    """Where TFDS's keys of a record say other than the OD API's, one line per key: objects/bbox must hold each
+    box's [ymin, xmin, ymax, xmax] (the same float32 numbers), objects/label each class id - first_id,
+    objects/is_crowd and objects/is_difficult image/object/is_crowd and image/object/difficult."""
+    keys = SCHEMAS[DETECTION]
+    expected = {
+        "tfds_bbox": [v for box in zip(*(lists[field] for field in BOX_FIELDS), strict=False) for v in box],
+        "tfds_label": [label - first_id for label in lists["label"]],
+        "tfds_is_crowd": lists["is_crowd"], "tfds_is_difficult": lists["difficult"],
+    }
+    told_by = {"tfds_bbox": "the boxes of image/object/bbox/*", "tfds_label": f"{keys['label'][0]} - {first_id}",
+               "tfds_is_crowd": keys["is_crowd"][0], "tfds_is_difficult": keys["difficult"][0]}
+    problems = []
+    for field, (key, _) in DETECTION_TFDS_OBJECTS.items():
+        if key not in feature:
+            problems.append(f"it lacks TFDS's {key}, which image_tfrecords.json lists: tfds.builder_from_directory "
+                            "reads no objects from it; convert again")
+            continue
+        kind = feature[key].WhichOneof("kind")
+        found = list(getattr(feature[key], kind).value) if kind else []
+        if found != expected[field]:
+            at = next((i for i, (a, b) in enumerate(zip(found, expected[field], strict=False)) if a != b),
+                      min(len(found), len(expected[field])))
+            problems.append(f"TFDS's {key} differs from {told_by[field]} ({len(found)} values for "
+                            f"{len(expected[field])}, first difference at value {at}): TFDS and the OD API would "
+                            "read different objects; convert again")
+    return problems
 
 
 def _mask_problem(png: bytes, height: int, width: int, allowed: set[int], allowed_text: str) -> str | None:

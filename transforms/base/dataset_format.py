@@ -131,13 +131,21 @@ DETECTION_OBJECT_FIELDS = ("xmin", "ymin", "xmax", "ymax", "label", "class_name"
 DETECTION_INSTANCE_MASK = {"mask": ("image/object/mask", "bytes")}
 DETECTION_SEMANTIC_MASK = {"segmentation": ("image/segmentation/class/encoded", "bytes"),
                            "segmentation_format": ("image/segmentation/class/format", "string")}
+# TFDS's view of the same objects, written beside the OD API's keys in every detection record: TFDS's own detection
+# datasets (coco, voc) hold objects/bbox (a BBoxFeature: 4 floats per object, [ymin, xmin, ymax, xmax] normalised, under
+# one key, which the OD API's four keys cannot be described as), objects/label (a ClassLabel: 0-based, labels.txt's
+# line, whatever first_id is), objects/is_crowd (coco's) and objects/is_difficult (voc's), read as booleans.
+# features.json describes them as `objects`, a Sequence (transforms/output/tfds_metadata.py).
+DETECTION_TFDS_OBJECTS = {"tfds_bbox": ("objects/bbox", "float"), "tfds_label": ("objects/label", "int64"),
+                          "tfds_is_crowd": ("objects/is_crowd", "int64"),
+                          "tfds_is_difficult": ("objects/is_difficult", "int64")}
 # The schemas --schema offers (a classification dataset's); --task=detection writes DETECTION's.
 CLASSIFICATION_SCHEMAS = tuple(name for name in SCHEMAS if name != DETECTION)
 
 
 def detection_fields(instance_masks: bool = False, semantic_masks: bool = False) -> dict[str, tuple[str, str]]:
     """The fields a detection record holds, {field: (key, dtype)}: DETECTION's, and the masks' when written."""
-    return {**SCHEMAS[DETECTION], **(DETECTION_INSTANCE_MASK if instance_masks else {}),
+    return {**SCHEMAS[DETECTION], **DETECTION_TFDS_OBJECTS, **(DETECTION_INSTANCE_MASK if instance_masks else {}),
             **(DETECTION_SEMANTIC_MASK if semantic_masks else {})}
 
 
@@ -160,11 +168,13 @@ def record_fields(schema: str = "default", unlabeled: bool = False) -> dict[str,
 
 
 def tfds_labels_file(schema: str) -> str:
-    """The file that holds TFDS's ClassLabel names, as TFDS finds it: the label key, '/' as '-' (a nested feature)."""
-    return SCHEMAS[schema]["label"][0].replace("/", "-") + TFDS_LABELS_SUFFIX
+    """The file that holds TFDS's ClassLabel names, as TFDS finds it: the label key, '/' as '-' (a nested feature);
+    a detection dataset's is objects/label's (objects-label.labels.txt)."""
+    key = DETECTION_TFDS_OBJECTS["tfds_label"][0] if schema == DETECTION else SCHEMAS[schema]["label"][0]
+    return key.replace("/", "-") + TFDS_LABELS_SUFFIX
 
 
-TFDS_LABELS_FILES = tuple(sorted({tfds_labels_file(schema) for schema in CLASSIFICATION_SCHEMAS}))
+TFDS_LABELS_FILES = tuple(sorted({tfds_labels_file(schema) for schema in SCHEMAS}))
 # In the order they are published.
 DESCRIPTION_FILES = (ERRORS_FILE, LABELS_FILE, LABEL_MAP_FILE, *TFDS_LABELS_FILES, FEATURES_FILE, TFDS_INFO_FILE,
                      INFO_FILE)

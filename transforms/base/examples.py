@@ -18,6 +18,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from transforms.base.dataset_format import (
     DETECTION_INSTANCE_MASK,
     DETECTION_OBJECT_FIELDS,
+    DETECTION_TFDS_OBJECTS,
     MULTI_LABEL_FIELDS,
     detection_fields,
     record_fields,
@@ -155,10 +156,12 @@ def build_example(
 def detection_feature_description(instance_masks: bool = False, semantic_masks: bool = False
                                   ) -> dict[str, dict[str, object]]:
     """A detection dataset's keys (`dataset_format.detection_fields`) as {key: {dtype, shape, field}}: the object
-    fields and the instance masks lists of one value per object (shape [-1]), the rest one value each."""
-    lists = {*DETECTION_OBJECT_FIELDS, *DETECTION_INSTANCE_MASK}
+    fields and the instance masks lists of one value per object (shape [-1]), TFDS's objects/bbox four per object
+    ([-1, 4]), the rest one value each."""
+    lists = {*DETECTION_OBJECT_FIELDS, *DETECTION_INSTANCE_MASK, *DETECTION_TFDS_OBJECTS}
     return {key: {"dtype": dtype if dtype in ("int64", "float") else "string",
-                  "shape": [-1] if field_name in lists else [], "field": field_name}
+                  "shape": ([-1, 4] if field_name == "tfds_bbox" else [-1]) if field_name in lists else [],
+                  "field": field_name}
             for field_name, (key, dtype) in detection_fields(instance_masks, semantic_masks).items()}
 
 

@@ -11,6 +11,8 @@ count from 1 by default (the OD API keeps 0 for the background), from 0 with `fi
     image/object/bbox/xmin, ymin, xmax, ymax (in [0, 1]), image/object/area           float lists
     image/object/class/label, image/object/is_crowd, image/object/difficult           int64 lists
     image/object/class/text                                                          bytes list (UTF-8)
+    objects/bbox (4 per object: ymin, xmin, ymax, xmax, the same numbers), objects/label (0-based),
+    objects/is_crowd, objects/is_difficult: TFDS's keys for the same objects (tfds_metadata's features.json)
     image/object/mask (with instance masks): one PNG per object, single channel 0/1, at the stored size
     image/segmentation/class/encoded, image/segmentation/class/format (a semantic mask): a PNG of class ids
 """
@@ -40,6 +42,9 @@ OBJECT_KEYS = {
     "image/object/bbox/ymax": "float", "image/object/class/label": "int64", "image/object/class/text": "bytes",
     "image/object/area": "float", "image/object/is_crowd": "int64", "image/object/difficult": "int64",
 }
+# TFDS's (dataset_format.DETECTION_TFDS_OBJECTS): the boxes again as one list, labels from 0, the flags again.
+TFDS_OBJECT_KEYS = {"objects/bbox": "float", "objects/label": "int64", "objects/is_crowd": "int64",
+                    "objects/is_difficult": "int64"}
 MASK_KEY = "image/object/mask"
 SEMANTIC_KEY, SEMANTIC_FORMAT_KEY = "image/segmentation/class/encoded", "image/segmentation/class/format"
 
@@ -99,11 +104,17 @@ def build_detection_example(encoded: EncodedImage, placed: PlacedAnnotations, cl
                         ("image/object/bbox/ymax", [o.box.ymax for o in objects]),
                         ("image/object/area", [o.area for o in objects])):
         features[key].float_list.value.extend(values)
-    for key, values in (("image/object/class/label", labels),
-                        ("image/object/is_crowd", [int(o.is_crowd) for o in objects]),
-                        ("image/object/difficult", [int(o.difficult) for o in objects])):
+    is_crowd, difficult = [int(o.is_crowd) for o in objects], [int(o.difficult) for o in objects]
+    for key, values in (("image/object/class/label", labels), ("image/object/is_crowd", is_crowd),
+                        ("image/object/difficult", difficult)):
         features[key].int64_list.value.extend(values)
     features["image/object/class/text"].bytes_list.value.extend(o.class_name.encode("utf-8") for o in objects)
+    # TFDS's keys: the same boxes as one list of 4 per object (its BBoxFeature), the classes from 0 (its ClassLabel)
+    features["objects/bbox"].float_list.value.extend(
+        value for o in objects for value in (o.box.ymin, o.box.xmin, o.box.ymax, o.box.xmax))
+    for key, values in (("objects/label", [label - first_id for label in labels]), ("objects/is_crowd", is_crowd),
+                        ("objects/is_difficult", difficult)):
+        features[key].int64_list.value.extend(values)
     masks = [o.mask for o in objects if o.mask is not None]
     if masks or with_masks:
         if len(masks) != len(objects):

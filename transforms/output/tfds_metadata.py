@@ -12,6 +12,12 @@ With these files `tfds.builder_from_directory(output_dir)` loads the dataset as 
     <label>.labels.txt      the `ClassLabel`'s names (label.labels.txt, or image-class-label.labels.txt
                             for --schema=tf_slim)
 
+A detection dataset's features.json (`detection_features_json`) is TFDS's view of its records: `image` (the Image
+at image/encoded, filename, source_id, ... as Text and Scalar) and `objects`, a Sequence of {bbox: BBoxFeature,
+label: ClassLabel, is_crowd, is_difficult: bool}: the keys objects/... every detection record holds beside the
+OD API's (transforms/detection/records.py), the names in objects-label.labels.txt. No supervised keys; masks are
+not among TFDS's features (the OD API's PNGs stay readable by the reader).
+
 The formats are TFDS 4.x's (`DatasetInfo.write_to_directory`, `FeatureConnector.save_config`); the tests
 load what these functions write with TFDS itself. TFDS reads uncompressed shards named by a template
 only: for gzip shards, or names it cannot template, `tfds_files` gives no files and the reason why.
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 from transforms.base.dataset_format import (
     DETECTION,
+    DETECTION_OBJECT_FIELDS,
+    DETECTION_TFDS_OBJECTS,
     FEATURES_FILE,
     MULTI_LABEL_FIELDS,
     SCHEMAS,
@@ -44,6 +52,7 @@ _CLASSES = {
     "scalar": _PREFIX + "scalar.Scalar",
     "tensor": _PREFIX + "tensor_feature.Tensor",
     "sequence": _PREFIX + "sequence_feature.Sequence",
+    "bbox": _PREFIX + "bounding_boxes.BBoxFeature",
 }
 _TFDS_DTYPES = {"int64": "int64", "float": "float32", "string": "string"}
 
@@ -91,16 +100,21 @@ def _nest(schema: str, unlabeled: bool = False) -> dict:
     A key that is both a feature and a parent of others ('image' and 'image/encoded') cannot be nested.
     `unlabeled`: an unlabeled set's keys (no label, an id: `transforms.base.examples.record_fields`).
     """
+    return _nest_fields(record_fields(schema, unlabeled), f"schema {schema!r}")
+
+
+def _nest_fields(fields: dict, what: str) -> dict:
+    """`fields` ({field: (key, dtype)}) as a nested dict of field names (`_nest`); `what` names them in errors."""
     tree: dict = {}
-    for field_name, (key, dtype) in record_fields(schema, unlabeled).items():
+    for field_name, (key, dtype) in fields.items():
         *parents, leaf = key.split("/")
         node = tree
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ValueError(f"schema {schema!r}: key {key!r} is below another feature")
+                raise ValueError(f"{what}: key {key!r} is below another feature")
         if leaf in node:
-            raise ValueError(f"schema {schema!r}: key {key!r} is also a parent of other keys")
+            raise ValueError(f"{what}: key {key!r} is also a parent of other keys")
         node[leaf] = (field_name, dtype)
     return tree
 
@@ -127,6 +141,29 @@ def features_json(schema: str, image_info: dict, num_classes: int, multi_label: 
     content = _features_content(_nest(schema, unlabeled), image_info, num_classes, multi_label)
     for feature in features:
         content["features"][feature.name] = _extra_leaf(feature)
+    return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
+
+
+def _detection_object(field_name: str, num_classes: int) -> dict:
+    """One of TFDS's per-object features (DETECTION_TFDS_OBJECTS), as it reads inside the `objects` Sequence."""
+    if field_name == "tfds_bbox":  # 4 float32 per object under one key, [ymin, xmin, ymax, xmax] normalised
+        return {"pythonClassName": _CLASSES["bbox"],
+                "boundingBox": {"bboxFormat": "REL_YXYX", "dtype": "float32", "shape": {"dimensions": ["4"]}}}
+    if field_name == "tfds_label":
+        return {"pythonClassName": _CLASSES["label"], "classLabel": {"numClasses": str(num_classes)}}
+    # is_crowd, is_difficult: stored as int64 0/1, read as bool as TFDS's coco and voc give them
+    return {"pythonClassName": _CLASSES["scalar"], "tensor": {"shape": {}, "dtype": "bool", "encoding": "none"}}
+
+
+def detection_features_json(image_info: dict, num_classes: int) -> dict:
+    """TFDS's features.json of detection records: `image` (every image key: the Image at image/encoded, the other
+    keys as Text and Scalar, nested as they are written) and `objects`, a Sequence of TFDS's per-object keys."""
+    image_keys = {field: entry for field, entry in SCHEMAS[DETECTION].items() if field not in DETECTION_OBJECT_FIELDS}
+    content = _features_content(_nest_fields(image_keys, "detection records"), image_info, num_classes)
+    objects = {key.split("/", 1)[1]: _detection_object(field_name, num_classes)
+               for field_name, (key, _) in DETECTION_TFDS_OBJECTS.items()}
+    content["features"]["objects"] = _sequence({"pythonClassName": _CLASSES["dict"],
+                                                "featuresDict": {"features": objects}})
     return {"pythonClassName": _CLASSES["dict"], "featuresDict": content}
 
 
@@ -196,16 +233,14 @@ def tfds_files(splits: dict, schema: str, image_info: dict, class_names: list[st
     An unlabeled set (`unlabeled`, --unlabeled) has no ClassLabel, hence no labels file."""
     import json
 
-    if schema == DETECTION:
-        return {}, "TFDS files are not written for detection records yet"
     why_not = unsupported(splits, compression)
     if why_not:
         return {}, why_not
     labels = {} if unlabeled else {tfds_labels_file(schema): "".join(f"{name}\n" for name in class_names)}
+    config = (detection_features_json(image_info, len(class_names)) if schema == DETECTION else
+              features_json(schema, image_info, len(class_names), multi_label, features=features, unlabeled=unlabeled))
     return {
         **labels,
-        FEATURES_FILE: json.dumps(features_json(schema, image_info, len(class_names), multi_label,
-                                                features=features, unlabeled=unlabeled),
-                                  indent=4, sort_keys=True),
+        FEATURES_FILE: json.dumps(config, indent=4, sort_keys=True),
         TFDS_INFO_FILE: json.dumps(dataset_info_json(splits, schema, description, unlabeled), indent=2) + "\n",
     }, None
