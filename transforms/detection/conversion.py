@@ -43,9 +43,10 @@ def annotation_rejection(problem: AnnotationProblem, relpath: str = "") -> Rejec
 
 
 def lost_annotations(ref: ImageRef, rejection: Rejection) -> list[Rejection]:
-    """The annotations of an image that is not written (rejected, or skipped), each as its errors.jsonl line."""
+    """The annotations of an image that is not written (rejected, or skipped), each as its errors.jsonl line; none
+    for an image skipped as no_objects: each of its annotations was set aside already, with its own reason."""
     annotations = ref.annotations
-    if annotations is None or rejection.stage == ANNOTATION:
+    if annotations is None or rejection.stage == ANNOTATION or rejection.reason == NO_OBJECTS:
         return []
     detail = f"its image was {rejection.stage} ({rejection.reason})"
     return [Rejection(ref.relpath, ANNOTATION, IMAGE_REJECTED, f"{obj.where or obj.class_name}: {detail}")
