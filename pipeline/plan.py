@@ -92,6 +92,8 @@ class Plan:
     class_columns: tuple = ()  # a one-hot manifest's ((column, class name), ...): the classes are the header's
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
     base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.inputs.append)
+    # --task=detection with --if_exists=append: the dataset's class names, which keep their ids (new ones follow)
+    base_class_names: list[str] | None = None
     record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
     detection: DetectionInput | None = None  # --task=detection: the format and layout found (plan_detection)
     resume_from: list = field(default_factory=list)  # output.resume.Earlier: the runs it resumes

@@ -28,6 +28,9 @@ from transforms.images.imaging import EncodedImage
 ANNOTATION = "annotation"  # the errors.jsonl stage of an annotation set aside (its image may well be written)
 NO_OBJECTS = "no_objects"  # --images_without_objects=drop: an image without any object, skipped
 IMAGE_REJECTED = "image_rejected"  # an annotation whose image was rejected (not decodable, ...) or skipped
+DUPLICATE_IMAGE = "duplicate_image"  # an annotation of a copy --duplicates=drop does not write
+# An append's tally: the objects of the images the dataset holds already (found again, written before).
+ALREADY_IN_DATASET = "objects_already_in_dataset"
 INPUT_FORMATS = ("coco", "voc", "yolo", "boxes")
 
 # The keys of the object tallies (WriteShards' OBJECTS output, summed with the parser's tally).
@@ -50,6 +53,18 @@ def lost_annotations(ref: ImageRef, rejection: Rejection) -> list[Rejection]:
         return []
     detail = f"its image was {rejection.stage} ({rejection.reason})"
     return [Rejection(ref.relpath, ANNOTATION, IMAGE_REJECTED, f"{obj.where or obj.class_name}: {detail}")
+            for obj in annotations.objects]
+
+
+def duplicate_annotations(ref: ImageRef, rejection: Rejection) -> list[Rejection]:
+    """The annotations of a copy that --duplicates=drop does not write (`rejection` says which copy is), each as its
+    errors.jsonl line of reason duplicate_image: the copy written keeps its own annotations, never these."""
+    annotations = ref.annotations
+    if annotations is None:
+        return []
+    return [Rejection(ref.relpath, ANNOTATION, DUPLICATE_IMAGE,
+                      f"{obj.where or obj.class_name}: its image is a copy that is not written "
+                      f"({rejection.reason}: {rejection.detail})")
             for obj in annotations.objects]
 
 
@@ -112,13 +127,35 @@ def detection_section(tally: dict, annotations_rejected: Mapping[str, int], drop
         "instance_masks": instance_masks,
         "semantic_masks": semantic_masks,
         "input_format": input_format,
-        "annotations": {"found": tally.get(FOUND, 0), "written": tally.get(OBJECTS_WRITTEN, 0), "rejected": rejected},
+        # an append's objects of images the dataset holds are not this run's to write: found = written + rejected
+        "annotations": {"found": tally.get(FOUND, 0) - tally.get(ALREADY_IN_DATASET, 0),
+                        "written": tally.get(OBJECTS_WRITTEN, 0), "rejected": rejected},
         "images_without_objects": {"kept": tally.get(RECORDS_WITHOUT_OBJECTS, 0), "dropped": dropped},
         "objects_per_image_max": tally.get(MOST_OBJECTS, 0),
     }
     if annotations_rejected.get(BAD_SEMANTIC_MASK):
         section["semantic_masks_rejected"] = annotations_rejected[BAD_SEMANTIC_MASK]
     return section
+
+
+def grown_section(base: dict, run: dict) -> dict:
+    """The "detection" section of a dataset grown by an append: `base`, the dataset's section, and `run`, this run's
+    (`detection_section`). As for the images (transforms.output.describe.grow), the objects written add up and the
+    annotations rejected are this run's, as errors.jsonl lists them: found = the objects the dataset held + this
+    run's found (but the objects of images it holds already) = written + rejected."""
+    held = base.get("annotations", {}).get("written", 0)
+    formats = [*dict.fromkeys([*str(base.get("input_format", "")).split("+"), run["input_format"]])]
+    return {
+        **run,
+        "semantic_masks": bool(base.get("semantic_masks")) or run["semantic_masks"],
+        "input_format": "+".join(name for name in formats if name),
+        "annotations": {"found": held + run["annotations"]["found"], "written": held + run["annotations"]["written"],
+                        "rejected": run["annotations"]["rejected"]},
+        "images_without_objects": {"kept": base.get("images_without_objects", {}).get("kept", 0)
+                                   + run["images_without_objects"]["kept"],
+                                   "dropped": run["images_without_objects"]["dropped"]},
+        "objects_per_image_max": max(base.get("objects_per_image_max", 0), run["objects_per_image_max"]),
+    }
 
 
 def annotations_problem(section: dict) -> str | None:

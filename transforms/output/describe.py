@@ -38,7 +38,14 @@ from transforms.base.dataset_format import (
 )
 from transforms.base.examples import detection_feature_description, feature_description
 from transforms.base.features import describe as describe_features
-from transforms.detection.conversion import ANNOTATION, NO_OBJECTS, annotations_problem, detection_section
+from transforms.detection.conversion import (
+    ALREADY_IN_DATASET,
+    ANNOTATION,
+    NO_OBJECTS,
+    annotations_problem,
+    detection_section,
+    grown_section,
+)
 from transforms.detection.records import label_map_text
 from transforms.images import stats as pixel_stats
 from transforms.images.imaging import converter_libraries
@@ -306,6 +313,11 @@ class _WriteInfo(beam.DoFn):
         if self._detection is not None:  # every annotation found: written, or in errors.jsonl
             section = detection_section(detection or {}, counts.annotations_rejected,
                                         counts.skipped_by_reason.get(NO_OBJECTS, 0), **self._detection)
+            if grown is not None:  # an append: this run's figures in its history entry, the dataset's grown
+                grown.history[-1]["annotations"] = {
+                    **section["annotations"], "rejected": sum(section["annotations"]["rejected"].values()),
+                    "already_in_dataset": (detection or {}).get(ALREADY_IN_DATASET, 0)}
+                section = grown_section(self._base.get("detection") or {}, section)
             problem = annotations_problem(section)
             if problem:
                 raise DatasetIncomplete(f"annotations unaccounted for: {problem}; {INFO_FILE} was not written. "
@@ -481,7 +493,8 @@ def grow(base: dict, run: Accounting, present: int, options: dict, run_id: str =
         "libraries": converter_libraries()}]
     grown = Grown([(old, new) for old, new in renames if old != new],
                   [old for old, new in renames if old == new], history)
-    return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed), grown
+    return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed,
+                      run.annotations_rejected), grown
 
 
 def _with_old_stats(base: dict, stats: dict, splits: dict):
