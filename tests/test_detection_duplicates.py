@@ -55,3 +55,27 @@ def test_without_drop_the_copies_are_written_with_their_own_annotations(tmp_path
     assert [name for name, _ in record_boxes(records["train/b.jpg"])] == ["dog"]
     assert info["detection"]["annotations"] == {"found": 8, "written": 8, "rejected": {}}
     assert info["duplicates"]["groups"] == 1
+
+
+def test_an_appended_copy_of_a_record_is_dropped_with_its_annotations(tmp_path):
+    """--duplicates=drop on an append: a new image with the bytes of a record the dataset holds is not written, and
+    each of its annotations is a duplicate_image line; the dataset's records and counts stay."""
+    from tests.detection_runs import voc_export
+
+    coco, voc, out = tmp_path / "coco", tmp_path / "voc", tmp_path / "out"
+    coco_export(coco)
+    assert _run(coco, out, "--duplicates=drop") == 0
+    before = read_detection_records(out)
+    # voc_export draws the same pictures as coco_export, in order: e.jpg has a.jpg's bytes
+    voc_export(voc, (("train", "e", [("cat", (4.0, 4.0, 40.0, 40.0)), ("dog", (1.0, 1.0, 9.0, 9.0))]),))
+    assert (voc / "JPEGImages" / "e.jpg").read_bytes() == (coco / "train" / "a.jpg").read_bytes()
+    assert _run(voc, out, "--duplicates=drop", "--if_exists=append") == 0
+
+    info = json.loads((out / "image_tfrecords.json").read_text())
+    assert read_detection_records(out) == before
+    assert info["rejected_by_reason"] == {"duplicate": 1}
+    assert info["detection"]["annotations"] == {"found": 8 + 2, "written": 8, "rejected": {"duplicate_image": 2}}
+    lines = sorted((r["relpath"], r["stage"], r["reason"]) for r in error_rows(out))
+    assert lines == [("JPEGImages/e.jpg", "annotation", "duplicate_image")] * 2 + [
+        ("JPEGImages/e.jpg", "rejected", "duplicate")]
+    assert main_of(verify.run, [str(out)]) == 0
