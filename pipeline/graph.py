@@ -13,9 +13,9 @@ from transforms.base.examples import record_id
 from transforms.detection.annotated import CLASS_NAMES as ANNOTATED_CLASSES
 from transforms.detection.annotated import FOUND as FOUND_IMAGES
 from transforms.detection.annotated import TALLY, DetectionTally, ReadAnnotations
-from transforms.detection.conversion import DetectionRecords
+from transforms.detection.conversion import ALREADY_IN_DATASET, DetectionRecords, duplicate_annotations
 from transforms.inputs import metadata, split_lists
-from transforms.inputs.append import PRESENT, ReadSources, SkipPresent, WriteSources, old_hashes
+from transforms.inputs.append import PRESENT, PRESENT_OBJECTS, ReadSources, SkipPresent, WriteSources, old_hashes
 from transforms.inputs.append import REJECTED as CHANGED
 from transforms.inputs.duplicates import DROPPED, DropDuplicates
 from transforms.inputs.duplicates import HASHES as DUP_HASHES
@@ -55,6 +55,7 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
             **hash_split,
             drop_empty=settings.images_without_objects == "drop",
             segmentations=settings.instance_masks,
+            known=plan.base_class_names,  # an append's: the dataset's classes keep their ids, new ones follow
         )
         images, not_listed, found = annotations["images"], [annotations["rejections"]], annotations[FOUND_IMAGES]
         class_names = annotations.get(ANNOTATED_CLASSES, plan.class_names)  # found in the job: one list
@@ -148,7 +149,10 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
         deduped = images | "DropDuplicates" >> DropDuplicates(settings.image.max_file_bytes,
                                                                settings.image.throttled_retry_s,
                                                                settings.image.reads_per_s_at_start,
-                                                               held=old_records)
+                                                               held=old_records,
+                                                               # a dropped copy's annotations: errors.jsonl lines
+                                                               lost=duplicate_annotations if settings.detection
+                                                               else None)
         images, dropped, source_hashes = deduped["kept"], [deduped[DROPPED]], deduped[DUP_HASHES]
     # ImageRef -> (ShardKey, ImageRef): shards counted, balanced and fixed before any image is read
     assign = AssignShards(plan.sizing)
@@ -196,7 +200,10 @@ def build_pipeline(p: beam.Pipeline, settings: Settings, plan: Plan, start_time:
     if settings.manifest and not settings.detection:
         inputs["manifest"] = manifest_stats
     if annotations is not None:  # the parsers' tally and the objects written: every annotation accounted for
-        inputs["detection"] = ((annotations[TALLY], written[OBJECTS])
+        tallies = [annotations[TALLY], written[OBJECTS]]
+        if present is not None:  # an append: the objects of the images the dataset holds already
+            tallies.append(judged[PRESENT_OBJECTS] | "ObjectsHeld" >> beam.Map(lambda n: {ALREADY_IN_DATASET: n}))
+        inputs["detection"] = (tallies
                                | "AnnotationTallies" >> beam.Flatten()
                                | "SumAnnotations" >> beam.CombineGlobally(DetectionTally()))
     if settings.split_lists:

@@ -162,9 +162,9 @@ def _prepare_output(options: PipelineOptions, settings: Settings, plan: Plan, ru
     try:
         # Leftovers of interrupted runs leave the folder at once and are deleted while this one runs.
         # What decides the records: an interrupted run of the same plan is resumed (an append is not resumable:
-        # the dataset it grows decides its class names once the lock is held).
-        # Nor is a detection run yet: its annotation tallies are not in the done records.
-        record = plan_record(settings, plan) if settings.if_exists != "append" and not settings.detection else None
+        # the dataset it grows decides its class names once the lock is held). A detection run's done records hold
+        # its annotation tallies too.
+        record = plan_record(settings, plan) if settings.if_exists != "append" else None
         old = prepare_output(settings, run_id, dry_run=dry_run, background=True, record=record)
         plan.record, plan.resume_from = (record if not dry_run else None), old.resumed
         for earlier in old.resumed:

@@ -582,12 +582,6 @@ def check_detection_options(o) -> None:
     if o.schema != "default":
         raise UserError(f"--schema={o.schema} is for classification records: --task=detection writes the keys of "
                         "the TF Object Detection API (docs/detection.md); drop --schema")
-    if o.duplicates == "drop":
-        raise UserError("--duplicates=drop is not yet supported for --task=detection: its dropped copies' annotations "
-                        "would go uncounted; drop the option (identical files are reported either way)")
-    if o.if_exists == "append":
-        raise UserError("--if_exists=append is not yet supported for --task=detection: convert the whole export "
-                        "again into a new folder (or with --if_exists=overwrite)")
 
 
 def _manifest_folder(pattern: str) -> str:

@@ -36,7 +36,7 @@ from pipeline.errors import UserError
 from pipeline.options import Settings
 from pipeline.plan import Plan
 from transforms.base import bounded, gcs
-from transforms.base.dataset_format import FORMAT_VERSION, SOURCES_NAME, TEMP_DIR
+from transforms.base.dataset_format import CLASSIFICATION, FORMAT_VERSION, SOURCES_NAME, TEMP_DIR
 from transforms.base.paths import is_gcs, is_local, relative_to
 from transforms.inputs.append import FREE_OPTIONS
 from transforms.output.files import delete_files
@@ -144,6 +144,11 @@ def check_appendable(settings: Settings, info: dict) -> None:
     if not info or info.get("format_version") != FORMAT_VERSION or not isinstance(info.get("splits"), dict):
         raise UserError(f"{where} has a description this version cannot grow (format version "
                         f"{info.get('format_version', '?')}): {rebuild}")
+    held_task = info.get("task") or CLASSIFICATION
+    if held_task != settings.task:  # the records' keys, labels.txt's meaning and the accounting all differ
+        raise UserError(f"{where} holds {held_task} records and this run writes {settings.task} records "
+                        f"(--task={settings.task}): one dataset holds one kind of record; append into a "
+                        f"{settings.task} dataset, or {rebuild}")
     sources = info.get("sources")
     if not isinstance(sources, dict) or not isinstance(sources.get("files"), list):
         raise UserError(f"{where} was made by an earlier version, which recorded no sources files (the paths and "
@@ -174,12 +179,19 @@ def append_base(settings: Settings, plan: Plan) -> None:
     check_appendable(settings, info)
     names = list(info.get("class_names") or [])
     new = sorted(set(plan.class_names) - set(names))
-    if new:
+    if settings.detection:
+        # A detection dataset's classes grow: its own keep their ids, a new one takes the next (of the names the
+        # launcher knows now, YOLO's or --labels_file's; else of those the job finds: ReadAnnotations' `known`).
+        plan.class_names = names + [name for name in plan.class_names if name not in names] if plan.class_names \
+            else []
+        plan.base_class_names = names
+    elif new:
         raise UserError(f"--if_exists=append: the input has {len(new)} class(es) that the dataset in "
                         f"{settings.output_dir} does not ({', '.join(new[:5])}), and adding a class would change "
                         "the label ids of its records: pass --if_exists=overwrite to convert everything again, or "
                         "move those folders out of --input_dir")
-    plan.class_names = names
+    else:
+        plan.class_names = names
     plan.base = info
     plan.base_sources = held_sources(settings.output_dir, info["sources"]["files"])
 

@@ -92,6 +92,8 @@ class Plan:
     class_columns: tuple = ()  # a one-hot manifest's ((column, class name), ...): the classes are the header's
     base: dict | None = None  # --if_exists=append: the description of the dataset this run grows
     base_sources: list[str] = field(default_factory=list)  # its sources files' paths (transforms.inputs.append)
+    # --task=detection with --if_exists=append: the dataset's class names, which keep their ids (new ones follow)
+    base_class_names: list[str] | None = None
     record: dict | None = None  # plan_record: what decides the records; None: this run is not resumable
     detection: DetectionInput | None = None  # --task=detection: the format and layout found (plan_detection)
     resume_from: list = field(default_factory=list)  # output.resume.Earlier: the runs it resumes
@@ -636,6 +638,27 @@ def plan_detection(settings: Settings) -> Plan:
                                  "first look (the job lists them all): shards are sized from an estimate"]
     return Plan(class_names=class_names, split_folders=False, notes=notes, detection=detection,
                 sizing=shard_sizing(settings, sample, [size for _, _, size in samples]))
+
+
+def detection_identity(detection: DetectionInput) -> dict:
+    """What a resume must find unchanged of a detection export (`plan_record`): its format and layout, and the
+    identity (path, size, modification time) of the annotation files the launcher knows: COCO's JSON files, the box
+    file (YOLO's data.yaml is read: its names and folders are the layout). The per-image files (VOC's XML, YOLO's
+    labels) are too many to list here: each chunk's done record is named after its images' annotations as parsed,
+    and the class names found (`resume.chunk_digest`), so a chunk whose annotations changed is converted again."""
+    layout = detection.layout
+    if detection.input_format == "coco":
+        files = [source.annotations for source in layout]
+    elif detection.input_format == "boxes":
+        files = [layout.path]
+    else:  # YOLO's data.yaml is in its layout (names, folders)
+        files = []
+    identity = []
+    for path, found in zip(files, FileSystems.match(files) if files else [], strict=True):
+        meta = found.metadata_list[0] if found.metadata_list else None
+        identity.append([path, meta.size_in_bytes if meta else None, meta.last_updated_in_seconds if meta else None])
+    return {"input_format": detection.input_format, "layout": repr(layout), "semantic_masks": detection.semantic_masks,
+            "splits": detection.splits, "annotation_files": identity}
 
 
 SUGGESTION_NAMES = 20  # the first image names a --label_from suggestion must fit
@@ -1361,6 +1384,7 @@ def plan_record(settings: Settings, plan: Plan) -> dict:
             **({"split_lists": [list(plan.split_list_rule), plan.split_list_sizes]} if plan.split_list_rule else {}),
             "manifest_files": [[path, *how] for path, how in zip(plan.manifest_files, plan.manifest_readings,
                                                                  strict=True)],
+            **({"detection": detection_identity(plan.detection)} if plan.detection is not None else {}),
         },
         "code": {"version": __version__, "code": code_hash(), "format_version": FORMAT_VERSION,
                  "libraries": converter_libraries()},

@@ -76,3 +76,40 @@ def assert_complete(out, images: int, shards: int, user_files: bool = True) -> N
     assert leftovers == []
     if user_files:
         assert_user_files_intact(out)
+
+
+class Stopped(RuntimeError):
+    """The converter's stand-in for a crash: raised once enough chunks are done (`stop_after_chunks`)."""
+
+
+def stop_after_chunks(monkeypatch, after: int) -> None:
+    """Make the conversion raise Stopped once `after` chunks of the run have their done record
+    (transforms/output/resume.py); undo with `monkeypatch.undo()` or the fixture's end."""
+    from transforms.output import resume
+
+    real = resume.write_done
+
+    def write_done(run_folder, record, key):
+        real(run_folder, record, key)
+        names = os.listdir(os.path.join(run_folder, resume.DONE_DIR))
+        if len([name for name in names if name.count(".") == 1]) >= after:
+            raise Stopped(f"stopped after {after} chunks")
+
+    monkeypatch.setattr(resume, "write_done", write_done)
+
+
+def done_records(out, suffix: str = ".json") -> dict[str, dict]:
+    """digest -> done record (or with suffix ".at.json", where its piece is in its shard's file), of every run
+    folder left in `out`."""
+    from transforms.base.dataset_format import TEMP_DIR
+    from transforms.output import resume
+
+    found = {}
+    temp = out / TEMP_DIR
+    for run in os.listdir(temp) if temp.is_dir() else ():
+        done = temp / run / resume.DONE_DIR
+        for name in os.listdir(done) if done.is_dir() else ():
+            digest = name.removesuffix(suffix)
+            if name.endswith(suffix) and "." not in digest:
+                found[digest] = json.loads((done / name).read_text())
+    return found

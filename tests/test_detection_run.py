@@ -221,8 +221,6 @@ def test_without_task_the_export_is_refused_in_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("option, words", [
     ("--multi_label", "--multi_label and --task=detection do not go together"),
     ("--schema=tf_slim", "--schema=tf_slim is for classification records"),
-    ("--if_exists=append", "not yet supported for --task=detection"),
-    ("--duplicates=drop", "not yet supported for --task=detection"),
 ])
 def test_options_that_make_no_sense_with_detection_are_refused_in_one_line(tmp_path, capsys, option, words):
     code, err = main_in_process(capsys, f"--input_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}",

@@ -21,6 +21,7 @@ import pytest
 from pipeline import verify
 from pipeline.cli import main_of
 from tests.conftest import REPO, convert
+from tests.crash_helpers import Stopped, done_records, stop_after_chunks
 from tests.datasets import read_records, write_tiny_tree
 from transforms.base.dataset_format import TEMP_DIR
 from transforms.output import resume, write
@@ -32,10 +33,6 @@ IMAGES = sum(CLASSES.values())
 RUN_FIELDS = {"created", "run_id", "elapsed_seconds", "images_per_second", "resumed", "sources", "tfds"}
 RESUMED_LINE = re.compile(r"^Resumed: (?P<n>\d+) images from the interrupted run (?P<run>\S+), converted "
                           r"(?P<m>\d+)\.$", re.MULTILINE)
-
-
-class Stopped(RuntimeError):
-    """The converter's stand-in for a crash: raised once enough chunks are done."""
 
 
 @pytest.fixture(scope="module")
@@ -54,30 +51,13 @@ def fresh(photos, tmp_path_factory):
 
 
 def _done_records(out, suffix: str = ".json") -> dict[str, dict]:
-    """digest -> done record (or with suffix ".at.json", where its piece is in its shard's file), of every run
-    folder left in `out`."""
-    found = {}
-    temp = out / TEMP_DIR
-    for run in os.listdir(temp) if temp.is_dir() else ():
-        done = temp / run / resume.DONE_DIR
-        for name in os.listdir(done) if done.is_dir() else ():
-            digest = name.removesuffix(suffix)
-            if name.endswith(suffix) and "." not in digest:
-                found[digest] = json.loads((done / name).read_text())
-    return found
+    return done_records(out, suffix)
 
 
 def _interrupt(monkeypatch, photos, out, after: int, *options) -> list[dict]:
     """Run the conversion, stopped by an exception once `after` chunks are done; their done records."""
     real = resume.write_done
-
-    def write_done(run_folder, record, key):
-        real(run_folder, record, key)
-        names = os.listdir(os.path.join(run_folder, resume.DONE_DIR))
-        if len([name for name in names if name.count(".") == 1]) >= after:
-            raise Stopped(f"stopped after {after} chunks")
-
-    monkeypatch.setattr(resume, "write_done", write_done)
+    stop_after_chunks(monkeypatch, after)
     with pytest.raises(Exception, match="stopped after"):
         convert(photos, out, *(options or OPTIONS))
     monkeypatch.setattr(resume, "write_done", real)

@@ -80,9 +80,12 @@ def written_order(where: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", where) if part)
 
 
-def class_names_of(used: list[str], categories: dict | None = None) -> list[str]:
+def class_names_of(used: list[str], categories: dict | None = None, known=()) -> list[str]:
     """The class names in id order: COCO's `categories` ({(file index, category id): name}) in the order of their
-    ids, those of no kept object (`used`) left out; else `used` in class_order."""
+    ids, those of no kept object (`used`) left out; else `used` in class_order. With `known` (an append: the
+    dataset's), those first, as they are, then the others found in that order."""
+    if known:
+        return [*known, *(name for name in class_names_of(used, categories) if name not in known)]
     if categories is None:
         return class_order(used)
     used, names = set(used), []
@@ -133,12 +136,15 @@ class ReadAnnotations(beam.PTransform):
 
     `class_names`: the classes (YOLO's names, --labels_file's), an object of another class is unknown_class; None:
     every class name found is a class. `drop_empty`: --images_without_objects=drop; `segmentations`: whether the
-    objects' segmentations are carried on (--instance_masks).
+    objects' segmentations are carried on (--instance_masks). `known` (an append, with `class_names` None): the
+    dataset's class names, which keep their ids; the classes found that it lacks follow them in their order.
     """
 
     def __init__(self, input_dir: str, detection: DetectionInput, class_names=None, *, seed: int,
-                 validation_split: float, test_split: float, drop_empty: bool = False, segmentations: bool = True):
+                 validation_split: float, test_split: float, drop_empty: bool = False, segmentations: bool = True,
+                 known=None):
         super().__init__()
+        self._known = list(known or ())
         self._input_dir, self._detection = input_dir, detection
         self._class_names = None if class_names is None else list(class_names)
         self._split = dict(seed=seed, validation_split=validation_split, test_split=test_split)
@@ -166,5 +172,5 @@ class ReadAnnotations(beam.PTransform):
                     | "DistinctClasses" >> beam.Distinct()
                     | "UsedClasses" >> beam.combiners.ToList())
             categories = beam.pvalue.AsSingleton(parsed[CATEGORIES]) if fmt == "coco" else None
-            outputs[CLASS_NAMES] = used | "ClassNames" >> beam.Map(class_names_of, categories)
+            outputs[CLASS_NAMES] = used | "ClassNames" >> beam.Map(class_names_of, categories, known=self._known)
         return outputs

@@ -35,6 +35,9 @@ from transforms.images.imaging import EncodedImage
 ANNOTATION = "annotation"  # the errors.jsonl stage of an annotation set aside (its image may well be written)
 NO_OBJECTS = "no_objects"  # --images_without_objects=drop: an image without any object, skipped
 IMAGE_REJECTED = "image_rejected"  # an annotation whose image was rejected (not decodable, ...) or skipped
+DUPLICATE_IMAGE = "duplicate_image"  # an annotation of a copy --duplicates=drop does not write
+# An append's tally: the objects of the images the dataset holds already (found again, written before).
+ALREADY_IN_DATASET = "objects_already_in_dataset"
 INPUT_FORMATS = ("coco", "voc", "yolo", "boxes")
 
 # The keys of the object tallies (WriteShards' OBJECTS output, summed with the parser's tally).
@@ -52,12 +55,25 @@ def annotation_rejection(problem: AnnotationProblem, relpath: str = "") -> Rejec
 
 
 def lost_annotations(ref: ImageRef, rejection: Rejection) -> list[Rejection]:
-    """The annotations of an image that is not written (rejected, or skipped), each as its errors.jsonl line."""
+    """The annotations of an image that is not written (rejected, or skipped), each as its errors.jsonl line; none
+    for an image skipped as no_objects: each of its annotations was set aside already, with its own reason."""
     annotations = ref.annotations
-    if annotations is None or rejection.stage == ANNOTATION:
+    if annotations is None or rejection.stage == ANNOTATION or rejection.reason == NO_OBJECTS:
         return []
     detail = f"its image was {rejection.stage} ({rejection.reason})"
     return [Rejection(ref.relpath, ANNOTATION, IMAGE_REJECTED, f"{obj.where or obj.class_name}: {detail}")
+            for obj in annotations.objects]
+
+
+def duplicate_annotations(ref: ImageRef, rejection: Rejection) -> list[Rejection]:
+    """The annotations of a copy that --duplicates=drop does not write (`rejection` says which copy is), each as its
+    errors.jsonl line of reason duplicate_image: the copy written keeps its own annotations, never these."""
+    annotations = ref.annotations
+    if annotations is None:
+        return []
+    return [Rejection(ref.relpath, ANNOTATION, DUPLICATE_IMAGE,
+                      f"{obj.where or obj.class_name}: its image is a copy that is not written "
+                      f"({rejection.reason}: {rejection.detail})")
             for obj in annotations.objects]
 
 
@@ -160,7 +176,9 @@ def detection_section(tally: dict, annotations_rejected: Mapping[str, int], drop
         "instance_masks": instance_masks,
         "semantic_masks": semantic_masks,
         "input_format": input_format,
-        "annotations": {"found": tally.get(FOUND, 0), "written": tally.get(OBJECTS_WRITTEN, 0), "rejected": rejected},
+        # an append's objects of images the dataset holds are not this run's to write: found = written + rejected
+        "annotations": {"found": tally.get(FOUND, 0) - tally.get(ALREADY_IN_DATASET, 0),
+                        "written": tally.get(OBJECTS_WRITTEN, 0), "rejected": rejected},
         "images_without_objects": {"kept": tally.get(RECORDS_WITHOUT_OBJECTS, 0), "dropped": dropped},
         "objects_per_image_max": tally.get(MOST_OBJECTS, 0),
         "images_per_class": per_class(tally, CLASS_IMAGES, class_names),
@@ -172,6 +190,38 @@ def detection_section(tally: dict, annotations_rejected: Mapping[str, int], drop
     if instance_masks_rejected:
         section["instance_masks_rejected"] = instance_masks_rejected
     return section
+
+
+def grown_section(base: dict, run: dict, class_names=None) -> dict:
+    """The "detection" section of a dataset grown by an append: `base`, the dataset's section, and `run`, this run's
+    (`detection_section`). As for the images (transforms.output.describe.grow), the objects written add up and the
+    annotations rejected are this run's, as errors.jsonl lists them: found = the objects the dataset held + this
+    run's found (but the objects of images it holds already) = written + rejected."""
+    held = base.get("annotations", {}).get("written", 0)
+    formats = [*dict.fromkeys([*str(base.get("input_format", "")).split("+"), run["input_format"]])]
+    return {
+        **run,
+        "semantic_masks": bool(base.get("semantic_masks")) or run["semantic_masks"],
+        "input_format": "+".join(name for name in formats if name),
+        "annotations": {"found": held + run["annotations"]["found"], "written": held + run["annotations"]["written"],
+                        "rejected": run["annotations"]["rejected"]},
+        "images_without_objects": {"kept": base.get("images_without_objects", {}).get("kept", 0)
+                                   + run["images_without_objects"]["kept"],
+                                   "dropped": run["images_without_objects"]["dropped"]},
+        "objects_per_image_max": max(base.get("objects_per_image_max", 0), run["objects_per_image_max"]),
+        "images_per_class": _added_per_class(base.get("images_per_class") or {}, run.get("images_per_class") or {},
+                                             class_names),
+    }
+
+
+def _added_per_class(base: dict, run: dict, class_names=None) -> dict:
+    """{split: {class: count}} of the dataset and of this run, added (in `class_names`' order when given)."""
+    added = {}
+    for split in [*dict.fromkeys([*base, *run])]:
+        counts = Counter(base.get(split) or {}) + Counter(run.get(split) or {})
+        names = class_names or list(counts)
+        added[split] = {name: counts[name] for name in names if counts[name]}
+    return added
 
 
 def annotations_problem(section: dict) -> str | None:

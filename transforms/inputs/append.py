@@ -47,6 +47,8 @@ from transforms.inputs.rows import TruncatedFile
 
 CHANGED = CHANGED_SINCE_DATASET
 PRESENT = "images_already_in_dataset"  # the counter, and PublishDataset's input of their number
+# --task=detection: the objects of each image already in the dataset (found by the parser, never written again)
+PRESENT_OBJECTS = "objects_already_in_dataset"
 
 # Options that may differ from the dataset's on an append: where the images come from and how new shards are
 # sized. Every other recorded option shapes the records or their splits, and must be the dataset's.
@@ -136,7 +138,8 @@ def old_hashes(source):
 
 class _Judge(beam.DoFn):
     """(relpath, {"new": [ImageRef], "old": [(sha256, split, label)]}) -> the ImageRefs to convert; a Rejection
-    of each changed file on REJECTED; 1 per image already in the dataset on PRESENT."""
+    of each changed file on REJECTED; 1 per image already in the dataset on PRESENT, and a detection image's
+    number of objects on PRESENT_OBJECTS."""
 
     def __init__(self, max_bytes: int, throttled_s: float | None = None, start_rate: float | None = None):
         self._max_bytes = max_bytes
@@ -159,6 +162,8 @@ class _Judge(beam.DoFn):
                 counters.inc(PRESENT)
                 counters.inc(counters.TO_CONVERT, -1)  # the progress line's total: the images to convert
                 yield beam.pvalue.TaggedOutput(PRESENT, 1)
+                if ref.annotations is not None:  # a detection image: its objects are the dataset's already
+                    yield beam.pvalue.TaggedOutput(PRESENT_OBJECTS, len(ref.annotations.objects))
             elif digest:
                 counters.inc(counters.rejected(CHANGED))
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejection(
@@ -175,7 +180,8 @@ REJECTED = "rejected"
 
 class SkipPresent(beam.PTransform):
     """ImageRef -> the ImageRefs not yet in the dataset ('images'); REJECTED: Rejection of each changed file;
-    PRESENT: 1 per image already in the dataset. `sources`: (relpath, (sha256, split, label)) from ReadSources."""
+    PRESENT: 1 per image already in the dataset (PRESENT_OBJECTS: a detection image's objects). `sources`:
+    (relpath, (sha256, split, label)) from ReadSources."""
 
     def __init__(self, sources, max_file_bytes: int, throttled_s: float | None = None,
                  start_rate: float | None = None):
@@ -189,7 +195,7 @@ class SkipPresent(beam.PTransform):
             {"new": keyed, "old": self._sources}
             # (relpath, {"new": [ImageRef], "old": [(sha256, split, label)]})
             | "JoinByPath" >> beam.CoGroupByKey()
-            | "Judge" >> beam.ParDo(self._fn).with_outputs(REJECTED, PRESENT, main="images")
+            | "Judge" >> beam.ParDo(self._fn).with_outputs(REJECTED, PRESENT, PRESENT_OBJECTS, main="images")
         )
 
 

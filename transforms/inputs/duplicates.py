@@ -144,9 +144,18 @@ def hash_file(path: str, max_bytes: int, size: int | None = None, throttled_s: f
         return ""
 
 
-def resolve(sha256: str, refs: Iterable) -> Iterable:
+def _dropped(ref, rejection, lost=None) -> Iterable:
+    """A dropped copy's Rejection on DROPPED, and with `lost` (--task=detection), its annotations' lines."""
+    yield beam.pvalue.TaggedOutput(DROPPED, rejection)
+    for line in lost(ref, rejection) if lost is not None else ():
+        yield beam.pvalue.TaggedOutput(DROPPED, line)
+
+
+def resolve(sha256: str, refs: Iterable, lost=None) -> Iterable:
     """One group of byte-identical files -> the ImageRef to write (the first path) and a Rejection (DROPPED) of
-    each other copy; copies under different labels are all rejected (no label is picked). A lone file is kept."""
+    each other copy; copies under different labels are all rejected (no label is picked). A lone file is kept.
+    `lost(ref, rejection)`: the errors.jsonl lines of a dropped copy's annotations (a detection image's, whose
+    copies may carry other annotations: the first path's are written, the others' are each a line)."""
     from transforms.base import counters
     from transforms.base.records import Rejection, label_of
 
@@ -163,23 +172,23 @@ def resolve(sha256: str, refs: Iterable) -> Iterable:
         for ref in refs:
             counters.inc(counters.rejected(DUPLICATE_CONFLICT))
             others = [display_path(r.relpath) for r in refs if r is not ref]
-            yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+            yield from _dropped(ref, Rejection(
                 ref.relpath, "rejected", DUPLICATE_CONFLICT,
                 f"the same bytes as {', '.join(repr(o) for o in others[:3])}{' ...' if len(others) > 3 else ''} "
                 f"under the classes {', '.join(labels)}: no copy is written "
-                f"(--duplicates=drop; SHA-256 {sha256})"))
+                f"(--duplicates=drop; SHA-256 {sha256})"), lost)
         return
     keeper, *copies = refs
     yield keeper
     for ref in copies:
         counters.inc(counters.rejected(DUPLICATE))
-        yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+        yield from _dropped(ref, Rejection(
             ref.relpath, "rejected", DUPLICATE,
             f"the same bytes as {display_path(keeper.relpath)!r}, which is written "
-            f"(--duplicates=drop; SHA-256 {sha256})"))
+            f"(--duplicates=drop; SHA-256 {sha256})"), lost)
 
 
-def resolve_held(sha256: str, joined: dict) -> Iterable:
+def resolve_held(sha256: str, joined: dict, lost=None) -> Iterable:
     """One group of byte-identical files on an append, {"new": [ImageRef], "held": [(split, label, relpath)] of the
     dataset's records}: with no record of these bytes, `resolve`; with one, every new copy is rejected, DUPLICATE
     under the record's label, DUPLICATE_CONFLICT under another (the record stays: an append never removes one), so
@@ -189,18 +198,18 @@ def resolve_held(sha256: str, joined: dict) -> Iterable:
 
     refs, held = sorted(joined["new"], key=lambda r: r.relpath), sorted(joined["held"], key=lambda h: h[2])
     if not held:
-        yield from resolve(sha256, refs)
+        yield from resolve(sha256, refs, lost)
         return
     labels = {label_value(label) for _, label, _ in held}
     for ref in refs:
         same = [path for _, label, path in held if label_value(label) == label_value(label_of(ref))]
         reason = DUPLICATE if same else DUPLICATE_CONFLICT
         counters.inc(counters.rejected(reason))
-        yield beam.pvalue.TaggedOutput(DROPPED, Rejection(
+        yield from _dropped(ref, Rejection(
             ref.relpath, "rejected", reason,
             f"the same bytes as {(same or [held[0][2]])[0]!r}, a record of the dataset"
             f"{'' if same else ' under another class' + ('es' if len(labels) > 1 else '')}: this copy is not "
-            f"written (--duplicates=drop; SHA-256 {sha256})"))
+            f"written (--duplicates=drop; SHA-256 {sha256})"), lost)
 
 
 class _Hash(beam.DoFn):
@@ -228,15 +237,17 @@ HASHES = "hashes"
 class DropDuplicates(beam.PTransform):
     """ImageRef -> the ImageRefs to write ('kept'); DROPPED: Rejection of each copy not written; HASHES:
     (sha256, (split, label, relpath)) of every hashed image, for the duplicate report. `held` (an append): the
-    dataset's records as (sha256, (split, label, relpath)): no copy of one is written (`resolve_held`).
+    dataset's records as (sha256, (split, label, relpath)): no copy of one is written (`resolve_held`). `lost`
+    (--task=detection; `resolve`): a dropped copy's annotations as errors.jsonl lines, on DROPPED too.
 
     Every file is read once here, before the shards are assigned (the shards are counted from the kept
     images), and again when it is converted: that second read is the price of --duplicates=drop.
     """
 
     def __init__(self, max_file_bytes: int, throttled_s: float | None = None, start_rate: float | None = None,
-                 held=None):
+                 held=None, lost=None):
         super().__init__()
+        self._lost = lost  # --task=detection: (ImageRef, Rejection) -> its annotations' Rejections
         self._max_bytes = max_file_bytes
         self._throttled_s = throttled_s  # --throttled_retry_s (None: transient.THROTTLED_RETRY_S)
         self._start_rate = start_rate  # a process's first read rate (None: transient.INITIAL_READS_PER_S)
@@ -251,14 +262,15 @@ class DropDuplicates(beam.PTransform):
                 hashed.hashed
                 # (sha256, [ImageRef]): spread over the workers by hash
                 | "GroupByHash" >> beam.GroupByKey()
-                | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve).with_outputs(DROPPED, main="kept")
+                | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve, lost=self._lost).with_outputs(DROPPED, main="kept")
             )
         else:
             resolved = (
                 {"new": hashed.hashed, "held": self._held}
                 # (sha256, {"new": [ImageRef], "held": [(split, label, relpath)]}): spread over the workers by hash
                 | "GroupByHash" >> beam.CoGroupByKey()
-                | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve_held).with_outputs(DROPPED, main="kept")
+                | "KeepOnePerGroup" >> beam.FlatMapTuple(resolve_held, lost=self._lost).with_outputs(DROPPED,
+                                                                                                    main="kept")
             )
         kept = (resolved.kept, hashed[UNHASHED]) | "KeptAndUnhashed" >> beam.Flatten()
         return {"kept": kept, DROPPED: resolved[DROPPED], HASHES: hashed[HASHES]}

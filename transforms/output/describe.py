@@ -39,11 +39,13 @@ from transforms.base.dataset_format import (
 from transforms.base.examples import detection_feature_description, feature_description
 from transforms.base.features import describe as describe_features
 from transforms.detection.conversion import (
+    ALREADY_IN_DATASET,
     ANNOTATION,
     CLASS_OBJECTS,
     NO_OBJECTS,
     annotations_problem,
     detection_section,
+    grown_section,
     per_class,
 )
 from transforms.detection.records import label_map_text
@@ -294,6 +296,10 @@ class _WriteInfo(beam.DoFn):
             check_lines(aside[LINES], counts.splits)
         sources = sorted(FileSystems.split(path)[1] for path in sources)  # this run's, in its shards folder
         grown = None
+        if self._detection is not None:  # a detection dataset counts objects per class (an append's add up below)
+            objects = per_class(detection or {}, CLASS_OBJECTS, list(self._class_names))
+            for split, split_info in counts.splits.items():
+                split_info["class_counts"] = objects.get(split, {})
         if self._base is not None:
             run = counts._replace(files={**counts.files, "found": counts.files["found"] - sum(present or ())})
             check_accounting(run)  # this run's images: found = already there + written + rejected + skipped
@@ -314,9 +320,11 @@ class _WriteInfo(beam.DoFn):
             section = detection_section(detection or {}, counts.annotations_rejected,
                                         counts.skipped_by_reason.get(NO_OBJECTS, 0), **self._detection,
                                         class_names=list(self._class_names))
-            objects = per_class(detection or {}, CLASS_OBJECTS, list(self._class_names))
-            for split, split_info in counts.splits.items():  # a detection dataset counts objects per class
-                split_info["class_counts"] = objects.get(split, {})
+            if grown is not None:  # an append: this run's figures in its history entry, the dataset's grown
+                grown.history[-1]["annotations"] = {
+                    **section["annotations"], "rejected": sum(section["annotations"]["rejected"].values()),
+                    "already_in_dataset": (detection or {}).get(ALREADY_IN_DATASET, 0)}
+                section = grown_section(self._base.get("detection") or {}, section, list(self._class_names))
             problem = annotations_problem(section)
             if problem:
                 raise DatasetIncomplete(f"annotations unaccounted for: {problem}; {INFO_FILE} was not written. "
@@ -474,7 +482,9 @@ def grow(base: dict, run: Accounting, present: int, options: dict, run_id: str =
         counts = Counter(old.get("class_counts") or {}) + Counter(new.get("class_counts") or {})
         splits[split] = {
             "records": old.get("records", 0) + new.get("records", 0),
-            "class_counts": {name: counts[name] for name in base["class_names"] if counts[name]},
+            # the dataset's classes in their order, then an append's new ones (a detection append adds classes)
+            "class_counts": {name: counts[name] for name in dict.fromkeys([*base["class_names"], *counts])
+                             if counts[name]},
             "shards": entries,
             "bytes": sum(s["bytes"] for s in entries),
         }
@@ -492,7 +502,8 @@ def grow(base: dict, run: Accounting, present: int, options: dict, run_id: str =
         "libraries": converter_libraries()}]
     grown = Grown([(old, new) for old, new in renames if old != new],
                   [old for old, new in renames if old == new], history)
-    return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed), grown
+    return Accounting(splits, files, run.rejected_by_reason, run.skipped_by_reason, renamed,
+                      run.annotations_rejected), grown
 
 
 def _with_old_stats(base: dict, stats: dict, splits: dict):

@@ -92,6 +92,7 @@ PLAN_PARTS = {
     "features": "the extra features",
     "metadata_format": "the metadata file's format",
     "manifest_groups": "the manifest's group column",
+    "detection": "the detection export (its layout, or an annotation file's size or time)",
 }
 
 
@@ -123,12 +124,16 @@ def plan_differences(old: dict, new: dict) -> str:
     return f"what the launcher found in the input differs: {'; '.join(PLAN_PARTS.get(n, n) for n in what)}"
 
 
-def chunk_digest(plan_fingerprint: str, key: tuple, refs) -> str:
+def chunk_digest(plan_fingerprint: str, key: tuple, refs, class_names=None) -> str:
     """The SHA-256 that names a chunk's done record: the plan, the versions of the libraries that convert on this
-    worker (a worker of other versions never takes it), the chunk's key and each image as listed."""
+    worker (a worker of other versions never takes it), the chunk's key and each image as listed (a detection
+    image with its annotations as parsed). `class_names`: a detection run's class names when the job found them
+    (their ids are in its records, and one annotation file anywhere can change them); None otherwise."""
     digest = hashlib.sha256(plan_fingerprint.encode("ascii"))
     digest.update(json.dumps(converter_libraries(), sort_keys=True).encode("utf-8"))
     digest.update(repr(tuple(key)).encode("utf-8"))
+    if class_names is not None:
+        digest.update(b"\0classes" + json.dumps(list(class_names)).encode("utf-8"))
     for ref in refs:  # everything but the full path (the input folder is in the plan): relpath, size, label, split...
         digest.update(b"\0" + repr(tuple(ref)[1:]).encode("utf-8", "backslashreplace"))
     return digest.hexdigest()
@@ -156,6 +161,11 @@ def done_record(digest: str, run_id: str, piece, piece_sha256: str, members: lis
         "stats": None if piece.stats is None else [_jsonable(v) for v in piece.stats],
         "rejections": [list(r) for r in piece.rejections],
         "hashes": [[sha256, split, _jsonable(label), relpath] for sha256, (split, label, relpath) in piece.hashes],
+        # --task=detection: the annotations its records do not hold (errors.jsonl lines of stage 'annotation') and
+        # its objects tally (objects written, records without objects, the most in one record); [] otherwise
+        "annotations": [list(r) for r in piece.annotations],
+        "objects": list(piece.objects),
+        "classes": [list(c) for c in piece.classes],  # detection's [class name, objects, records holding one]
     }
 
 
@@ -168,7 +178,9 @@ def piece_of(record: dict, file: str, resumed_from: str, piece_type, digest: str
         None if stats is None else SplitStats(*(tuple(v) if isinstance(v, list) else v for v in stats)),
         tuple(Rejection(*r) for r in record["rejections"]),
         tuple((sha256, (split, _label(label), relpath)) for sha256, split, label, relpath in record["hashes"]),
-        resumed_from, digest)
+        resumed_from, digest, annotations=tuple(Rejection(*r) for r in record["annotations"]),
+        objects=tuple(int(n) for n in record["objects"]),
+        classes=tuple((name, int(objects), int(records)) for name, objects, records in record["classes"]))
 
 
 def write_done(run_folder: str, record: dict, key: tuple) -> None:
@@ -185,7 +197,7 @@ def read_done(run_folder: str, digest: str) -> dict | None:
     if not isinstance(record, dict) or record.get("digest") != digest:
         return None
     needed = ("file", "bytes", "sha256", "members", "sizes", "written", "stats", "rejections", "hashes", "shard",
-              "chunk", "chunks")
+              "chunk", "chunks", "annotations", "objects", "classes")
     return record if all(name in record for name in needed) else None
 
 
@@ -252,7 +264,11 @@ def _consistent(record: dict, key: tuple, images: int) -> bool:
                 and len(record["sizes"]) + len(record["rejections"]) == images
                 and sum(count for *_, count in record["written"]) == len(record["sizes"]) == len(record["hashes"])
                 and isinstance(record["bytes"], int) and isinstance(record["sha256"], str)
-                and isinstance(record["file"], str) and "/" not in record["file"].removeprefix("pieces/"))
+                and isinstance(record["file"], str) and "/" not in record["file"].removeprefix("pieces/")
+                and all(len(r) == 4 for r in record["annotations"])  # detection's: Rejections, and its tally
+                and len(record["objects"]) in (0, 3) and all(type(n) is int for n in record["objects"])
+                and all(len(c) == 3 and isinstance(c[0], str) and type(c[1]) is int and type(c[2]) is int
+                        for c in record["classes"]))
     except (TypeError, ValueError):
         return False
 
@@ -313,9 +329,10 @@ class Resume:
 
         return hash_file(ref.path, self._max_file_bytes, ref.size, self._throttled_s, self._start_rate)
 
-    def record(self, key: tuple, refs, piece, members: list[str], piece_sha256: str) -> str:
-        """Leave the done record of a chunk this run converted into `piece`; returns its digest."""
-        digest = chunk_digest(self.fingerprint, key, refs)
+    def record(self, key: tuple, refs, piece, members: list[str], piece_sha256: str, class_names=None) -> str:
+        """Leave the done record of a chunk this run converted into `piece`; returns its digest. `class_names`:
+        a detection run's (`chunk_digest`)."""
+        digest = chunk_digest(self.fingerprint, key, refs, class_names)
         write_done(self.folder, done_record(digest, self.run_id, piece, piece_sha256, members), key)
         return digest
 
@@ -331,12 +348,13 @@ class Resume:
                 write_location(self.folder, piece.digest, piece.file, shard_file, offset)
             offset += piece.bytes
 
-    def take(self, key: tuple, refs, piece_name: str, shards_folder: str, piece_type):
+    def take(self, key: tuple, refs, piece_name: str, shards_folder: str, piece_type, class_names=None):
         """The `piece_type` (output.write.PieceInfo) of the chunk taken from an interrupted run (copied, checked,
-        into `piece_name` in `shards_folder`, and recorded as done in this run), or None: convert it."""
+        into `piece_name` in `shards_folder`, and recorded as done in this run), or None: convert it.
+        `class_names`: a detection run's (`chunk_digest`)."""
         if not self.earlier:
             return None
-        digest = chunk_digest(self.fingerprint, key, refs)
+        digest = chunk_digest(self.fingerprint, key, refs, class_names)
         for earlier in self.earlier:
             record = read_done(earlier.folder, digest)
             if record is None or not _consistent(record, key, len(refs)):

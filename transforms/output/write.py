@@ -263,12 +263,13 @@ class _ConvertChunk(beam.DoFn):
 
     def process(self, element, class_names=None):
         key, refs = element
+        build = self._build(class_names)
         taken = self._take(ChunkKey(*key), refs)
         if taken is not None:
             yield taken
             return
         self._started.append((ChunkKey(*key), start_conversions(self._pool, refs, self._settings, self._threads,
-                                                                self._pacing, self._build(class_names))))
+                                                                self._pacing, build)))
         while len(self._started) > 1:
             yield self._write_piece(*self._started.popleft())
 
@@ -289,7 +290,7 @@ class _ConvertChunk(beam.DoFn):
         if self._resume is None:
             return None
         name = piece_name(key, self._compression, self._file_format, uuid.uuid4().hex[:16])
-        return self._resume.take(tuple(key), refs, name, self._folder, PieceInfo)
+        return self._resume.take(tuple(key), refs, name, self._folder, PieceInfo, self._class_names)
 
     def _write_piece(self, key: ChunkKey, jobs) -> PieceInfo:
         try:
@@ -301,7 +302,7 @@ class _ConvertChunk(beam.DoFn):
                 refs = [ref for ref, _ in jobs]
                 piece_sha256 = done["sha256"] or file_sha256(FileSystems.join(self._folder, piece.file))
                 piece = piece._replace(digest=self._resume.record(tuple(key), refs, piece, done["members"],
-                                                                  piece_sha256))
+                                                                  piece_sha256, self._class_names))
             return piece
         except BaseException:
             self._drop_started()
