@@ -19,10 +19,14 @@ def model_garden_decoder():
     for extra in (os.environ.get("MODEL_GARDEN_PATH"), MODEL_GARDEN):
         if extra and os.path.isdir(extra) and extra not in sys.path:
             sys.path.append(extra)
-    spec = importlib.util.find_spec("official")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = list(spec.submodule_search_locations)[0]
+    loaded = sys.modules.get("official")  # the stand-in package of an earlier call (its __spec__ is None)
+    if loaded is not None and getattr(loaded, "__path__", None):
+        root = list(loaded.__path__)[0]
+    else:
+        spec = importlib.util.find_spec("official")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        root = list(spec.submodule_search_locations)[0]
     for name in ("official", "official.vision", "official.vision.dataloaders"):
         if name not in sys.modules:
             package = types.ModuleType(name)
