@@ -1,0 +1,69 @@
+"""A flat folder of many images (labels in the file names, an unlabeled set) is listed by every worker, not by one:
+on gs:// its level is cut into parts listed a level deep (transforms/inputs/listing.py), and the launcher looks at a
+bounded number of its entries (pipeline/plan.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fake_gcs_listing import BUCKET, serve
+from transforms.inputs import folder_parts as fp
+from transforms.inputs import listing
+
+
+def _use_fake(server, monkeypatch, tmp_path):
+    from pipeline.cloud import skip_credential_lookup
+
+    for name, value in server.client_env(str(tmp_path)).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    skip_credential_lookup()
+
+
+def _flat_names(classes, per_class, folder_classes=()):
+    return [f"class_{c:04d}{'/' if c in folder_classes else '_'}img_{i:08d}.jpg"
+            for c in range(classes) for i in range(per_class)]
+
+
+@pytest.mark.timeout(300)
+def test_a_flat_gcs_folder_is_listed_in_parts_each_name_once_and_its_subfolders_once(monkeypatch, tmp_path):
+    """gs://b/in/ holds 16,000 files directly and one folder of 4,000 among them (class_0001/): the input level's
+    first page where it is, the rest in parts listed a level deep (delimiter '/') by any worker; the subfolder,
+    whose names straddle the parts' bounds, is listed once, as a class folder, and every image is found once."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from tests.pipelines import TestPipeline
+    from transforms.inputs.listing import ListImages
+
+    monkeypatch.setattr(fp, "PART_NAMES", 1500)
+    monkeypatch.setattr(listing, "SMALL_FOLDER_PAGES", 1)
+    with serve(5, 4000, flat=True, folder_classes=(1,)) as server:
+        _use_fake(server, monkeypatch, tmp_path)
+        expected = _flat_names(5, 4000, folder_classes=(1,))
+        with TestPipeline(options=beam.options.pipeline_options.PipelineOptions(
+                ["--direct_running_mode=in_memory", "--direct_num_workers=1"])) as p:
+            listed = p | ListImages(f"gs://{BUCKET}/in")
+            assert_that(listed["images"] | beam.Map(lambda ref: ref.relpath), equal_to(expected))
+            assert_that(listed[listing.FOUND] | beam.CombineGlobally(sum), equal_to([len(expected)]),
+                        label="EveryEntryCounted")
+        stats = server.stats()
+        assert stats["unknown"] == []
+    parts = p.result.metrics().query(beam.metrics.MetricsFilter().with_name("folder_parts"))["counters"]
+    assert sum(c.committed for c in parts) >= 6  # 19,000 names after the first page, at 1,500 a part
+
+
+def test_a_subfolder_is_reported_by_the_part_that_holds_its_first_name():
+    names = sorted(["in/a.jpg", "in/m/1.jpg", "in/m/2.jpg", "in/m/3.jpg", "in/z.jpg"])
+
+    def names_before(subfolder, start):
+        return any(n.startswith(subfolder) and n < start for n in names)
+
+    bounds = ["in/a.jpg", "in/m/2.jpg", "in/m/3.jpg", ""]  # the subfolder m/ straddles two bounds
+    parts = [fp.FolderPart("b", "in/", start, end, "in/a.jpg" if i == 0 else "", "/")
+             for i, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False))]
+    reporting = [part for part in parts if fp.reports_subfolder(part, "in/m/", names_before)]
+    assert reporting == [parts[0]]
+    # the first pages' last name is a subfolder: they reported it, the part that starts there does not
+    first = fp.FolderPart("b", "in/", "in/m/", "", "in/m/", "/")
+    assert not fp.reports_subfolder(first, "in/m/", names_before)
