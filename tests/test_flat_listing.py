@@ -67,3 +67,59 @@ def test_a_subfolder_is_reported_by_the_part_that_holds_its_first_name():
     # the first pages' last name is a subfolder: they reported it, the part that starts there does not
     first = fp.FolderPart("b", "in/", "in/m/", "", "in/m/", "/")
     assert not fp.reports_subfolder(first, "in/m/", names_before)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("flag", ["--label_from=(?P<label>class_\\d+)_img", "--unlabeled"])
+def test_the_launcher_looks_at_a_bounded_number_of_a_flat_folders_names(monkeypatch, tmp_path, flag):
+    """gs://b/in/ holds 60,000 images directly: the plan reads its first TOP_FILES names and a few pages more at
+    most, never the whole level, and says what it could not count ("at least")."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline import plan
+    from pipeline.options import validate
+
+    with serve(3, 20_000, flat=True) as server:
+        _use_fake(server, monkeypatch, tmp_path)
+        settings = validate(PipelineOptions([f"--input_dir=gs://{BUCKET}/in", f"--output_dir={tmp_path / 'out'}",
+                                             flag, "--no_auth"]))
+        result = plan.plan_dataset(settings)
+        stats = server.stats()
+    assert stats["unknown"] == []
+    assert stats["objects_listed"] <= plan.TOP_FILES + 2 * plan.TOP_PAGE  # of 60,000
+    assert stats["list_requests"] <= plan.TOP_FILES // plan.TOP_PAGE + 2
+    if flag == "--unlabeled":
+        assert f"(at least {plan.TOP_FILES}) go into one split" in " ".join(result.notes)
+    else:
+        assert "class_0000_img_00000000.jpg -> class_0000" in " ".join(result.notes)
+        assert not result.split_folders
+
+
+def test_the_launcher_looks_at_a_bounded_number_of_a_local_flat_folders_names(monkeypatch, tmp_path):
+    """A local flat folder of 3 x TOP_FILES names: the look stops at TOP_FILES files (counted through the
+    listing), and the error on a folder of images without labels says "at least"."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline import plan
+    from pipeline.errors import UserError
+    from pipeline.options import validate
+
+    monkeypatch.setattr(plan, "TOP_FILES", 300)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(900):
+        (flat / f"img_{i:04d}.jpg").write_bytes(b"")  # never read: the error comes before any sample
+    looked = []
+    real = plan.list_level
+
+    def counting(*args, **kwargs):
+        for item in real(*args, **kwargs):
+            looked.append(item)
+            yield item
+
+    monkeypatch.setattr(plan, "list_level", counting)
+    settings = validate(PipelineOptions([f"--input_dir={flat}", f"--output_dir={tmp_path / 'out'}"]))
+    with pytest.raises(UserError) as raised:
+        plan.plan_dataset(settings)
+    assert len(looked) == 301  # TOP_FILES files, and the one that says there are more
+    assert f"found at least 300 images directly in {flat} but no class folders" in str(raised.value)
