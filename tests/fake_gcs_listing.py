@@ -177,6 +177,7 @@ class FakeGcs(ThreadingHTTPServer):
         self.crc32c = _crc32c_b64(self.jpeg)
         self.counts: Counter = Counter()
         self.unknown: list[str] = []
+        self.level_range_starts: set[str] = set()  # the startOffset of each listing a level deep from a name on
         self.quiet_unknown = quiet_unknown
         self._lock = threading.Lock()
 
@@ -192,13 +193,15 @@ class FakeGcs(ThreadingHTTPServer):
         with self._lock:
             return {**{key: self.counts[key] for key in
                        ("list_requests", "objects_listed", "prefixes_listed", "bucket_gets", "metadata_gets",
-                        "downloads", "not_found")},
+                        "downloads", "not_found", "level_range_lists")},
+                    "level_range_starts": sorted(self.level_range_starts),
                     "unknown": list(self.unknown)}
 
     def reset_stats(self) -> None:
         with self._lock:
             self.counts.clear()
             self.unknown.clear()
+            self.level_range_starts.clear()
 
     def client_env(self, config_dir: str) -> dict:
         """What a process (a client of this one, or a subprocess) needs to use this fake and nothing else.
@@ -343,6 +346,10 @@ class _Handler(BaseHTTPRequestHandler):
             query.get("prefix", ""), query.get("delimiter", ""), start, max(1, max_results),
             query.get("startOffset", ""), query.get("endOffset", ""))
         self.server.count("list_requests")
+        if query.get("delimiter") and query.get("startOffset"):  # a part of a level (listing.list_folder_part)
+            self.server.count("level_range_lists")
+            with self.server._lock:
+                self.server.level_range_starts.add(query["startOffset"])
         self.server.count("objects_listed", len(items))
         self.server.count("prefixes_listed", len(prefixes))
         parts = ['"kind":"storage#objects"']

@@ -123,3 +123,41 @@ def test_the_launcher_looks_at_a_bounded_number_of_a_local_flat_folders_names(mo
         plan.plan_dataset(settings)
     assert len(looked) == 301  # TOP_FILES files, and the one that says there are more
     assert f"found at least 300 images directly in {flat} but no class folders" in str(raised.value)
+
+
+@pytest.mark.timeout(600)
+def test_a_long_flat_gcs_folder_is_converted_with_every_image_once(monkeypatch, tmp_path):
+    """A whole --label_from run on gs://b/in/: 1,500 images named by their labels directly in it and a folder
+    of 500 among them, on pages of 100 names (the fake's), so the level is listed in several parts: every image is
+    written once, with the label its name gives."""
+    import json
+
+    import tests.fake_gcs_listing as fake
+    from pipeline.reader import load_info
+    from tests.conftest import convert
+
+    monkeypatch.setattr(fake, "MAX_RESULTS", 100)
+    monkeypatch.setattr(fp, "PAGE", 100)
+    monkeypatch.setattr(fp, "PART_NAMES", 200)
+    monkeypatch.setattr(listing, "SMALL_FOLDER_PAGES", 2)
+    out = tmp_path / "out"
+    with serve(4, 500, flat=True, folder_classes=(2,)) as server:
+        _use_fake(server, monkeypatch, tmp_path)
+        code = convert(f"gs://{BUCKET}/in", out, r"--label_from=(?P<label>class_\d+)[_/]img", "--no_auth",
+                       "--image_size=16", "--validation_split=0", "--test_split=0")
+        stats = server.stats()
+    assert code == 0
+    assert stats["unknown"] == []
+    info = load_info(str(out))
+    assert info["splits"]["train"]["records"] == 2000
+    assert info["splits"]["train"]["class_counts"] == {f"class_{c:04d}": 500 for c in range(4)}
+    # the level's parts, listed a level deep from their starts: 1,800 names after its first 2 pages, ~200 a part
+    assert len(stats["level_range_starts"]) >= 3
+    # each sources line: [relpath, sha256, split, label]
+    sources = [json.loads(line) for path in out.glob("sources-*.jsonl") for line in path.read_text().splitlines()]
+    paths = [relpath for relpath, _, _, _ in sources]
+    assert sorted(paths) == sorted(_flat_names(4, 500, folder_classes=(2,)))  # every image once
+    names = (out / "labels.txt").read_text().split()
+    assert {(relpath[:10], names[label]) for relpath, _, _, label in sources} == {
+        (f"class_{c:04d}", f"class_{c:04d}") for c in range(4)}  # each image's label is its name's
+    assert stats["downloads"] >= 2000
