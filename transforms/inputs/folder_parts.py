@@ -132,7 +132,7 @@ def plan_parts(bucket: str, prefix: str, first_page: list[str], largest: str,
     stretch), and the parts' bounds are put where the counted names are evenly split."""
     part_names, max_parts = part_names or PART_NAMES, max_parts or MAX_PARTS
     last = first_page[-1]
-    _, bounds = _bounds(prefix, first_page, largest, names_from, part_names, max_parts, runs=True)
+    _, bounds = _bounds(prefix, first_page, largest, names_from, part_names, max_parts, [MAX_RUNS])
     bounds = [bound for bound in bounds if bound > last]
     if len(bounds) >= max_parts:  # the runs' own bounds added to the level's: thinned to max_parts parts
         bounds = [bounds[i * len(bounds) // max_parts] for i in range(max_parts - 1)]
@@ -140,15 +140,46 @@ def plan_parts(bucket: str, prefix: str, first_page: list[str], largest: str,
     return [FolderPart(bucket, prefix, start, end, last if start == last else "") for start, end in ranges]
 
 
+SEPARATORS = "_-. "  # what ends a label at the start of a name (Abyssinian_1.jpg, cat.12.jpg, rose-7.png)
+MAX_RUNS = 32  # runs of names alike that one level's plan estimates on their own, at most
+RUN_RATIO = 64  # a page whose names span less than 1/RUN_RATIO of its stretch is read as a run
+RUN_PROBES = 4  # pages read in a run (a label's names), and characters of its largest name searched for after
+RUN_WIDTH = 3  # its first difference: a run is cut into a few parts, a level into up to MAX_PARTS
+
+
+def _run_prefix(inside: list[str], head: int, prefix: str) -> str:
+    """The first characters that a full page's names share, through the last separator among them (the label of
+    names that start with their labels), or through the numbered characters; '' when that is no longer than what
+    the stretch already shares (`head` characters) or the folder's `prefix`."""
+    common = os.path.commonprefix([inside[0], inside[-1]])
+    floor = max(head, len(prefix))
+    cut = max(common.rfind(c) for c in SEPARATORS) + 1
+    if cut > floor:
+        return common[:cut]
+    return common[:head + WIDTH] if len(common) > floor else ""
+
+
+def _after(run: str) -> str:
+    """The least name after every name that starts with `run`."""
+    while run:
+        code = ord(run[-1]) + 1
+        code += 0x800 if code == 0xD800 else 0
+        if code <= MAX_CODE_POINT:
+            return run[:-1] + chr(code)
+        run = run[:-1]
+    return ""
+
+
 def _bounds(prefix: str, first_page: list[str], largest: str, names_from: Callable[[str, str, int], list[str]],
-            part_names: int, max_parts: int, runs: bool) -> tuple[float, list[str]]:
+            part_names: int, max_parts: int, runs: list[int] | None, probes: int = PROBES) -> tuple[float, list[str]]:
     """(the names estimated after `first_page` below `prefix`, sorted bounds that split them about evenly).
 
-    A full probe page whose names are all alike in the numbered characters (WIDTH after the first difference)
-    tells nothing of its stretch's size: a flat folder of names that start with their labels (Abyssinian_1.jpg,
-    ..., cat.12.jpg) is runs of names alike for longer than that. With `runs`, such a run (the names that share
-    the page's first characters, through the numbered ones) is estimated on its own, as a folder of those names
-    (`largest_name_start` and PROBES pages more), and its bounds join the level's."""
+    A full probe page whose names span a sliver of its stretch (alike in the numbered characters, WIDTH after the
+    first difference) says little of the stretch's size: a flat folder of names that start with their labels
+    (Abyssinian_1.jpg, ..., cat.12.jpg) is runs of names alike for longer than that, with nothing between them.
+    While `runs` (a budget, [count left], shared by a level's plan) lasts, such a run (the names that share the
+    page's label, `_run_prefix`) is estimated on its own, as a folder of those names (`largest_name_start` and
+    PROBES pages more), its bounds join the level's, and the stretch goes on after it with another page."""
     last = first_page[-1]
     top = max(prefix + largest, last)
     common = 0
@@ -159,34 +190,48 @@ def _bounds(prefix: str, first_page: list[str], largest: str, names_from: Callab
     if not alphabet or high - low < 2:
         return 0.0, []
     head = last[:common]
-    probes = min(PROBES, high - low)
+    probes = min(probes, high - low)
     values = [low + (high - low) * j // probes for j in range(probes + 1)]
     starts = [last] + [_name_of(v, head, alphabet, WIDTH) for v in values[1:-1]]
     # names per stretch [values[j], values[j+1]): counted from a page read at its start
     counts, run_bounds = [], []
     spread = []  # the names of each stretch the level's own bounds split (a run's are split by its bounds)
     for j, start in enumerate(starts):
-        page = [n for n in names_from(prefix, start, PAGE) if n != last]
         following = starts[j + 1] if j + 1 < len(starts) else None
-        inside = [n for n in page if following is None or n < following]
-        if len(inside) < len(page) or len(page) < PAGE - 1:  # the page reached the next stretch, or the end
-            counts.append(len(inside))
-            spread.append(len(inside))
-            continue
-        # a full page inside the stretch: its density (first name to last), over the rest of the stretch
-        first_value = _number(inside[0], common, alphabet, WIDTH)
-        span = _number(inside[-1], common, alphabet, WIDTH) - first_value
-        run = os.path.commonprefix([inside[0], inside[-1]])[:common + WIDTH]
-        if span < 2 and runs and len(run) > len(prefix):  # a run of names alike: estimated on its own
-            run_largest = largest_name_start(names_from, run, inside[-1][len(run):], WIDTH)
-            in_run, bounds = _bounds(run, inside, run_largest, names_from, part_names, max_parts, runs=False)
-            counts.append(len(inside) + in_run)
-            spread.append(len(inside))
-            run_bounds += [bound for bound in bounds if following is None or bound < following]
-            continue
-        span = max(span, 1)
-        counts.append(len(inside) * max(values[j + 1] - first_value, span) / span)
-        spread.append(counts[-1])
+        count = spread_count = 0.0
+        at, seen = start, last
+        while True:
+            page = [n for n in names_from(prefix, at, PAGE) if n > seen]
+            inside = [n for n in page if following is None or n < following]
+            if len(inside) < len(page) or len(page) < PAGE - 1:  # the page reached the next stretch, or the end
+                count, spread_count = count + len(inside), spread_count + len(inside)
+                break
+            # a full page inside the stretch: its density (first name to last), over the rest of the stretch
+            first_value = _number(inside[0], common, alphabet, WIDTH)
+            span = _number(inside[-1], common, alphabet, WIDTH) - first_value
+            width = values[j + 1] - first_value
+            if (span < 2 or width > RUN_RATIO * span) and runs and runs[0] > 0:  # a sliver of its stretch
+                runs[0] -= 1
+                run = _run_prefix(inside, common, prefix)
+                if not run:  # names alike for no label's length (a page across two runs): the stretch goes on
+                    count, spread_count = count + len(inside), spread_count + len(inside)
+                    at = seen = inside[-1]
+                    continue
+                # a run of names alike: estimated on its own
+                run_largest = largest_name_start(names_from, run, inside[-1][len(run):], RUN_WIDTH)
+                in_run, bounds = _bounds(run, inside, run_largest, names_from, part_names, max_parts, None,
+                                         RUN_PROBES)
+                count, spread_count = count + len(inside) + in_run, spread_count + len(inside)
+                at = _after(run)
+                run_bounds += [bound for bound in [*bounds, at] if bound and (following is None or bound < following)]
+                if not at or (following is not None and at >= following):
+                    break
+                continue
+            estimate = len(inside) * max(width, span, 1) / max(span, 1)
+            count, spread_count = count + estimate, spread_count + estimate
+            break
+        counts.append(count)
+        spread.append(spread_count)
     total = sum(spread)
     parts = max(1, min(max_parts, math.ceil(total / part_names)))
     bounds = []
