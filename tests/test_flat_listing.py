@@ -161,3 +161,29 @@ def test_a_long_flat_gcs_folder_is_converted_with_every_image_once(monkeypatch, 
     assert {(relpath[:10], names[label]) for relpath, _, _, label in sources} == {
         (f"class_{c:04d}", f"class_{c:04d}") for c in range(4)}  # each image's label is its name's
     assert stats["downloads"] >= 2000
+
+
+@pytest.mark.timeout(300)
+def test_flat_split_folders_on_gcs_are_listed_in_parts(monkeypatch, tmp_path):
+    """gs://b/in/{train,validation}/ each hold 3,000 images directly (labels in their names): each split folder, a
+    level of its own, is listed in parts (ListSplitsParts), and every image is found once."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from tests.pipelines import TestPipeline
+    from transforms.inputs.listing import ListImages
+
+    monkeypatch.setattr(fp, "PART_NAMES", 500)
+    monkeypatch.setattr(listing, "SMALL_FOLDER_PAGES", 1)
+    with serve(2, 1500, splits=("train", "validation"), flat=True) as server:
+        _use_fake(server, monkeypatch, tmp_path)
+        expected = [f"{split}/{name}" for split in ("train", "validation") for name in _flat_names(2, 1500)]
+        with TestPipeline(options=beam.options.pipeline_options.PipelineOptions(
+                ["--direct_running_mode=in_memory", "--direct_num_workers=1"])) as p:
+            listed = p | ListImages(f"gs://{BUCKET}/in", split_folders=True)
+            assert_that(listed["images"] | beam.Map(lambda ref: ref.relpath), equal_to(expected))
+        stats = server.stats()
+    assert stats["unknown"] == []
+    starts = stats["level_range_starts"]
+    for split in ("train", "validation"):  # 2,000 names after each first page, at about 500 a part
+        assert len([start for start in starts if start.startswith(f"in/{split}/")]) >= 3
