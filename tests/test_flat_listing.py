@@ -187,3 +187,36 @@ def test_flat_split_folders_on_gcs_are_listed_in_parts(monkeypatch, tmp_path):
     starts = stats["level_range_starts"]
     for split in ("train", "validation"):  # 2,000 names after each first page, at about 500 a part
         assert len([start for start in starts if start.startswith(f"in/{split}/")]) >= 3
+
+
+def test_class_folders_beside_more_loose_files_than_the_look_are_refused(monkeypatch, tmp_path, capsys):
+    """Class folders (cats/, dogs/) beside more loose files than TOP_FILES: the launcher cannot find every class
+    folder without listing every file, so it stops with one line that says what to do; --label_from, where the
+    folders are not the classes, goes on."""
+    import shutil
+
+    from pipeline import plan
+    from tests.conftest import main_in_process
+    from tests.fake_gcs_listing import make_jpeg
+
+    monkeypatch.setattr(plan, "TOP_FILES", 40)
+    photo = make_jpeg(64, 48)
+    tree = tmp_path / "in"
+    for name in ("cats", "dogs"):
+        (tree / name).mkdir(parents=True)
+        (tree / name / "1.jpg").write_bytes(photo)
+    for i in range(60):
+        (tree / f"loose_{i:03d}.jpg").write_bytes(photo)
+    code, err = main_in_process(capsys, f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}")
+    assert code == 2
+    assert err.strip().count("\n") == 0
+    assert f"{tree} holds more than 40 files directly beside its folders (cats/, dogs/)" in err
+    assert "move the loose files into a folder of their own" in err
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.options import validate
+
+    settings = validate(PipelineOptions([f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}",
+                                         r"--label_from=(?P<label>[a-z]+)_\d+"]))
+    assert not plan.plan_dataset(settings).split_folders  # the look stops, the plan goes on
