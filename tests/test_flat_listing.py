@@ -220,3 +220,46 @@ def test_class_folders_beside_more_loose_files_than_the_look_are_refused(monkeyp
     settings = validate(PipelineOptions([f"--input_dir={tree}", f"--output_dir={tmp_path / 'out'}",
                                          r"--label_from=(?P<label>[a-z]+)_\d+"]))
     assert not plan.plan_dataset(settings).split_folders  # the look stops, the plan goes on
+
+
+def test_a_local_flat_folder_is_streamed_not_held(monkeypatch, tmp_path):
+    """A local folder of more names than SORTED_NAMES is read from os.scandir as it is listed (in the file
+    system's order), never as one list of all its names; a small one keeps the name order. Every name once."""
+    import itertools
+    import os
+
+    from transforms.inputs.listing import Entry, Folder, list_level
+
+    monkeypatch.setattr(listing, "SORTED_NAMES", 10)
+    flat = tmp_path / "flat"
+    (flat / "sub").mkdir(parents=True)
+    for i in range(40):
+        (flat / f"{i:02d}.jpg").write_bytes(b"x")
+    read = []
+    real_scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path):
+            self._listing = real_scandir(path)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._listing.close()
+
+        def __iter__(self):
+            for entry in self._listing:
+                read.append(entry.name)
+                yield entry
+
+    monkeypatch.setattr(os, "scandir", Counted)
+    first = list(itertools.islice(list_level(Folder(str(flat)), str(flat)), 12))
+    assert len(first) == 12 and len(read) <= 13  # 11 names read for the first 11 and one more: not 41
+    items = list(list_level(Folder(str(flat)), str(flat)))
+    assert sorted(os.path.basename(item.path) for item in items if isinstance(item, Entry)) == [
+        f"{i:02d}.jpg" for i in range(40)]
+    assert [os.path.basename(item.path) for item in items if isinstance(item, Folder)] == ["sub"]
+    monkeypatch.setattr(listing, "SORTED_NAMES", 100)
+    names = [os.path.basename(item.path) for item in list_level(Folder(str(flat)), str(flat))]
+    assert names == sorted(names)  # a small folder: in name order, as before
