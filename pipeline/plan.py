@@ -42,7 +42,7 @@ from transforms.detection.yolo import DATA_YAML, read_data_yaml
 from transforms.images.convert import WINDOWS_PATH_HINT
 from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
-from transforms.inputs.listing import Folder, classify, gcs_list, list_folder, list_top
+from transforms.inputs.listing import Folder, classify, gcs_list, list_folder, list_level
 from transforms.labels.detection import detection_export, detection_message, export_file
 from transforms.labels.layout import (
     LABEL_FROM_EXAMPLE,
@@ -319,16 +319,33 @@ def _has_images(probe: _Probe) -> bool:
     return bool(probe.images) or not probe.exhausted
 
 
+# Files (not folders) of one level the launcher looks at: a few pages. A level with more is a flat folder (images
+# directly in it, labelled by their names or not at all): its first TOP_FILES files decide the layout, give the
+# sample and the hints, and the job lists and counts the rest. Folders are not counted: the class folders are
+# listed whole, as their names are the classes.
+TOP_FILES = 5_000
+
+
 def _top(settings: Settings, below: Folder | None = None, label_files: list | None = None,
-         others: list[str] | None = None) -> tuple[int, list[FileRef], list[Folder]]:
-    """(entries seen, image files, subfolders) directly in the input folder, or in `below`; the files that may
-    hold labels (LABEL_FILE_ENDINGS, their paths below the input folder) go to `label_files`, a few of them; the
-    relpaths of the first OTHER_FILES other files (and of every detection export's own file) go to `others`."""
+         others: list[str] | None = None) -> tuple[int, list[FileRef], list[Folder], bool]:
+    """(entries seen, image files, subfolders, whether the level was seen to its end) directly in the input
+    folder, or in `below`; the files that may hold labels (LABEL_FILE_ENDINGS, their paths below the input folder)
+    go to `label_files`, a few of them; the relpaths of the first OTHER_FILES other files (and of every detection
+    export's own file) go to `others`.
+
+    Bounded: the look stops after TOP_FILES files, wherever the level's folders are. On gs:// the names come in
+    order, folders as prefixes among the files, so the folders seen are those whose names come before the
+    TOP_FILES-th file's; a local folder's order is the file system's (`listing.list_level`)."""
+    folder = below or Folder(settings.input_dir)
+    if below is None and is_local(settings.input_dir):
+        os.scandir(settings.input_dir).close()  # the input folder itself: an error here is plan_dataset's to report
     entries, images, folders = 0, [], []
-    for item in list_top(settings.input_dir, settings.follow_symlinks, 1, below):
+    for item in list_level(folder, settings.input_dir, settings.follow_symlinks, page_size=TOP_PAGE):
         if isinstance(item, Folder):
             folders.append(item)
             continue
+        if entries >= TOP_FILES:
+            return entries, images, folders, False
         entries += 1
         ref = classify(item, settings.input_dir)
         if isinstance(ref, FileRef):
@@ -339,7 +356,25 @@ def _top(settings: Settings, below: Folder | None = None, label_files: list | No
         if (others is not None and not isinstance(ref, FileRef)
                 and (len(others) < OTHER_FILES or export_file(ref.relpath))):
             others.append(ref.relpath)  # and data.yaml or a COCO file however many files come first
-    return entries, images, folders
+    return entries, images, folders, True
+
+
+TOP_PAGE = 1_000  # names per page of the look at a gs:// level (GCS's largest)
+
+
+def _at_least(count: int, complete: bool) -> str:
+    """A count of what the launcher saw of a level: exact when it saw the level to its end."""
+    return str(count) if complete else f"at least {count}"
+
+
+def _many_files_beside_folders(where: str, folders: list[str]) -> UserError:
+    """The one line that refuses class (or split) folders beside more files than the launcher looks at."""
+    shown_folders = ", ".join(f"{shown(name, 40)}/" for name in folders[:5]) + (", ..." if len(folders) > 5 else "")
+    return UserError(
+        f"{where} holds more than {TOP_FILES} files directly beside its folders ({shown_folders}): the launcher "
+        f"looks at the first {TOP_FILES} files of a folder, so it cannot find every class folder among them; move "
+        "the loose files into a folder of their own (or out of the input folder), or give --label_from or a "
+        "--manifest")
 
 
 # Files beside the images that may list their labels: named in the "no class folders" error, up to a few.
@@ -416,7 +451,7 @@ def plan_dataset(settings: Settings) -> Plan:
     label_files: list[str] = []  # files beside loose images that may list their labels (for the error)
     try:
         other_files: list[str] = []  # the first names of files that are not images (and data.yaml, COCO files)
-        entries, loose, top_folders = _top(settings, label_files=label_files, others=other_files)
+        entries, loose, top_folders, complete = _top(settings, label_files=label_files, others=other_files)
         if not entries and not top_folders:
             raise UserError(f"--input_dir {input_dir} is empty: put images in <input_dir>/<class>/<image>")
         probes = _probe_all(top_folders, settings)
@@ -425,12 +460,15 @@ def plan_dataset(settings: Settings) -> Plan:
         top_with_images = {_name(p.folder, input_dir) for p in probes if _has_images(p)}
         seen = entries + sum(p.entries for p in probes)
         if not top_with_images and not loose:
+            first = "" if complete else f" (the first {TOP_FILES} of its top level, and its folders)"
             raise UserError(
-                f"no images found in {input_dir}: {seen} files looked at, none with an image extension "
+                f"no images found in {input_dir}: {seen} files looked at{first}, none with an image extension "
                 f"({' '.join(sorted(IMAGE_EXTENSIONS))})"
             )
         if settings.unlabeled:
-            return plan_unlabeled(settings, loose, sorted(top_with_images))
+            return plan_unlabeled(settings, loose, sorted(top_with_images), complete)
+        if not complete and top_with_images and not settings.label_from:
+            raise _many_files_beside_folders(input_dir, sorted(top_with_images))
         try:
             split_folders = split_folder_layout(top_with_images)
         except ValueError as e:
@@ -442,10 +480,15 @@ def plan_dataset(settings: Settings) -> Plan:
         if split_folders:
             class_probes, loose, label_files, class_folders = [], [], [], []
             for split_folder in (p.folder for p in probes if _has_images(p)):
-                _, images, folders = _top(settings, split_folder, label_files, other_files)
+                _, images, folders, whole = _top(settings, split_folder, label_files, other_files)
+                complete = complete and whole
                 loose += images
+                if not whole and folders and not settings.label_from:
+                    raise _many_files_beside_folders(f"{input_dir.rstrip('/')}/{_name(split_folder, input_dir)}",
+                                                     [_name(f, input_dir).split("/")[-1] for f in folders])
                 if images and not folders:
-                    flat_splits.append((_name(split_folder, input_dir), len(images), split_folder.path))
+                    flat_splits.append((_name(split_folder, input_dir), _at_least(len(images), whole),
+                                        split_folder.path))
                 class_probes += _probe_all(folders, settings)
                 class_folders += folders
             _refuse_detection_export(settings, class_probes, [*other_files, *(i.relpath for i in loose[:20])],
@@ -488,7 +531,7 @@ def plan_dataset(settings: Settings) -> Plan:
             hint = (f"; if the file names hold the labels, give {names}, or list the images and their labels in a "
                     "--manifest (docs/manifest.md)")
         raise UserError(
-            f"found {len(loose)} images directly in {where} but no class folders: expected "
+            f"found {_at_least(len(loose), complete)} images directly in {where} but no class folders: expected "
             "<input_dir>/<class>/<image> (or <input_dir>/<split>/<class>/<image>), one folder per class"
             + hint
             + ("" if split_folders else "; to convert them without labels (a test set to predict), give --unlabeled")
@@ -749,9 +792,11 @@ def linked_class_notes(folders: list[Folder], input_dir: str) -> list[str]:
     return notes
 
 
-def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str]) -> Plan:
-    """Plan an --unlabeled run: the images directly in --input_dir (`images`), no classes, one split; refused
-    when folders in it hold images (`folders`): class or split folders, whose images would be left out.
+def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str], complete: bool = True) -> Plan:
+    """Plan an --unlabeled run: the images directly in --input_dir (`images`: those among the first TOP_FILES
+    files; all of them when `complete`), no classes, one split; refused when folders in it hold images (`folders`,
+    those seen): class or split folders, whose images would be left out (the job skips an image in a folder the
+    launcher did not see as in_a_subfolder).
 
     Raises:
         UserError: for folders with images, or no image directly in --input_dir.
@@ -770,7 +815,8 @@ def plan_unlabeled(settings: Settings, images: list[FileRef], folders: list[str]
     sample_files = [(ref.path, ref.relpath, ref.size) for ref in images[:SAMPLE_IMAGES]]
     sample = estimate.measure_output(sample_files, settings.image, settings.schema, settings.compression)
     upscale = None if settings.quiet else upscale_notice(settings, sample_files, sample)
-    notes = [f"unlabeled set: the images directly in {input_dir} ({len(images)}) go into one split, "
+    count = _at_least(len(images), complete)
+    notes = [f"unlabeled set: the images directly in {input_dir} ({count}) go into one split, "
              f"{UNLABELED_SPLIT}, each record with an id (its file name without the extension) and no label"]
     plan = Plan(
         class_names=[],

@@ -8,7 +8,9 @@
     python -m tests.fake_gcs_listing --classes 1000 --per_class 1000 --port 8123   # stand-alone
 
 Bucket `b` (or the `bucket_name` given) holds `in/class_{c:04d}/img_{i:08d}.jpg` for c < classes and i < per_class,
-or with `splits` `in/<split>/class_{c:04d}/img_{i:08d}.jpg` for each split.
+or with `splits` `in/<split>/class_{c:04d}/img_{i:08d}.jpg` for each split; with `flat`, a flat folder of files
+named by their labels, `in/class_{c:04d}_img_{i:08d}.jpg` (Oxford Pets' images/Abyssinian_1.jpg), but for the classes
+in `folder_classes`, which stay folders among the files (`in/class_0003/img_{i:08d}.jpg`).
 Every name is computed from its index j = c * per_class + i; the names are all of one
 length, so their sorted order is the index order and a prefix covers one range of
 indices, found by binary search. A page token is the index the next page starts at, so
@@ -82,28 +84,32 @@ class SyntheticBucket:
     """`classes` x `per_class` object names, computed from their index; nothing is stored per object.
 
     With `splits` (e.g. ("train", "validation")), each split folder holds all the classes:
-    `in/<split>/class_{c:04d}/img_{i:08d}.jpg`, classes x per_class names per split.
+    `in/<split>/class_{c:04d}/img_{i:08d}.jpg`, classes x per_class names per split. With `flat`, each class
+    is a run of files `class_{c:04d}_img_{i:08d}.jpg` directly in its folder, but those of `folder_classes`, which
+    are folders (the names keep one length, so index order is still name order).
     """
 
-    def __init__(self, classes: int, per_class: int, root: str = ROOT, splits: tuple[str, ...] = ()):
+    def __init__(self, classes: int, per_class: int, root: str = ROOT, splits: tuple[str, ...] = (),
+                 flat: bool = False, folder_classes: tuple[int, ...] = ()):
         if not 0 < classes <= 10_000 or not 0 < per_class <= 100_000_000:
             raise ValueError("classes must be in 1..10000 and per_class in 1..10^8 (the names' fixed widths)")
         if any(not split or "/" in split for split in splits) or len(set(splits)) != len(splits):
             raise ValueError(f"splits must be distinct folder names without '/': {splits!r}")
         self.classes = classes
         self.per_class = per_class
+        self.separators = ["/" if not flat or c in folder_classes else "_" for c in range(classes)]
         self.root = root
         # In the order of their names' bytes, so that index order stays name order.
         self.splits = sorted(splits, key=lambda split: (split + "/").encode())
         self._folders = [f"{root}/{split}" for split in self.splits] or [root]
         self.count = len(self._folders) * classes * per_class
         split_part = "(?:(" + "|".join(re.escape(split) for split in self.splits) + ")/)" if splits else "()"
-        self._pattern = re.compile(re.escape(root) + "/" + split_part + r"class_(\d{4})/img_(\d{8})\.jpg")
+        self._pattern = re.compile(re.escape(root) + "/" + split_part + r"class_(\d{4})([/_])img_(\d{8})\.jpg")
 
     def name(self, j: int) -> str:
         group, rest = divmod(j, self.classes * self.per_class)
         c, i = divmod(rest, self.per_class)
-        return f"{self._folders[group]}/class_{c:04d}/img_{i:08d}.jpg"
+        return f"{self._folders[group]}/class_{c:04d}{self.separators[c]}img_{i:08d}.jpg"
 
     def index(self, name: str) -> int | None:
         """The index of an object's name, or None when there is no such object."""
@@ -111,8 +117,8 @@ class SyntheticBucket:
         if not match:
             return None
         group = self.splits.index(match.group(1)) if self.splits else 0
-        c, i = int(match.group(2)), int(match.group(3))
-        if c >= self.classes or i >= self.per_class:
+        c, i = int(match.group(2)), int(match.group(4))
+        if c >= self.classes or i >= self.per_class or match.group(3) != self.separators[c]:
             return None
         return (group * self.classes + c) * self.per_class + i
 
@@ -171,6 +177,7 @@ class FakeGcs(ThreadingHTTPServer):
         self.crc32c = _crc32c_b64(self.jpeg)
         self.counts: Counter = Counter()
         self.unknown: list[str] = []
+        self.level_range_starts: set[str] = set()  # the startOffset of each listing a level deep from a name on
         self.quiet_unknown = quiet_unknown
         self._lock = threading.Lock()
 
@@ -186,13 +193,15 @@ class FakeGcs(ThreadingHTTPServer):
         with self._lock:
             return {**{key: self.counts[key] for key in
                        ("list_requests", "objects_listed", "prefixes_listed", "bucket_gets", "metadata_gets",
-                        "downloads", "not_found")},
+                        "downloads", "not_found", "level_range_lists")},
+                    "level_range_starts": sorted(self.level_range_starts),
                     "unknown": list(self.unknown)}
 
     def reset_stats(self) -> None:
         with self._lock:
             self.counts.clear()
             self.unknown.clear()
+            self.level_range_starts.clear()
 
     def client_env(self, config_dir: str) -> dict:
         """What a process (a client of this one, or a subprocess) needs to use this fake and nothing else.
@@ -337,6 +346,10 @@ class _Handler(BaseHTTPRequestHandler):
             query.get("prefix", ""), query.get("delimiter", ""), start, max(1, max_results),
             query.get("startOffset", ""), query.get("endOffset", ""))
         self.server.count("list_requests")
+        if query.get("delimiter") and query.get("startOffset"):  # a part of a level (listing.list_folder_part)
+            self.server.count("level_range_lists")
+            with self.server._lock:
+                self.server.level_range_starts.add(query["startOffset"])
         self.server.count("objects_listed", len(items))
         self.server.count("prefixes_listed", len(prefixes))
         parts = ['"kind":"storage#objects"']
@@ -391,9 +404,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextmanager
 def serve(classes: int, per_class: int, port: int = 0, quiet_unknown: bool = False, bucket_name: str = BUCKET,
-          splits: tuple[str, ...] = ()):
-    """A FakeGcs serving classes x per_class objects (per split) in gs://`bucket_name` on a background thread."""
-    server = FakeGcs(SyntheticBucket(classes, per_class, splits=splits), port, quiet_unknown, bucket_name)
+          splits: tuple[str, ...] = (), flat: bool = False, folder_classes: tuple[int, ...] = ()):
+    """A FakeGcs serving classes x per_class objects (per split) in gs://`bucket_name` on a background thread
+    (`flat`, `folder_classes`: as SyntheticBucket's)."""
+    server = FakeGcs(SyntheticBucket(classes, per_class, splits=splits, flat=flat, folder_classes=folder_classes),
+                     port, quiet_unknown, bucket_name)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
                               name="fake-gcs-listing")
     thread.start()

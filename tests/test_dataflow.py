@@ -140,7 +140,8 @@ def test_no_stage_does_work_that_grows_with_the_images_on_one_element(gcs_emulat
     element (an Impulse) runs on one worker, so it may neither hold a per-image step nor read a per-image side
     input. (The write path before issue 16 failed this: its shard planner read every record's offset, and the
     finishing step re-read every piece.)"""
-    per_image_steps = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/FilterByName", "AssignLabels/",
+    per_image_steps = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/ListTopParts",
+                       "ListImages/ListSplitsParts", "ListImages/FilterByName", "AssignLabels/",
                        "AssignShards/PlaceImages",
                        "AssignShards/RankStraddlers", "WriteShards/ConvertChunks", "WriteShards/AssembleShards")
     single = assert_single_element_stages_are_bounded(pipeline_proto(gcs_emulator, dry_run[1]), per_image_steps,

@@ -25,7 +25,8 @@ METADATA_BOUNDED_SIDE_INPUTS = {
     "JoinMetadata/ReadMetadata/RangeStarts": "one (rows before, CSV state) pair per 64 MiB range",
     "JoinMetadata/SummariseMetadata": "one dict: the join's counts and the first 10 rows of each kind",
 }
-METADATA_PER_IMAGE_STEPS = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/FilterByName",
+METADATA_PER_IMAGE_STEPS = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/ListTopParts",
+                            "ListImages/FilterByName",
                             "AssignLabels/",
                             "JoinMetadata/ReadMetadata/ReadRows", "JoinMetadata/ReadMetadata/CountRows",
                             "JoinMetadata/KeyRows", "JoinMetadata/ByRelpath", "JoinMetadata/Join",

@@ -367,7 +367,8 @@ SPLIT_LIST_BOUNDED_SIDE_INPUTS = {
        for split in ("Train", "Test") for step in ("AllCounts", "RangeStarts")},
     "JoinSplitLists/SummariseSplitLists": "one dict: the lists' line counts and the first 10 repeated lines",
 }
-SPLIT_LIST_PER_LINE_STEPS = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/FilterByName",
+SPLIT_LIST_PER_LINE_STEPS = ("ListImages/ListFolders", "ListImages/ListParts", "ListImages/ListTopParts",
+                             "ListImages/FilterByName",
                              "JoinSplitLists/ReadTrainList/ReadRows", "JoinSplitLists/ReadTestList/ReadRows",
                              "JoinSplitLists/ReadTrainList/CountRows", "JoinSplitLists/ReadTestList/CountRows",
                              "JoinSplitLists/KeyTrainLines", "JoinSplitLists/KeyTestLines", "JoinSplitLists/KeyFiles",

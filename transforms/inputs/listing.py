@@ -21,6 +21,7 @@ own, page by page (no glob, so a folder's own glob characters mean nothing).
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Iterator
@@ -33,7 +34,14 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.base import counters, gcs
 from transforms.base.paths import file_kind, is_local, name_bytes, quoted_name, relative_path, text_name
 from transforms.base.records import FileRef, Rejection
-from transforms.inputs.folder_parts import WIDTH, FolderPart, largest_name_start, list_part, plan_parts
+from transforms.inputs.folder_parts import (
+    WIDTH,
+    FolderPart,
+    largest_name_start,
+    list_part,
+    plan_parts,
+    reports_subfolder,
+)
 from transforms.labels.layout import NOT_AN_IMAGE_EXTENSION, hidden_reason, skip_reason
 
 SKIPPED = "skipped"
@@ -78,12 +86,26 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset,
-                subfolders: list, input_dir: str) -> Iterator[Entry]:
-    """The entries of one folder, sorted by name; folders to enter go to `subfolders` as (path, ancestors)."""
+SORTED_NAMES = 10_000  # a local folder of at most this many names is listed in name order, a larger one as it comes
+
+
+def _names(listing) -> Iterator[str]:
+    """A local folder's names from its os.scandir: sorted when they are at most SORTED_NAMES, else streamed in
+    the file system's order (a flat folder of millions of names is never held in one list)."""
+    first = [entry.name for entry in itertools.islice(listing, SORTED_NAMES + 1)]
+    if len(first) <= SORTED_NAMES:
+        yield from sorted(first)
+        return
+    yield from first
+    yield from (entry.name for entry in listing)
+
+
+def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozenset, input_dir: str
+                ) -> Iterator[Entry | Folder]:
+    """The entries of one local folder, streamed (in name order when it is small: `_names`); a folder to enter
+    comes as a `Folder` with the (st_dev, st_ino) of the folders on its path."""
     try:
-        with os.scandir(folder) as listing:
-            names = sorted(entry.name for entry in listing)  # one folder's names at a time
+        listing = os.scandir(folder)
     except OSError as e:
         yield Entry(folder, 0, UNREADABLE_FOLDER, f"the folder cannot be listed: {e.strerror or e}", True)
         return
@@ -91,45 +113,52 @@ def _entries_of(folder: str, root: str, follow_symlinks: bool, ancestors: frozen
     below = relative_path(folder, input_dir)
     folder_real = os.path.realpath(folder)
     linked_folder = folder_real != (os.path.join(root, below) if below else root)
-    for name in names:
-        path = os.path.join(folder, name)
-        real = os.path.join(folder_real, name) if linked_folder else ""
-        try:
-            info = os.lstat(path)
-        except OSError as e:
-            yield Entry(path, 0, UNREADABLE_ENTRY, f"cannot be examined: {e.strerror or e}")
-            continue
-        if stat.S_ISLNK(info.st_mode):
+    with listing:
+        names = _names(listing)
+        while True:
             try:
-                target = os.path.realpath(path, strict=True)
-                info = os.stat(path)
-            except FileNotFoundError:
-                yield Entry(path, 0, DANGLING_SYMLINK, f"symlink to {os.readlink(path)!r}, which does not exist")
-                continue
+                name = next(names)
+            except StopIteration:
+                return
             except OSError as e:
-                if e.errno == errno.ELOOP:
-                    yield Entry(path, 0, SYMLINK_LOOP, "a chain of symlinks that never ends (a link to itself)")
-                else:
-                    yield Entry(path, 0, UNREADABLE_ENTRY, f"symlink that cannot be followed: {e.strerror or e}")
-                continue
-            if not follow_symlinks and not _inside(target, root):
-                yield Entry(path, 0, SYMLINK_OUTSIDE_INPUT,
-                            f"symlink to {target}, outside the input folder; pass --follow_symlinks to read it",
-                            stat.S_ISDIR(info.st_mode))
-                continue
-            real = target
-        if stat.S_ISDIR(info.st_mode):
-            identity = (info.st_dev, info.st_ino)
-            if identity in ancestors:
-                yield Entry(path, 0, SYMLINK_LOOP, "leads back to a folder that contains it", True)
-            else:
-                subfolders.append((path, ancestors | {identity}))
-            continue
-        kind = _kind(info.st_mode)
-        if kind is not None:
-            yield Entry(path, 0, NOT_A_REGULAR_FILE, f"{kind}, not a regular file", False)
-            continue
-        yield Entry(path, info.st_size, real=real)
+                yield Entry(folder, 0, UNREADABLE_FOLDER, f"the folder cannot be listed to its end: "
+                            f"{e.strerror or e}", True)
+                return
+            yield _entry_of(os.path.join(folder, name), os.path.join(folder_real, name) if linked_folder else "",
+                            root, follow_symlinks, ancestors)
+
+
+def _entry_of(path: str, real: str, root: str, follow_symlinks: bool, ancestors: frozenset) -> Entry | Folder:
+    """One local name as an Entry (a file, or a problem) or a Folder to enter; `real`: its real path when a
+    symlink on its folder's path leads there."""
+    try:
+        info = os.lstat(path)
+    except OSError as e:
+        return Entry(path, 0, UNREADABLE_ENTRY, f"cannot be examined: {e.strerror or e}")
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = os.path.realpath(path, strict=True)
+            info = os.stat(path)
+        except FileNotFoundError:
+            return Entry(path, 0, DANGLING_SYMLINK, f"symlink to {os.readlink(path)!r}, which does not exist")
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return Entry(path, 0, SYMLINK_LOOP, "a chain of symlinks that never ends (a link to itself)")
+            return Entry(path, 0, UNREADABLE_ENTRY, f"symlink that cannot be followed: {e.strerror or e}")
+        if not follow_symlinks and not _inside(target, root):
+            return Entry(path, 0, SYMLINK_OUTSIDE_INPUT,
+                         f"symlink to {target}, outside the input folder; pass --follow_symlinks to read it",
+                         stat.S_ISDIR(info.st_mode))
+        real = target
+    if stat.S_ISDIR(info.st_mode):
+        identity = (info.st_dev, info.st_ino)
+        if identity in ancestors:
+            return Entry(path, 0, SYMLINK_LOOP, "leads back to a folder that contains it", True)
+        return Folder(path, ancestors | {identity})
+    kind = _kind(info.st_mode)
+    if kind is not None:
+        return Entry(path, 0, NOT_A_REGULAR_FILE, f"{kind}, not a regular file", False)
+    return Entry(path, info.st_size, real=real)
 
 
 class Folder(NamedTuple):
@@ -150,12 +179,16 @@ def _walk(stack: list, root: str, follow_symlinks: bool, stop_depth: int | None,
     """
     while stack:
         folder, ancestors, depth = stack.pop()
-        subfolders: list = []
-        yield from _entries_of(folder, root, follow_symlinks, ancestors, subfolders, input_dir)
+        subfolders: list[Folder] = []  # one folder's subfolders (a flat folder's files are streamed, not kept)
+        for item in _entries_of(folder, root, follow_symlinks, ancestors, input_dir):
+            if isinstance(item, Folder):
+                subfolders.append(item)
+            else:
+                yield item
         if stop_depth is not None and depth + 1 >= stop_depth:
-            yield from (Folder(path, inside) for path, inside in subfolders)
+            yield from subfolders
         else:
-            stack.extend((path, inside, depth + 1) for path, inside in reversed(subfolders))
+            stack.extend((sub.path, sub.ancestors, depth + 1) for sub in reversed(subfolders))
 
 
 def _local_start(input_dir: str) -> tuple[str, list]:
@@ -223,25 +256,69 @@ def list_folder(folder: Folder, input_dir: str, follow_symlinks: bool = False, p
         yield from gcs_list(folder.path, page_size=page_size)
 
 
-def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool = False):
-    """Every entry below a class folder. A gs:// folder is listed here page by page; one that is still not
-    at its end after SMALL_FOLDER_PAGES pages is large: the rest goes, on PARTS, as the FolderParts that hold
-    it (transforms.inputs.folder_parts), for any worker to list. Planning parts costs a few dozen requests, so a
-    folder of ImageNet's size (1,300 names) takes its 2 pages and nothing else."""
+def list_level(folder: Folder, input_dir: str, follow_symlinks: bool = False, page_size: int | None = None
+               ) -> Iterator[Entry | Folder]:
+    """The entries directly in `folder` and its subfolders (as `Folder`), in the listing's order, streamed, for a
+    caller that stops early (the launcher's bounded look at the input's top level).
+
+    Local: the folder's os.scandir (in name order when it is small, `_names`). gs://: pages of names with the
+    delimiter '/', each page's subfolders (its prefixes) among its files in name order; `page_size` as for
+    `gcs_list`.
+    """
+    if is_local(folder.path):
+        ancestors = folder.ancestors
+        if not ancestors:
+            info = os.stat(folder.path)
+            ancestors = frozenset({(info.st_dev, info.st_ino)})
+        yield from _entries_of(folder.path, os.path.realpath(input_dir), follow_symlinks, ancestors, input_dir)
+        return
+    bucket, prefix = _gcs_prefix(folder.path)
+    blobs = gcs.client().list_blobs(bucket, prefix=prefix, delimiter="/", page_size=page_size)
+    seen: set[str] = set()
+    for page in blobs.pages:
+        yield from (item for _, item in _page_items(bucket, page, seen))
+
+
+def _page_items(bucket: str, page, seen: set[str]) -> list[tuple[str, Entry | Folder | None]]:
+    """(name, item) of one page of a gs:// listing, in name order: an Entry for a file, a Folder for a subfolder
+    (a prefix, of a listing with a delimiter) not in `seen` (then added), None for a folder placeholder."""
+    items: list[tuple[str, Entry | Folder | None]] = [
+        (blob.name, None if blob.name.endswith("/") else Entry(f"gs://{bucket}/{blob.name}", blob.size or 0))
+        for blob in page]
+    for name in getattr(page, "prefixes", ()):
+        if name not in seen:
+            seen.add(name)
+            items.append((name, Folder(f"gs://{bucket}/{name}".rstrip("/"))))
+    return sorted(items, key=lambda item: item[0])
+
+
+def _tagged(item: Entry | Folder):
+    return beam.pvalue.TaggedOutput(FOLDERS, item) if isinstance(item, Folder) else item
+
+
+def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool = False, level: bool = False):
+    """Every entry below a class folder, or with `level` the entries directly in a gs:// level (the input
+    folder, a split folder) and its subfolders, on FOLDERS.
+
+    A gs:// folder is listed here page by page; one that is still not at its end after SMALL_FOLDER_PAGES pages
+    is large: the rest goes, on PARTS, as the FolderParts that hold it (transforms.inputs.folder_parts), for any
+    worker to list (`list_folder_part`). Planning parts costs a few dozen requests, so a folder of ImageNet's size
+    (1,300 names) takes its 2 pages and nothing else. A level is listed with the delimiter '/' (GCS's startOffset
+    and endOffset apply to it too), so its parts never descend into its subfolders: those are listed once, as
+    class folders are."""
     if is_local(folder.path):
         yield from list_folder(folder, input_dir, follow_symlinks)
         return
     bucket, prefix = _gcs_prefix(folder.path)
     client = gcs.client()
-    blobs = client.list_blobs(bucket, prefix=prefix)
-    names: list[str] = []  # the names of the last page listed here
+    blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/" if level else None)
+    names: list[str] = []  # the names of the last page listed here that had any
+    seen: set[str] = set()
     for number, page in enumerate(blobs.pages, 1):
-        names = []
-        for blob in page:
-            names.append(blob.name)
-            if not blob.name.endswith("/"):
-                yield Entry(f"gs://{bucket}/{blob.name}", blob.size or 0)
-        if not names or blobs.next_page_token is None or number >= SMALL_FOLDER_PAGES:
+        items = _page_items(bucket, page, seen)
+        names = [name for name, _ in items] or names
+        yield from (_tagged(item) for _, item in items if item is not None)
+        if blobs.next_page_token is None or number >= SMALL_FOLDER_PAGES:
             break
     if not names or blobs.next_page_token is None:
         return
@@ -252,14 +329,32 @@ def list_folder_or_parts(folder: Folder, input_dir: str, follow_symlinks: bool =
     largest = largest_name_start(names_from, prefix, names[-1][len(prefix):], WIDTH)
     for part in plan_parts(bucket, prefix, names, largest, names_from):
         counters.inc("folder_parts")
-        yield beam.pvalue.TaggedOutput(PARTS, part)
+        yield beam.pvalue.TaggedOutput(PARTS, part._replace(delimiter="/") if level else part)
 
 
-def list_folder_part(part: FolderPart) -> Iterator[Entry]:
-    """The entries of one part of a large gs:// class folder."""
-    for blob in list_part(gcs.client(), part):
-        if not blob.name.endswith("/"):
-            yield Entry(f"gs://{part.bucket}/{blob.name}", blob.size or 0)
+def list_folder_part(part: FolderPart):
+    """The entries of one part of a large gs:// folder; of a level's part (`delimiter` '/'), also the subfolders
+    that this part reports (`reports_subfolder`), on FOLDERS."""
+    if not part.delimiter:
+        for blob in list_part(gcs.client(), part):
+            if not blob.name.endswith("/"):
+                yield Entry(f"gs://{part.bucket}/{blob.name}", blob.size or 0)
+        return
+    client = gcs.client()
+
+    def names_before(subfolder: str, start: str) -> bool:
+        return any(True for _ in client.list_blobs(part.bucket, prefix=subfolder, end_offset=start, max_results=1))
+
+    blobs = client.list_blobs(part.bucket, prefix=part.prefix, delimiter=part.delimiter,
+                              start_offset=part.start or None, end_offset=part.end or None)
+    seen: set[str] = set()
+    for page in blobs.pages:
+        for name, item in _page_items(part.bucket, page, seen):
+            if isinstance(item, Folder):
+                if reports_subfolder(part, name, names_before):
+                    yield beam.pvalue.TaggedOutput(FOLDERS, item)
+            elif item is not None and name != part.skip:
+                yield item
 
 
 def classify(entry: Entry, input_dir: str) -> FileRef | Rejection:
@@ -345,12 +440,17 @@ class ListImages(beam.PTransform):
     description checks that each one was written, rejected or skipped.
 
     Listing runs inside the graph, so on Dataflow it needs nothing from the
-    launcher's machine but the folder name. The input folder's top (one level,
-    or two with split folders) is listed in one place; each class folder is
-    then listed on whichever worker gets it, and a gs:// class folder longer
-    than one page is cut into parts that other workers list (FolderPart), so a
-    large input, even one huge class folder, is listed by every worker at once
-    and never held in one place.
+    launcher's machine but the folder name. Each class folder is listed on
+    whichever worker gets it, and a gs:// class folder longer than
+    SMALL_FOLDER_PAGES pages is cut into parts that other workers list
+    (FolderPart), so a large input, even one huge class folder, is listed by
+    every worker at once and never held in one place. The levels above the
+    class folders (the input folder; with split folders, each split folder)
+    are listed the same way on gs://: their first pages in one place, the
+    rest of a flat folder of millions of files in parts, listed a level deep
+    (delimiter '/'), whose subfolders go on to be listed as class folders.
+    A local input's top is walked in one place, streamed (a local disk is one
+    device: its listing is a small share of a run, see docs/dataflow.md).
     """
 
     def __init__(self, input_dir: str, follow_symlinks: bool = False, split_folders: bool = False):
@@ -360,22 +460,24 @@ class ListImages(beam.PTransform):
         self._depth = 2 if split_folders else 1
 
     def expand(self, pbegin):
-        top = (
-            pbegin
-            | "InputFolder" >> beam.Impulse()
-            # Entry above the class folders; Folder for each class folder, on FOLDERS
-            | "ListTop" >> beam.FlatMap(_tag_folders, self._input_dir, self._follow_symlinks, self._depth
-                                        ).with_outputs(FOLDERS, main="entries")
-        )
+        impulse = pbegin | "InputFolder" >> beam.Impulse()
+        if is_local(self._input_dir):
+            top = (impulse
+                   # Entry above the class folders; Folder for each class folder, on FOLDERS
+                   | "ListTop" >> beam.FlatMap(_tag_folders, self._input_dir, self._follow_symlinks, self._depth
+                                               ).with_outputs(FOLDERS, main="entries"))
+            entries, folders = [top.entries], top[FOLDERS]
+        else:
+            entries, folders = self._gcs_levels(impulse)
         deeper = (
-            top[FOLDERS]
+            folders
             | "SpreadFolders" >> beam.Reshuffle()
-            # Entry, streamed from each class folder's walk (or its gs:// listing: the first page, and on PARTS
+            # Entry, streamed from each class folder's walk (or its gs:// listing: the first pages, and on PARTS
             # the FolderParts of the rest of a large folder)
             | "ListFolders" >> beam.FlatMap(list_folder_or_parts, self._input_dir, self._follow_symlinks
                                             ).with_outputs(PARTS, main="entries")
         )
-        entries = [top.entries, deeper.entries]
+        entries.append(deeper.entries)
         if not is_local(self._input_dir):  # a local class folder is walked whole: it is never cut into parts
             entries.append(
                 deeper[PARTS]
@@ -401,6 +503,33 @@ class ListImages(beam.PTransform):
             SKIPPED: (filtered[SKIPPED], one[SKIPPED]) | "AllSkipped" >> beam.Flatten(),
             FOUND: filtered[FOUND],
         }
+
+    def _gcs_levels(self, impulse) -> tuple[list, beam.PCollection]:
+        """The levels above the class folders of a gs:// input: ([Entry PCollections], Folder of each class
+        folder). Each level (the input folder; with split folders, each split folder) is listed as a class folder
+        is, a level deep: its first pages where it is, the rest of a flat level in parts on any worker."""
+        entries = []
+        levels = impulse | "TopFolder" >> beam.Map(lambda _, path: Folder(path), self._input_dir)
+        for depth in range(self._depth):
+            name = "Top" if depth == 0 else "Splits"
+            if depth:
+                levels = levels | f"Spread{name}" >> beam.Reshuffle()
+            listed = (
+                levels
+                # Entry directly in the level; Folder of each subfolder, on FOLDERS; the rest of a long level as
+                # FolderParts, on PARTS
+                | f"List{name}" >> beam.FlatMap(list_folder_or_parts, self._input_dir, level=True).with_outputs(
+                    FOLDERS, PARTS, main="entries")
+            )
+            parts = (
+                listed[PARTS]
+                | f"Spread{name}Parts" >> beam.Reshuffle()
+                # Entry in each part of a long level, and the subfolders the part reports (on FOLDERS)
+                | f"List{name}Parts" >> beam.FlatMap(list_folder_part).with_outputs(FOLDERS, main="entries")
+            )
+            entries += [listed.entries, parts.entries]
+            levels = (listed[FOLDERS], parts[FOLDERS]) | f"{name}Subfolders" >> beam.Flatten()
+        return entries, levels
 
 
 def _tag_folders(_impulse, input_dir: str, follow_symlinks: bool, depth: int):
