@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import FAST, main_in_process, run_tool
-from tests.dataflow_dry_run import JOB_ENV, SCRIPT, pipeline_proto, run_script
+from tests.dataflow_dry_run import (
+    BOUNDED_SIDE_INPUTS,
+    JOB_ENV,
+    SCRIPT,
+    assert_single_element_stages_are_bounded,
+    pipeline_proto,
+    run_script,
+)
 from tests.dataflow_jobs import PROJECT, REGION, job_id_of, launch
 from tests.detection_datasets import write
 from tests.detection_runs import CLASSES, IMAGES, boxes_csv, coco_export, voc_export, yolo_export
@@ -29,6 +36,31 @@ IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"
 # What differs between two runs of one export: the run's id and time, and where its input was.
 RUN_KEYS = ("run_id", "created", "elapsed_seconds", "images_per_second", "sources")
 INPUT_OPTIONS = ("input_dir", "manifest")
+# What a detection job reads on one worker besides the folder job's bounded side inputs.
+DETECTION_BOUNDED_SIDE_INPUTS = {
+    **BOUNDED_SIDE_INPUTS,
+    "ReadAnnotations/UsedClasses": "the distinct class names of the objects as one list: one per class",
+    "ReadAnnotations/CountFound": "one count: the images and rejected entries the parser found",
+    "ReadAnnotations/ReadCOCO/Tally/SumCounts": "one tally dict of the parser's annotations",
+    "ReadAnnotations/ReadBoxes/Tally/SumCounts": "one tally dict of the parser's annotations",
+    "SumAnnotations": "one tally dict: the annotations found, written and rejected per reason",
+    "ReadAnnotations/ReadCOCO/CategoryList": "the COCO files' categories as one list: one per category and file",
+    "ReadAnnotations/ReadCOCO/Categories": "the same as one dict of names",
+    "ReadAnnotations/ReadCOCO/BadFileList": "the COCO files that do not parse: one per annotation file at most",
+    "ReadAnnotations/ReadCOCO/BadFiles": "the same as one dict",
+    "ReadAnnotations/ClassNames": "the class names: one per class",
+    "ReadAnnotations/ReadBoxes/Read/AllCounts": "the row counts of the box file's ranges: one per 64 MiB",
+    "ReadAnnotations/ReadBoxes/Read/RangeStarts": "one (rows before, CSV state, lines before) per 64 MiB range",
+}
+# The steps that handle every image or annotation: never in a stage that starts from one element.
+DETECTION_PER_IMAGE_STEPS = (
+    "ReadAnnotations/ReadCOCO/ListImages/ListFolder",
+    "ReadAnnotations/ReadCOCO/StreamCoco", "ReadAnnotations/ReadCOCO/ImageObjects",
+    "ReadAnnotations/ReadCOCO/ImagesOnDisk", "ReadAnnotations/ReadCOCO/JoinFiles", "ReadAnnotations/ReadCOCO/Settle",
+    "ReadAnnotations/ReadBoxes/Read/ReadRows", "ReadAnnotations/ReadBoxes/ParseBoxes",
+    "ReadAnnotations/ReadBoxes/ImageBoxes", "ReadAnnotations/ToImageRefs", "ReadAnnotations/DistinctClasses",
+    "AssignShards/PlaceImages", "AssignShards/RankStraddlers", "WriteShards/ConvertChunks",
+    "WriteShards/AssembleShards")
 
 
 def _export(kind: str, root) -> None:
@@ -225,6 +257,13 @@ def test_a_detection_job_submitted_to_dataflow_writes_a_dataset_that_verifies(gc
     assert not [path for path in read if path.endswith(".json")], read  # the COCO files are the job's to read
     assert any(path.endswith(".jpg") for path in read)  # the sample of image headers, for the shards' sizes
 
+    # The staged graph: the COCO files streamed on any worker, no per-image work in a stage of one element.
+    proto = pipeline_proto(gcs_emulator, job.options["staging_location"])
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert {"ReadAnnotations/ReadCOCO/SpreadFiles", "ReadAnnotations/ReadCOCO/StreamCoco",
+            "ReadAnnotations/ClassNames"} <= names
+    assert_single_element_stages_are_bounded(proto, DETECTION_PER_IMAGE_STEPS, DETECTION_BOUNDED_SIDE_INPUTS)
+
     info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert info["task"] == "detection" and info["detection"]["annotations"]["written"] == found - 1
     assert gcs_emulator.read(f"{output}/label_map.pbtxt").decode().count("item {") == len(CLASSES)
@@ -269,6 +308,10 @@ def test_run_dataflow_sh_stages_a_box_file_job_with_what_detection_needs(gcs_emu
                                                   for line in runtime.splitlines() if line}
     assert {"transforms/detection/coco.py", "transforms/detection/boxes.py", "transforms/detection/geometry.py"} <= {
         name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    names = {t.unique_name for t in pipeline_proto(gcs_emulator, staging).components.transforms.values()}
-    assert any(name.startswith("ReadAnnotations/") for name in names), sorted(names)[:20]
+    proto = pipeline_proto(gcs_emulator, staging)
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert {"ReadAnnotations/ReadBoxes/Read/Ranges", "ReadAnnotations/ReadBoxes/Read/ReadRows",
+            "ReadAnnotations/ReadBoxes/ParseBoxes", "ReadAnnotations/ClassNames"} <= names
+    single = assert_single_element_stages_are_bounded(proto, DETECTION_PER_IMAGE_STEPS, DETECTION_BOUNDED_SIDE_INPUTS)
+    assert any("ReadAnnotations/ReadBoxes/Read/Ranges" in x.unique_name for s in single for x in s.transforms)
     assert gcs_emulator.list_names(f"gs://{BUCKET}/dry") == []  # staged, not run
