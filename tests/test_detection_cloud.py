@@ -26,7 +26,8 @@ from tests.dataflow_dry_run import (
 )
 from tests.dataflow_jobs import PROJECT, REGION, job_id_of, launch
 from tests.detection_datasets import write
-from tests.detection_runs import CLASSES, IMAGES, boxes_csv, coco_export, voc_export, yolo_export
+from tests.detection_runs import CLASSES, boxes_csv, coco_export, voc_export, yolo_export
+from tests.detection_runs import IMAGES as PLAIN_IMAGES
 from tests.gcs_fixtures import NO_AUTH
 
 BUCKET = "detection-cloud"
@@ -36,6 +37,10 @@ IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"
 # What differs between two runs of one export: the run's id and time, and where its input was.
 RUN_KEYS = ("run_id", "created", "elapsed_seconds", "images_per_second", "sources")
 INPUT_OPTIONS = ("input_dir", "manifest")
+# tests/detection_runs.py's images, under names that Cloud Storage's URLs and Beam's globs treat specially: a
+# fragment, a query, a percent sign, glob characters, a non-ASCII letter (no space: VOC's ImageSets split on them).
+NAMES = {"a": "p#q", "b": "x[1]", "c": "50%20off", "d": "v?w", "v": "ü", "w": "a*b"}
+IMAGES = tuple((split, NAMES[stem], objects) for split, stem, objects in PLAIN_IMAGES)
 # What a detection job reads on one worker besides the folder job's bounded side inputs.
 DETECTION_BOUNDED_SIDE_INPUTS = {
     **BOUNDED_SIDE_INPUTS,
@@ -64,21 +69,23 @@ DETECTION_PER_IMAGE_STEPS = (
 
 
 def _export(kind: str, root) -> None:
-    """A generated export of `kind` (tests/detection_runs.py) with one image its annotations name and the folder
-    lacks (missing_image), found on Cloud Storage by an existence check, a listing or a join."""
+    """A generated export of `kind` (tests/detection_runs.py, its images named by NAMES) with one image its
+    annotations name and the folder lacks (missing_image), found on Cloud Storage by an existence check, a listing
+    or a join."""
     if kind == "coco":
-        train = coco_export(root, extra={"train": [{"id": 90, "image_id": 77, "category_id": 1, "bbox": [1, 2, 3, 4]}]}
-                            )["train"]
+        gone = {"id": 90, "image_id": 77, "category_id": 1, "bbox": [1, 2, 3, 4]}
+        train = coco_export(root, IMAGES, extra={"train": [gone]})["train"]
         train["images"].append({"id": 77, "file_name": "gone.jpg", "width": 64, "height": 48})
         write(f"{root}/train/_annotations.coco.json", json.dumps(train))
     elif kind == "voc":
-        voc_export(root)
-        write(f"{root}/Annotations/gone.xml", (root / "Annotations" / "b.xml").read_text().replace("b.jpg", "gone.jpg"))
+        voc_export(root, IMAGES)
+        write(f"{root}/Annotations/gone.xml", (root / "Annotations" / "x[1].xml").read_text().replace("x[1].jpg",
+                                                                                                  "gone.jpg"))
     elif kind == "yolo":
-        yolo_export(root)
+        yolo_export(root, IMAGES)
         write(f"{root}/train/labels/gone.txt", "0 0.5 0.5 0.2 0.2\n")
     else:
-        with open(boxes_csv(root), "a") as f:
+        with open(boxes_csv(root, IMAGES), "a") as f:
             f.write("images/gone.jpg,cat,1,1,5,5,train\n")
 
 
@@ -128,13 +135,14 @@ def test_an_export_on_gcs_converts_to_gcs_as_a_local_one(gcs_emulator, exports, 
                                                 "rejected": {"missing_image": 1}}
     assert info["detection"]["input_format"] == kind and info["class_names"] == list(CLASSES)
 
-    names = gcs_emulator.list_names(output)
-    sources = set(info["sources"]["files"])
-    assert len(sources) == 1
+    # The same files as the local run's (but for each run's sources list, named after its run id): no lock, no
+    # temporary object left; each the same bytes but for the description, whose lines come in any order.
+    names = set(gcs_emulator.list_names(output)) - set(info["sources"]["files"])
+    assert len(info["sources"]["files"]) == 1
+    assert names == {p.name for p in (tmp_path / "out").iterdir()} - set(local_info["sources"]["files"])
     shards = {s["file"] for split in info["splits"].values() for s in split["shards"]}
-    assert set(names) == shards | sources | {"image_tfrecords.json", "labels.txt", "label_map.pbtxt",
-                                             "errors.jsonl"}, names  # no lock, no temporary object left
-    for name in sorted(shards | {"labels.txt", "label_map.pbtxt"}):
+    assert {"labels.txt", "label_map.pbtxt", "errors.jsonl"} | shards <= names
+    for name in sorted(names - {"image_tfrecords.json", "errors.jsonl"}):
         assert gcs_emulator.read(f"{output}/{name}") == (tmp_path / "out" / name).read_bytes(), name
     # errors.jsonl's lines come in the order the job's bundles give them, on any runner: the same lines.
     assert sorted(gcs_emulator.read(f"{output}/errors.jsonl").splitlines()) == sorted(
@@ -280,7 +288,7 @@ def test_a_detection_job_submitted_to_dataflow_writes_a_dataset_that_verifies(gc
     boxes = {}
     for split in info["splits"]:
         for element in reader.make_dataset(str(copy), split, batch_size=None):
-            name = element["source_path"].numpy().decode().rsplit("/", 1)[-1].split(".")[0]
+            name = element["source_path"].numpy().decode().rsplit("/", 1)[-1].rsplit(".", 1)[0]
             boxes[name] = element["boxes"].numpy()
     expected = {stem: objects for _, stem, objects in IMAGES}
     assert set(boxes) == set(expected)
@@ -315,3 +323,44 @@ def test_run_dataflow_sh_stages_a_box_file_job_with_what_detection_needs(gcs_emu
     single = assert_single_element_stages_are_bounded(proto, DETECTION_PER_IMAGE_STEPS, DETECTION_BOUNDED_SIDE_INPUTS)
     assert any("ReadAnnotations/ReadBoxes/Read/Ranges" in x.unique_name for s in single for x in s.transforms)
     assert gcs_emulator.list_names(f"gs://{BUCKET}/dry") == []  # staged, not run
+
+
+@pytest.fixture
+def proxy(gcs_emulator, monkeypatch):
+    """tests/fault_proxy.py in front of the emulator, with this process's GCS clients pointed at it."""
+    from tests.fault_proxy import FaultProxy
+    from transforms.base.transient import RETRY_BASE_ENV
+
+    with FaultProxy(gcs_emulator.host) as running:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", running.url)
+        monkeypatch.setenv(RETRY_BASE_ENV, "0.01")
+        yield running
+
+
+@pytest.mark.timeout(300)
+def test_an_annotation_file_gcs_refuses_is_a_line_and_a_transient_error_is_read_again(gcs_emulator, exports, proxy):
+    """Cloud Storage's 403 for a VOC XML (no OSError) rejects its image as bad_annotation_file, as an unreadable
+    local file does, and the job goes on; a COCO file whose reads fail for a moment (503) is read again: nothing
+    of it is rejected."""
+    _, remote = exports
+    proxy.fail("exports/voc/Annotations/x[1].xml", 403, times=None)
+    output = f"gs://{BUCKET}/out/refused"
+    assert _convert([f"--input_dir={remote}/voc"], output) == 0
+    errors = [json.loads(line) for line in gcs_emulator.read(f"{output}/errors.jsonl").decode().splitlines()]
+    (refused,) = [e for e in errors if e["reason"] == "bad_annotation_file"]
+    assert (refused["relpath"], refused["stage"]) == ("JPEGImages/x[1].jpg", "rejected")
+    assert refused["detail"].startswith("Annotations/x[1].xml cannot be read: Forbidden: 403 GET "), refused
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
+    assert info["files"] == {"found": 7, "written": 5, "rejected": 2, "skipped": 0, "upscaled": 0}
+    assert info["rejected_by_reason"] == {"bad_annotation_file": 1, "missing_image": 1}
+    assert proxy.injected[("exports/voc/Annotations/x[1].xml", 403)] >= 1
+
+    proxy.fail("exports/coco/valid/_annotations.coco.json", 503, times=2)
+    output = f"gs://{BUCKET}/out/retried"
+    assert _convert([f"--input_dir={remote}/coco"], output) == 0
+    assert proxy.injected[("exports/coco/valid/_annotations.coco.json", 503)] == 2
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
+    found = sum(len(objects) for _, _, objects in IMAGES) + 1
+    assert info["detection"]["annotations"] == {"found": found, "written": found - 1,
+                                                "rejected": {"missing_image": 1}}
+    assert info["files"] == {"found": 7, "written": 6, "rejected": 1, "skipped": 0, "upscaled": 0}
