@@ -341,7 +341,7 @@ def proxy(gcs_emulator, monkeypatch):
 def test_an_annotation_file_gcs_refuses_is_a_line_and_a_transient_error_is_read_again(gcs_emulator, exports, proxy):
     """Cloud Storage's 403 for a VOC XML (no OSError) rejects its image as bad_annotation_file, as an unreadable
     local file does, and the job goes on; a COCO file whose reads fail for a moment (503) is read again: nothing
-    of it is rejected."""
+    of it is rejected; a 403 for an image of a box file (its existence check) is the image's read_error."""
     _, remote = exports
     proxy.fail("exports/voc/Annotations/x[1].xml", 403, times=None)
     output = f"gs://{BUCKET}/out/refused"
@@ -364,3 +364,11 @@ def test_an_annotation_file_gcs_refuses_is_a_line_and_a_transient_error_is_read_
     assert info["detection"]["annotations"] == {"found": found, "written": found - 1,
                                                 "rejected": {"missing_image": 1}}
     assert info["files"] == {"found": 7, "written": 6, "rejected": 1, "skipped": 0, "upscaled": 0}
+
+    proxy.fail("exports/boxes/images/x[1].jpg", 403, times=None)
+    output = f"gs://{BUCKET}/out/refused-image"
+    assert _convert([f"--manifest={remote}/boxes/boxes.csv"], output) == 0
+    # an image the box file names and Cloud Storage will not describe: rejected by its read, as any image's
+    errors = [json.loads(line) for line in gcs_emulator.read(f"{output}/errors.jsonl").decode().splitlines()]
+    refused = sorted((e["stage"], e["reason"]) for e in errors if e["relpath"] == "images/x[1].jpg")
+    assert refused == [("annotation", "image_rejected"), ("rejected", "read_error")]
