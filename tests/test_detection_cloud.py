@@ -10,12 +10,14 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, main_in_process, run_tool
+from tests.conftest import FAST, REPO, main_in_process, run_tool
 from tests.dataflow_dry_run import (
     BOUNDED_SIDE_INPUTS,
     JOB_ENV,
@@ -372,3 +374,17 @@ def test_an_annotation_file_gcs_refuses_is_a_line_and_a_transient_error_is_read_
     errors = [json.loads(line) for line in gcs_emulator.read(f"{output}/errors.jsonl").decode().splitlines()]
     refused = sorted((e["stage"], e["reason"]) for e in errors if e["relpath"] == "images/x[1].jpg")
     assert refused == [("annotation", "image_rejected"), ("rejected", "read_error")]
+
+
+def test_the_worker_images_import_line_loads_what_detection_needs():
+    """dataflow/Dockerfile checks, as it builds the workers' image, that they import the converter and what
+    --task=detection reads with: ijson's C backend (a 1 GB COCO file), PyYAML and pycocotools' C extension (imported
+    only once a mask is drawn, so a broken wheel would otherwise fail the first job with masks)."""
+    with open(os.path.join(REPO, "dataflow", "Dockerfile")) as f:
+        (line,) = re.findall(r'python -c "(import [^"]+)"', f.read())
+    probe = "import sys, transforms.detection.coco as coco; print(coco.IJSON.backend_name, 'yaml' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", f"{line}; {probe}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["yajl2_c", "True"]
+    assert "pycocotools.mask" in line
