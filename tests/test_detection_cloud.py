@@ -388,3 +388,19 @@ def test_the_worker_images_import_line_loads_what_detection_needs():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-2:] == ["yajl2_c", "True"]
     assert "pycocotools.mask" in line
+
+
+def test_run_dataflow_sh_takes_a_manifest_on_gcs_in_place_of_input_dir():
+    env = dict(os.environ, **JOB_ENV)
+    local = run_script(SCRIPT, "--manifest=boxes.csv", "--output_dir=gs://b/out", "--task=detection", env=env)
+    assert local.returncode == 2
+    assert local.stderr.splitlines() == [
+        "error: --manifest boxes.csv is not a gs:// path; Dataflow workers cannot read local files: copy it first "
+        "with gcloud storage cp boxes.csv gs://$BUCKET/ (and its images)"]
+    several = run_script(SCRIPT, "--manifest", "gs://b/a.csv,b.csv", "--output_dir=gs://b/out", env=env)
+    assert several.returncode == 2 and "error: --manifest b.csv is not a gs:// path" in several.stderr
+    neither = run_script(SCRIPT, "--output_dir=gs://b/out", "--task=detection", env=env)
+    assert neither.returncode == 2
+    assert neither.stderr.splitlines() == [
+        "error: --input_dir is required: the gs:// folder of class folders (or of a detection export), or give "
+        "--manifest=gs://BUCKET/list.csv"]
