@@ -16,6 +16,7 @@ import tarfile
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.conftest import FAST, REPO, main_in_process, run_tool
 from tests.dataflow_dry_run import (
@@ -73,7 +74,7 @@ DETECTION_PER_IMAGE_STEPS = (
 def _export(kind: str, root) -> None:
     """A generated export of `kind` (tests/detection_runs.py, its images named by NAMES) with one image its
     annotations name and the folder lacks (missing_image), found on Cloud Storage by an existence check, a listing
-    or a join."""
+    or a join; VOC's also has a class mask (SegmentationClass/), read by the conversion."""
     if kind == "coco":
         gone = {"id": 90, "image_id": 77, "category_id": 1, "bbox": [1, 2, 3, 4]}
         train = coco_export(root, IMAGES, extra={"train": [gone]})["train"]
@@ -83,6 +84,12 @@ def _export(kind: str, root) -> None:
         voc_export(root, IMAGES)
         write(f"{root}/Annotations/gone.xml", (root / "Annotations" / "x[1].xml").read_text().replace("x[1].jpg",
                                                                                                   "gone.jpg"))
+        mask = np.zeros((48, 64), np.uint8)
+        mask[6:40, 4:30] = 8  # VOC's cat
+        picture = Image.fromarray(mask, "P")
+        picture.putpalette([0, 0, 0, 128, 0, 0] * 128)
+        (root / "SegmentationClass").mkdir()
+        picture.save(root / "SegmentationClass" / "p#q.png")
     elif kind == "yolo":
         yolo_export(root, IMAGES)
         write(f"{root}/train/labels/gone.txt", "0 0.5 0.5 0.2 0.2\n")
@@ -136,6 +143,7 @@ def test_an_export_on_gcs_converts_to_gcs_as_a_local_one(gcs_emulator, exports, 
     assert info["detection"]["annotations"] == {"found": found, "written": found - 1,
                                                 "rejected": {"missing_image": 1}}
     assert info["detection"]["input_format"] == kind and info["class_names"] == list(CLASSES)
+    assert info["detection"]["semantic_masks"] is (kind == "voc")
 
     # The same files as the local run's (but for each run's sources list, named after its run id): no lock, no
     # temporary object left; each the same bytes but for the description, whose lines come in any order.
@@ -206,7 +214,8 @@ def test_a_coco_file_on_gcs_is_streamed_a_buffer_at_a_time(gcs_emulator, exports
 
     monkeypatch.setattr(coco, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(coco, "open_file", recording)
-    assert _convert([f"--input_dir={folder}"], f"gs://{BUCKET}/out/streamed") == 0
+    labels = gcs_emulator.write(f"gs://{BUCKET}/labels.txt", "dog\ncat\n")
+    assert _convert([f"--input_dir={folder}"], f"gs://{BUCKET}/out/streamed", f"--labels_file={labels}") == 0
 
     train = reads[f"{folder}/train/_annotations.coco.json"]
     assert {wanted for wanted, _ in train} == {4096}  # never read() of the whole file
@@ -214,6 +223,7 @@ def test_a_coco_file_on_gcs_is_streamed_a_buffer_at_a_time(gcs_emulator, exports
     assert set(reads) == {f"{folder}/train/_annotations.coco.json", f"{folder}/valid/_annotations.coco.json"}
     info = json.loads(gcs_emulator.read(f"gs://{BUCKET}/out/streamed/image_tfrecords.json"))
     assert info["files"]["written"] == 6
+    assert info["class_names"] == ["dog", "cat"]  # --labels_file's order, read from Cloud Storage
 
 
 def test_an_empty_or_missing_gcs_folder_is_named_as_such(gcs_emulator, exports, capsys):
