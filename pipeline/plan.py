@@ -583,11 +583,14 @@ def find_export(input_dir: str) -> tuple[DetectionInput, list[str]]:
 
 
 def _holds_nothing(folder: str) -> bool:
-    """Whether `folder` holds no entry (on Cloud Storage: no object below its name); one entry is looked at."""
+    """Whether `folder` holds no entry (on Cloud Storage: no object below its name); one entry is looked at. A
+    listing that fails says nothing (False): this only chooses the message of a launch that stops anyway."""
     try:
         return next(list_top(folder, False, 1), None) is None
     except FileNotFoundError:
         return True
+    except Exception:  # noqa: BLE001 - a store's error: the message says what the export needs instead
+        return False
 
 
 SAMPLE_BYTES = 1 << 16  # of a box file: its first rows, for the sample of images
