@@ -414,3 +414,36 @@ def test_run_dataflow_sh_takes_a_manifest_on_gcs_in_place_of_input_dir():
     assert neither.stderr.splitlines() == [
         "error: --input_dir is required: the gs:// folder of class folders (or of a detection export), or give "
         "--manifest=gs://BUCKET/list.csv"]
+
+
+@pytest.mark.timeout(400)
+def test_a_flex_template_launch_of_a_detection_job_completes(gcs_emulator, dataflow_api, exports, tmp_path):
+    """The Flex Template's launcher (dataflow/launch.py) with the parameters a scheduler gives a detection job
+    (task, first_class_id, images_without_objects): the job it writes runs in the stand-in to a complete dataset."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import dataflow_v1beta3
+
+    _, remote = exports
+    output = f"gs://{BUCKET}/flex/yolo"
+    template = tmp_path / "job.json"
+    parameters = [f"--input_dir={remote}/yolo", f"--output_dir={output}", "--task=detection", "--first_class_id=0",
+                  "--images_without_objects=drop", "--image_size=32"]
+    launcher_args = [f"--project={PROJECT}", f"--region={REGION}", f"--temp_location=gs://{BUCKET}/tmp",
+                     f"--staging_location=gs://{BUCKET}/staging", f"--sdk_container_image={IMAGE}",
+                     f"--dataflow_endpoint={dataflow_api.endpoint}", NO_AUTH, f"--template_location={template}"]
+    env = dict(os.environ, **gcs_emulator.env, FLEX_TEMPLATE_PYTHON_PY_FILE=os.path.join(REPO, "dataflow",
+                                                                                          "launch.py"))
+    result = subprocess.run([sys.executable, os.path.join(REPO, "dataflow", "launch.py"), *parameters,
+                             *launcher_args], cwd="/", capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    client = dataflow_v1beta3.JobsV1Beta3Client(credentials=AnonymousCredentials(), transport="rest",
+                                                client_options={"api_endpoint": dataflow_api.endpoint})
+    created = client.create_job(request=dataflow_v1beta3.CreateJobRequest(
+        project_id=PROJECT, location=REGION, job=dataflow_v1beta3.Job.from_json(template.read_text(),
+                                                                                ignore_unknown_fields=True)))
+    assert dataflow_api.wait(created.id).state == "JOB_STATE_DONE"
+    info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
+    assert (info["task"], info["detection"]["first_id"], info["detection"]["input_format"]) == ("detection", 0, "yolo")
+    assert info["detection"]["images_without_objects"] == {"kept": 0, "dropped": 1}
+    assert gcs_emulator.read(f"{output}/label_map.pbtxt").decode().count("item {") == len(CLASSES)
+    assert not [name for name in gcs_emulator.list_names(output) if name.startswith(".")]  # the lock is released
