@@ -1,7 +1,8 @@
 """--task=detection on Cloud Storage and Dataflow, against the suite's stand-ins (the GCS emulator, the Dataflow REST
 stand-in): each export format read from gs:// and written to gs:// gives the very bytes of a local run; a COCO file
-is streamed on the workers, never opened by the launcher; a detection job submitted to Dataflow writes a dataset
-that verifies and reads back."""
+is streamed on the workers, never downloaded by the launcher; an annotation file Cloud Storage refuses is a line of
+errors.jsonl, a transient error a read again; a detection job submitted to Dataflow (python -m pipeline.main,
+run_dataflow.sh, the Flex Template) stages what its workers need and writes a dataset that verifies and reads back."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.dataflow_dry_run import (
     pipeline_proto,
     run_script,
 )
-from tests.dataflow_jobs import PROJECT, REGION, job_id_of, launch
+from tests.dataflow_jobs import IMAGE, PROJECT, REGION, job_id_of, launch
 from tests.detection_datasets import write
 from tests.detection_runs import CLASSES, boxes_csv, coco_export, voc_export, yolo_export
 from tests.detection_runs import IMAGES as PLAIN_IMAGES
@@ -36,7 +37,6 @@ from tests.gcs_fixtures import NO_AUTH
 BUCKET = "detection-cloud"
 KINDS = ("coco", "voc", "yolo", "boxes")
 ARGS = ("--task=detection", "--image_size=32x24", "--quiet", NO_AUTH)
-IMAGE = "europe-docker.pkg.dev/test-project/r/image-tfrecords:1"
 # What differs between two runs of one export: the run's id and time, and where its input was.
 RUN_KEYS = ("run_id", "created", "elapsed_seconds", "images_per_second", "sources")
 INPUT_OPTIONS = ("input_dir", "manifest")
