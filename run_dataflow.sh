@@ -3,6 +3,7 @@
 #
 #   export PROJECT=my-project REGION=us-central1 BUCKET=my-bucket
 #   ./run_dataflow.sh --input_dir=gs://my-bucket/photos --output_dir=gs://my-bucket/tfrecords [options]
+#   ./run_dataflow.sh --manifest=gs://my-bucket/boxes.csv --output_dir=gs://my-bucket/boxes --task=detection
 #
 # Environment:
 #   PROJECT, REGION, BUCKET            required; temp and staging files go under gs://$BUCKET/dataflow/
@@ -39,6 +40,7 @@ fail() {
 
 input_dir=""
 output_dir=""
+manifest=""
 dry_run=false
 benchmark=false
 no_wait=false
@@ -50,9 +52,14 @@ while (($#)); do
     -h | --help) usage; exit 0 ;;
     --input_dir=*) input_dir="${1#*=}" ;;
     --output_dir=*) output_dir="${1#*=}" ;;
-    --input_dir | --output_dir)
+    --manifest=*) manifest="${1#*=}"; passthrough+=("$1") ;;
+    --input_dir | --output_dir | --manifest)
       (($# >= 2)) || fail "$1 needs a value: $1=gs://BUCKET/folder"
-      if [[ "$1" == --input_dir ]]; then input_dir="$2"; else output_dir="$2"; fi
+      case "$1" in
+        --input_dir) input_dir="$2" ;;
+        --output_dir) output_dir="$2" ;;
+        *) manifest="$2"; passthrough+=("--manifest=$2") ;;
+      esac
       shift ;;
     --dry_run | --dry_run=true | --dry_run=True) dry_run=true ;;
     --benchmark) benchmark=true ;;
@@ -79,11 +86,18 @@ if ((${#missing[@]})); then
   list="$(IFS=,; echo "${missing[*]}")"
   problems+=("set ${list//,/, } in the environment, e.g. export PROJECT=my-project REGION=us-central1 BUCKET=my-bucket")
 fi
-if [[ -z "$input_dir" ]]; then
-  problems+=("--input_dir is required: the gs:// folder of class folders")
-elif [[ "$input_dir" != gs://* ]]; then
+if [[ -z "$input_dir" && -z "$manifest" ]]; then
+  problems+=("--input_dir is required: the gs:// folder of class folders (or of a detection export), or give --manifest=gs://BUCKET/list.csv")
+elif [[ -n "$input_dir" && "$input_dir" != gs://* ]]; then
   problems+=("--input_dir $input_dir is not a gs:// path; Dataflow workers cannot read local files: copy it first with gcloud storage cp -r $input_dir gs://\$BUCKET/")
 fi
+# --manifest: one file, a glob, or several separated by commas; each on Cloud Storage.
+IFS=, read -r -a manifest_entries <<< "$manifest"
+for entry in "${manifest_entries[@]+"${manifest_entries[@]}"}"; do
+  if [[ "$entry" != gs://* ]]; then
+    problems+=("--manifest $entry is not a gs:// path; Dataflow workers cannot read local files: copy it first with gcloud storage cp $entry gs://\$BUCKET/ (and its images)")
+  fi
+done
 if [[ -z "$output_dir" ]]; then
   problems+=("--output_dir is required: the gs:// folder to write the dataset to")
 elif [[ "$output_dir" != gs://* ]]; then
@@ -124,9 +138,10 @@ args=(
   --job_name="$job_name"
   --temp_location="gs://$bucket/dataflow/temp"
   --staging_location="gs://$bucket/dataflow/staging"
-  --input_dir="$input_dir"
   --output_dir="$output_dir"
 )
+# Without --input_dir, a --manifest's relative paths are below its own folder.
+[[ -n "$input_dir" ]] && args+=(--input_dir="$input_dir")
 # Workers install this package from setup.py, unless their container (dataflow/Dockerfile) has it already.
 [[ -n "$worker_image" ]] || args+=(--setup_file="$here/setup.py")
 [[ -n "${SERVICE_ACCOUNT:-}" ]] && args+=(--service_account_email="$SERVICE_ACCOUNT")
@@ -140,7 +155,7 @@ fi
 args+=("${passthrough[@]+"${passthrough[@]}"}")
 
 cd "$here"
-echo "Job $job_name: $input_dir -> $output_dir (project $PROJECT, region $REGION)" >&2
+echo "Job $job_name: ${input_dir:-$manifest} -> $output_dir (project $PROJECT, region $REGION)" >&2
 status=0
 "$python" -m pipeline.main "${args[@]}" || status=$?
 if ((status != 0)); then

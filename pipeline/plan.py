@@ -612,6 +612,10 @@ def find_export(input_dir: str) -> tuple[DetectionInput, list[str]]:
         except LayoutError as e:
             if str(e).startswith("more than one"):
                 raise
+            if _holds_nothing(input_dir):  # a gs:// name no object is below: no folder, nothing checked it before
+                raise LayoutError(f"--input_dir {input_dir} is empty or does not exist: give the folder of the "
+                                  "detection export (YOLO's data.yaml, COCO's JSON files or Pascal VOC's "
+                                  "Annotations/ in it)") from None
             raise LayoutError(
                 f"found no detection export in --input_dir {input_dir}: expected YOLO's {DATA_YAML}, a COCO "
                 "_annotations.coco.json (in the folder or in each split folder) or annotations/instances_<name>.json, "
@@ -621,6 +625,17 @@ def find_export(input_dir: str) -> tuple[DetectionInput, list[str]]:
                                splits=bool(voc.split_files)), [join(input_dir, voc.root, IMAGES_DIR)])
     except LayoutError as e:
         raise UserError(str(e)) from None
+
+
+def _holds_nothing(folder: str) -> bool:
+    """Whether `folder` holds no entry (on Cloud Storage: no object below its name); one entry is looked at. A
+    listing that fails says nothing (False): this only chooses the message of a launch that stops anyway."""
+    try:
+        return next(list_top(folder, False, 1), None) is None
+    except FileNotFoundError:
+        return True
+    except Exception:  # noqa: BLE001 - a store's error: the message says what the export needs instead
+        return False
 
 
 SAMPLE_BYTES = 1 << 16  # of a box file: its first rows, for the sample of images

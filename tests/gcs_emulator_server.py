@@ -1,5 +1,8 @@
 """gcp-storage-emulator with generation preconditions: `python -m tests.gcs_emulator_server start ...`.
 
+The emulator writes an object's name into its `mediaLink` as it is, where Cloud Storage percent-encodes it (a
+`/`, `#`, `?` or `%` in the name); Beam's reader downloads through that link. The link is made as GCS makes it.
+
 The emulator ignores `ifGenerationMatch`, which the output folder's lock relies
 on (create only if absent: `ifGenerationMatch=0`; delete only the version that
 was read). Real GCS answers 412 Precondition Failed when the condition does not
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import urllib.parse
 from http import HTTPStatus, server
 
 from gcp_storage_emulator.exceptions import NotFound
@@ -66,6 +70,26 @@ def _with_precondition(handler):
 
 for _name in ("insert", "delete", "get", "download"):
     setattr(objects, _name, _with_precondition(getattr(objects, _name)))
+
+
+def _encoded_media_link(make):
+    """The object resource with its mediaLink's name percent-encoded, as Cloud Storage gives it: Beam's GCS reader
+    (google-cloud-storage's BlobReader) downloads an object through its mediaLink, and a name with '#' (a
+    fragment), '?' (a query) or '%' would otherwise ask for another object."""
+
+    def made(base_url, bucket_name, object_name, *args, **kwargs):
+        resource = make(base_url, bucket_name, object_name, *args, **kwargs)
+        link = resource.get("mediaLink")
+        if isinstance(link, str):
+            encoded = urllib.parse.quote(object_name, safe="")
+            resource["mediaLink"] = (f"{base_url}/download/storage/v1/b/{bucket_name}/o/{encoded}"
+                                     f"?generation={resource['generation']}&alt=media")
+        return resource
+
+    return made
+
+
+objects._make_object_resource = _encoded_media_link(objects._make_object_resource)
 
 
 def _write_config_unless_in_memory(write):

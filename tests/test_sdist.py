@@ -132,7 +132,7 @@ def test_the_installed_package_requirements_are_met_and_the_images_import_line_r
     script = """if True:
         from importlib.metadata import PackageNotFoundError, requires, version
         from packaging.requirements import Requirement
-        import pipeline.launcher, transforms.images.convert
+        import pipeline.launcher, transforms.images.convert, transforms.detection.annotated, pycocotools.mask
         unmet = []
         for requirement in map(Requirement, requires("image-tfrecords")):
             if requirement.marker and not requirement.marker.evaluate({"extra": ""}):

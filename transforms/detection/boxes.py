@@ -34,11 +34,13 @@ from transforms.detection.parsing import (
     IMAGES,
     MISSING_IMAGE,
     PROBLEMS,
+    READ_ERRORS,
     REJECTED,
     Unusable,
     found,
     outputs_with_tally,
     problems_of,
+    read_problem,
     screen,
     source_id_of,
 )
@@ -132,6 +134,17 @@ def _parse(item: RowFields, base: str):
     yield name_bytes(parsed[0]), (item.row, parsed)
 
 
+def _present(path: str, exists) -> bool:
+    """Whether the image file is there. One the store will not describe (Cloud Storage's 403) is left to its read,
+    which rejects the image with the store's answer, as any image's read does; a transient error is raised (the
+    bundle is tried again)."""
+    try:
+        return exists(path)
+    except READ_ERRORS as e:
+        read_problem(e)  # raises it again when transient
+        return True
+
+
 def boxes_image(rows, class_names=None, exists=FileSystems.exists):
     """One image's rows ((row number, box_row tuple), ...) -> its ImageAnnotations, or REJECTED / PROBLEMS."""
     rows = [parsed for _, parsed in sorted(rows, key=lambda r: r[0])]
@@ -148,7 +161,7 @@ def boxes_image(rows, class_names=None, exists=FileSystems.exists):
     if len(splits) > 1 or len(sizes) > 1 or len(units) > 1:
         what = "splits" if len(splits) > 1 else "sizes" if len(sizes) > 1 else "units"
         unusable = Unusable(CONFLICTING_ROWS, f"the rows of {relpath} give different {what}")
-    elif not exists(full):
+    elif not _present(full, exists):
         unusable = Unusable(MISSING_IMAGE, f"the image file {relpath} is not there")
     if unusable is not None:
         yield beam.pvalue.TaggedOutput(REJECTED, Rejection(relpath, "rejected", *unusable))

@@ -27,6 +27,7 @@ from transforms.detection.parsing import (
     DUPLICATE_IMAGE,
     IMAGES,
     PROBLEMS,
+    READ_ERRORS,
     REJECTED,
     UNKNOWN_CLASS,
     UNKNOWN_IMAGE,
@@ -39,6 +40,7 @@ from transforms.detection.parsing import (
     join_relpath,
     on_disk_entry,
     outputs_with_tally,
+    read_problem,
     screen,
     settle,
     source_id_of,
@@ -209,8 +211,10 @@ class _StreamCoco(beam.DoFn):
                         name = value.get("name")
                         yield beam.pvalue.TaggedOutput(CATEGORIES, (index, _id(value["id"]),
                                                                     name if isinstance(name, str) else None))
-        except (CocoError, OSError, TruncatedFile) as e:
+        except (CocoError, TruncatedFile) as e:
             yield beam.pvalue.TaggedOutput(BAD_FILES, (index, f"{source.relpath} does not parse: {e}"))
+        except READ_ERRORS as e:  # a transient error fails the bundle (read_problem): the runner reads it again
+            yield beam.pvalue.TaggedOutput(BAD_FILES, (index, f"{source.relpath} cannot be read: {read_problem(e)}"))
         if kind == ANNOTATION_ITEMS:
             yield found(annotations, 1)
 

@@ -24,11 +24,13 @@ from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from google.api_core.exceptions import GoogleAPICallError
 
 from transforms.base import counters
 from transforms.base.dataset_format import split_of
 from transforms.base.paths import is_local
 from transforms.base.records import Rejection
+from transforms.base.transient import describe, is_transient
 from transforms.detection.objects import AnnotationProblem, Box, ImageAnnotations
 from transforms.inputs.listing import Entry, Folder, classify, list_folder, list_top
 from transforms.labels.layout import class_name_problem
@@ -105,6 +107,25 @@ def listed_file(entry: Entry, input_dir: str, suffix: str):
 
 
 # -- plain functions -------------------------------------------------------------------------------------------------
+
+# What reading an annotation file raises when the file is missing or unreadable: locally an OSError, on Cloud
+# Storage also google-cloud-storage's 403 and 404 (no OSError). The file's problem (bad_annotation_file), unless
+# transient (`read_problem`).
+READ_ERRORS = (OSError, GoogleAPICallError)
+
+
+def read_problem(error: BaseException) -> str:
+    """Why an annotation file could not be read (one of READ_ERRORS), for its images' bad_annotation_file lines.
+
+    Raises:
+        `error` itself when it is transient (a 429 or 5xx, a reset connection, a timeout), as an image's read
+        does: not the file's fault, so the bundle fails and the runner tries it again, rather than every image
+        of the file (a COCO file: a whole split) being rejected for a moment's network trouble.
+    """
+    if is_transient(error):
+        raise error
+    return describe(error) if isinstance(error, GoogleAPICallError) else str(error)
+
 
 
 def source_id_of(relpath: str) -> str:

@@ -28,6 +28,7 @@ from transforms.detection.parsing import (
     COUNTS,
     IMAGES,
     PROBLEMS,
+    READ_ERRORS,
     REJECTED,
     LayoutError,
     ListFolders,
@@ -37,6 +38,7 @@ from transforms.detection.parsing import (
     listed_file,
     on_disk_entry,
     outputs_with_tally,
+    read_problem,
     screen,
     settle,
     source_id_of,
@@ -192,9 +194,10 @@ class _ParseXml(beam.DoFn):
             with open_file(path) as raw:
                 data = raw.read(MAX_XML_BYTES + 1)
             frame, objects, problems = voc_objects(parse_xml(data), relpath)
-        except (VocError, OSError) as e:
+        except (VocError, *READ_ERRORS) as e:  # a transient read error fails the bundle (read_problem)
+            why = f"does not parse: {e}" if isinstance(e, VocError) else f"cannot be read: {read_problem(e)}"
             yield found(0, 1)
-            yield key, ("bad", f"{relpath} does not parse: {e}")
+            yield key, ("bad", f"{relpath} {why}")
             return
         yield found(len(objects) + len(problems), 1)
         # VOC's name for the image, until the join finds its file (with whatever extension it has)

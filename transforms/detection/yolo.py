@@ -28,6 +28,7 @@ from transforms.detection.parsing import (
     IMAGES,
     MISSING_IMAGE,
     PROBLEMS,
+    READ_ERRORS,
     REJECTED,
     UNKNOWN_CLASS,
     LayoutError,
@@ -37,6 +38,7 @@ from transforms.detection.parsing import (
     listed_file,
     on_disk_entry,
     outputs_with_tally,
+    read_problem,
     screen,
 )
 from transforms.inputs.rows import open_file
@@ -200,14 +202,16 @@ def yolo_image(key, grouped: dict, layout: YoloLayout, input_dir: str, class_fil
     for relpath in labels[:1]:
         try:
             text = _read_labels(_join(input_dir, relpath), relpath)
-        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        except (*READ_ERRORS, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            # a transient read error fails the bundle (read_problem), which the runner tries again
+            why = read_problem(e) if isinstance(e, READ_ERRORS) else e
             yield found(0, 1)
             for image in images:
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejection(image.relpath, "rejected", "bad_annotation_file",
-                                                                   f"{relpath} cannot be read: {e}"))
+                                                                   f"{relpath} cannot be read: {why}"))
             if not images:
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejection(relpath, "rejected", "bad_annotation_file",
-                                                                   f"{relpath} cannot be read: {e}"))
+                                                                   f"{relpath} cannot be read: {why}"))
             return
         objects, problems = parse_labels(text, relpath, layout.names, layout.keypoints)
         yield found(len(objects) + len(problems), 1)
