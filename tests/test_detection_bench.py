@@ -19,8 +19,6 @@ from tests.detection_runs import _values, read_detection_records, record_boxes
 from transforms.base.examples import Example
 from transforms.base.tfrecord import iter_records
 
-pytestmark = pytest.mark.bench  # a benchmarks/ script: make test runs it; leave it out while you work
-
 
 def _photos(tmp_path):
     """Five non-square JPEGs in two class folders, and a PNG that is not a JPEG (left out, as ants-bees' GIF)."""
@@ -101,6 +99,7 @@ def _classic_records(out) -> dict[str, dict]:
     return records
 
 
+@pytest.mark.bench  # the script itself, every case run twice: make test runs it; leave it out while you work
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_case_runs_and_the_classic_script_writes_the_converters_boxes(tmp_path):
