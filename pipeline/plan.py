@@ -42,7 +42,7 @@ from transforms.detection.yolo import DATA_YAML, read_data_yaml
 from transforms.images.convert import WINDOWS_PATH_HINT
 from transforms.inputs import manifest, metadata, split_lists
 from transforms.inputs import rows as reading
-from transforms.inputs.listing import Folder, classify, gcs_list, list_folder, list_level
+from transforms.inputs.listing import Folder, classify, gcs_list, list_folder, list_level, list_top
 from transforms.labels.detection import detection_export, detection_message, export_file
 from transforms.labels.layout import (
     LABEL_FROM_EXAMPLE,
