@@ -46,13 +46,14 @@ def class_count_lines(info: dict) -> list[str]:
     what = "Objects" if info.get("task") == DETECTION else "Images"  # a detection record holds several
     if len(names) <= MAX_LISTED_CLASSES:
         title = f"{what} per class:"
-        id_width = len(str(len(names) - 1))
+        first_id = (info.get("detection") or {}).get("first_id", 1) if what == "Objects" else 0  # the records' ids
+        id_width = len(str(len(names) - 1 + first_id))
         first = max(len(title), 2 + id_width + 1 + max(len(n) for n in names))
         widths = [max(len(split), 6) for split in splits]
         lines = [title.ljust(first) + "".join("  " + split.rjust(w) for split, w in zip(splits, widths, strict=True))]
         for label, name in enumerate(names):
             counts = "".join("  " + str(c.get(name, 0)).rjust(w) for c, w in zip(splits.values(), widths, strict=True))
-            lines.append(f"  {str(label).rjust(id_width)} {name}".ljust(first) + counts)
+            lines.append(f"  {str(label + first_id).rjust(id_width)} {name}".ljust(first) + counts)
         return lines
     lines = [f"{what} per class ({len(names)} classes; every count is in image_tfrecords.json):"]
     for split, counts in splits.items():
@@ -308,7 +309,8 @@ def format_summary(info: dict) -> str:
             f"{split_info['bytes'] / 1e6:.1f} MB"
         )
     lines.append(shard_size_line(info))
-    lines.extend(detection_lines(info) if info.get("task") == DETECTION else class_count_lines(info))
+    lines.extend(detection_lines(info) if info.get("task") == DETECTION else [])
+    lines.extend(class_count_lines(info))
     if class_order_line(info):
         lines.append(class_order_line(info))
     if info.get("multi_label"):

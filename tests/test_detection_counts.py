@@ -71,11 +71,19 @@ def test_preview_charts_the_objects_per_class(dataset, tmp_path):
 
 
 def test_the_summary_counts_objects_per_class(dataset):
-    from pipeline.report import class_count_lines
+    """The run's summary has the table of objects per class, each class by the id its records hold (from 1, or
+    from 0 with --first_class_id=0)."""
+    from pipeline.report import format_summary
 
-    lines = class_count_lines(_info(dataset))
-    assert lines[0].startswith("Objects per class:")
-    assert [line.split() for line in lines[1:]] == [["0", "cat", "3", "1"], ["1", "dog", "3", "1"]]
+    info = _info(dataset)
+    summary = format_summary(info).splitlines()
+    start = next(i for i, line in enumerate(summary) if line.startswith("Objects per class:"))
+    assert summary[start].split()[3:] == ["train", "validation"]
+    assert [line.split() for line in summary[start + 1:start + 3]] == [["1", "cat", "3", "1"], ["2", "dog", "3", "1"]]
+    info["detection"]["first_id"] = 0
+    start = format_summary(info).splitlines().index(summary[start])
+    assert [line.split()[:2] for line in format_summary(info).splitlines()[start + 1:start + 3]] == [["0", "cat"],
+                                                                                                     ["1", "dog"]]
 
 
 def test_shard_tallies_add_up_per_split_and_class():
