@@ -62,7 +62,7 @@ DETECTION_BOUNDED_SIDE_INPUTS = {
 }
 # The steps that handle every image or annotation: never in a stage that starts from one element.
 DETECTION_PER_IMAGE_STEPS = (
-    "ReadAnnotations/ReadCOCO/ListImages/ListFolder",
+    "ReadAnnotations/ReadCOCO/ListImages/ListFolder", "ReadAnnotations/ReadCOCO/ListImages/ListParts",
     "ReadAnnotations/ReadCOCO/StreamCoco", "ReadAnnotations/ReadCOCO/ImageObjects",
     "ReadAnnotations/ReadCOCO/ImagesOnDisk", "ReadAnnotations/ReadCOCO/JoinFiles", "ReadAnnotations/ReadCOCO/Settle",
     "ReadAnnotations/ReadBoxes/Read/ReadRows", "ReadAnnotations/ReadBoxes/ParseBoxes",
@@ -281,7 +281,7 @@ def test_a_detection_job_submitted_to_dataflow_writes_a_dataset_that_verifies(gc
     proto = pipeline_proto(gcs_emulator, job.options["staging_location"])
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"ReadAnnotations/ReadCOCO/SpreadFiles", "ReadAnnotations/ReadCOCO/StreamCoco",
-            "ReadAnnotations/ClassNames"} <= names
+            "ReadAnnotations/ReadCOCO/ListImages/ListParts", "ReadAnnotations/ClassNames"} <= names
     assert_single_element_stages_are_bounded(proto, DETECTION_PER_IMAGE_STEPS, DETECTION_BOUNDED_SIDE_INPUTS)
 
     info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
