@@ -10,11 +10,13 @@
 Bucket `b` (or the `bucket_name` given) holds `in/class_{c:04d}/img_{i:08d}.jpg` for c < classes and i < per_class,
 or with `splits` `in/<split>/class_{c:04d}/img_{i:08d}.jpg` for each split; with `flat`, a flat folder of files
 named by their labels, `in/class_{c:04d}_img_{i:08d}.jpg` (Oxford Pets' images/Abyssinian_1.jpg), but for the classes
-in `folder_classes`, which stay folders among the files (`in/class_0003/img_{i:08d}.jpg`).
+in `folder_classes`, which stay folders among the files (`in/class_0003/img_{i:08d}.jpg`). `extras`, {name: bytes},
+adds a few stored objects among the computed ones (a COCO export's annotation file beside its images).
 Every name is computed from its index j = c * per_class + i; the names are all of one
 length, so their sorted order is the index order and a prefix covers one range of
 indices, found by binary search. A page token is the index the next page starts at, so
-each page costs O(page size x log N), whatever its position in the listing.
+each page costs O(page size x log N), whatever its position in the listing. (With `extras`, a page token is
+the name the next page starts at, and the computed names and the extras are merged in name order.)
 
 What it answers (what google-cloud-storage 3.x and Beam 2.77's gcsio ask, read from
 their code: `Client.list_blobs`, `Client.lookup_bucket`, `Blob.reload`, `Blob._get_download_url`,
@@ -37,6 +39,7 @@ visible instead of looking like an empty listing.
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import io
 import json
@@ -90,7 +93,7 @@ class SyntheticBucket:
     """
 
     def __init__(self, classes: int, per_class: int, root: str = ROOT, splits: tuple[str, ...] = (),
-                 flat: bool = False, folder_classes: tuple[int, ...] = ()):
+                 flat: bool = False, folder_classes: tuple[int, ...] = (), extras: dict[str, bytes] | None = None):
         if not 0 < classes <= 10_000 or not 0 < per_class <= 100_000_000:
             raise ValueError("classes must be in 1..10000 and per_class in 1..10^8 (the names' fixed widths)")
         if any(not split or "/" in split for split in splits) or len(set(splits)) != len(splits):
@@ -105,6 +108,10 @@ class SyntheticBucket:
         self.count = len(self._folders) * classes * per_class
         split_part = "(?:(" + "|".join(re.escape(split) for split in self.splits) + ")/)" if splits else "()"
         self._pattern = re.compile(re.escape(root) + "/" + split_part + r"class_(\d{4})([/_])img_(\d{8})\.jpg")
+        self.extras = dict(extras or {})
+        self._extra_names = sorted(self.extras)
+        if any(self.index(name) is not None for name in self.extras):
+            raise ValueError("an extra object may not have the name of a computed one")
 
     def name(self, j: int) -> str:
         group, rest = divmod(j, self.classes * self.per_class)
@@ -137,6 +144,52 @@ class SyntheticBucket:
         """[start, end) of the indices whose names start with `prefix`."""
         n = len(prefix)
         return self._first(lambda name: name >= prefix), self._first(lambda name: name[:n] > prefix)
+
+    def data(self, name: str, jpeg: bytes) -> bytes | None:
+        """An object's bytes (`jpeg` for a computed one), None when there is no such object."""
+        if name in self.extras:
+            return self.extras[name]
+        return None if self.index(name) is None else jpeg
+
+    def merged_page(self, prefix: str, delimiter: str, token: str, max_results: int, start_offset: str = "",
+                    end_offset: str = "") -> tuple[list[str], list[str], str | None]:
+        """(object names, common prefixes, the name the next page starts at or None) of one page of a listing of
+        the computed names and the extras together; `token`: the name this page starts at ('' for the first)."""
+        lower = max(prefix, start_offset, token)
+        j = self._first(lambda name: name >= lower)
+        end = self.range_of(prefix)[1]
+        if end_offset:
+            end = min(end, self._first(lambda name: name >= end_offset))
+        k = bisect.bisect_left(self._extra_names, lower)
+
+        def extra(k: int) -> str | None:
+            name = self._extra_names[k] if k < len(self._extra_names) else None
+            inside = name is not None and name.startswith(prefix) and (not end_offset or name < end_offset)
+            return name if inside else None
+
+        names: list[str] = []
+        prefixes: list[str] = []
+        while True:
+            computed = self.name(j) if j < end else None
+            candidates = [name for name in (computed, extra(k)) if name is not None]
+            if not candidates:
+                return names, prefixes, None
+            name = min(candidates)
+            if len(names) + len(prefixes) >= max_results:
+                return names, prefixes, name
+            cut = name.find(delimiter, len(prefix)) if delimiter else -1
+            if cut < 0:
+                names.append(name)
+                if name == computed:
+                    j += 1
+                else:
+                    k += 1
+                continue
+            common = name[:cut + len(delimiter)]
+            prefixes.append(common)
+            j = max(j, self._first(lambda other, common=common: other[:len(common)] > common))
+            while k < len(self._extra_names) and self._extra_names[k][:len(common)] <= common:
+                k += 1
 
     def page(self, prefix: str, delimiter: str, start: int,
              max_results: int, start_offset: str = "", end_offset: str = "") -> tuple[list[int], list[str], int | None]:
@@ -178,6 +231,7 @@ class FakeGcs(ThreadingHTTPServer):
         self.counts: Counter = Counter()
         self.unknown: list[str] = []
         self.level_range_starts: set[str] = set()  # the startOffset of each listing a level deep from a name on
+        self.part_range_starts: set[str] = set()  # the startOffset of each whole listing of a folder's part
         self.quiet_unknown = quiet_unknown
         self._lock = threading.Lock()
 
@@ -195,6 +249,7 @@ class FakeGcs(ThreadingHTTPServer):
                        ("list_requests", "objects_listed", "prefixes_listed", "bucket_gets", "metadata_gets",
                         "downloads", "not_found", "level_range_lists")},
                     "level_range_starts": sorted(self.level_range_starts),
+                    "part_range_starts": sorted(self.part_range_starts),
                     "unknown": list(self.unknown)}
 
     def reset_stats(self) -> None:
@@ -202,6 +257,7 @@ class FakeGcs(ThreadingHTTPServer):
             self.counts.clear()
             self.unknown.clear()
             self.level_range_starts.clear()
+            self.part_range_starts.clear()
 
     def client_env(self, config_dir: str) -> dict:
         """What a process (a client of this one, or a subprocess) needs to use this fake and nothing else.
@@ -223,15 +279,31 @@ class FakeGcs(ThreadingHTTPServer):
     def object_resource(self, name: str) -> str:
         quoted = quote(name, safe="")
         host, size, md5, crc32c, bucket = self.host, len(self.jpeg), self.md5, self.crc32c, self.bucket_name
+        content_type = "image/jpeg"
+        if name in self.bucket.extras:
+            data = self.bucket.extras[name]
+            size, md5, crc32c = len(data), base64.b64encode(hashlib.md5(data).digest()).decode(), _crc32c_b64(data)
+            content_type = "application/octet-stream"
         return (
             f'{{"kind":"storage#object","id":"{bucket}/{name}/{GENERATION}",'
             f'"selfLink":"{host}/storage/v1/b/{bucket}/o/{quoted}",'
             f'"mediaLink":"{host}/download/storage/v1/b/{bucket}/o/{quoted}?generation={GENERATION}&alt=media",'
             f'"name":"{name}","bucket":"{bucket}","generation":"{GENERATION}","metageneration":"1",'
-            f'"contentType":"image/jpeg","storageClass":"STANDARD","size":"{size}","md5Hash":"{md5}",'
+            f'"contentType":"{content_type}","storageClass":"STANDARD","size":"{size}","md5Hash":"{md5}",'
             f'"crc32c":"{crc32c}","etag":"CAE=","timeCreated":"{TIMESTAMP}","updated":"{TIMESTAMP}",'
             f'"timeStorageClassUpdated":"{TIMESTAMP}"}}'
         )
+
+
+def use_in_process(server: FakeGcs, monkeypatch, config_dir: str) -> None:
+    """Point this process's GCS clients (google-cloud-storage, Beam's gcsio) at `server` for a test, with no
+    credentials looked up (what --no_auth does)."""
+    from pipeline.cloud import skip_credential_lookup
+
+    for name, value in server.client_env(config_dir).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    skip_credential_lookup()
 
 
 def closed_port() -> int:
@@ -336,37 +408,45 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, query: dict) -> None:
         if not self._check_params(query, _LIST_PARAMS):
             return
+        bucket = self.server.bucket
         try:
-            start = int(query.get("pageToken") or 0)
-            max_results = min(int(query.get("maxResults") or MAX_RESULTS), MAX_RESULTS)
+            max_results = max(1, min(int(query.get("maxResults") or MAX_RESULTS), MAX_RESULTS))
+            listed = (query.get("prefix", ""), query.get("delimiter", ""))
+            offsets = (query.get("startOffset", ""), query.get("endOffset", ""))
+            if bucket.extras:
+                names, prefixes, following = bucket.merged_page(*listed, query.get("pageToken", ""), max_results,
+                                                                *offsets)
+            else:
+                items, prefixes, following = bucket.page(*listed, int(query.get("pageToken") or 0), max_results,
+                                                         *offsets)
+                names = [bucket.name(j) for j in items]
         except ValueError:
             self._send(400, b'{"error":{"code":400,"message":"Invalid pageToken or maxResults"}}')
             return
-        items, prefixes, following = self.server.bucket.page(
-            query.get("prefix", ""), query.get("delimiter", ""), start, max(1, max_results),
-            query.get("startOffset", ""), query.get("endOffset", ""))
         self.server.count("list_requests")
         if query.get("delimiter") and query.get("startOffset"):  # a part of a level (listing.list_folder_part)
             self.server.count("level_range_lists")
             with self.server._lock:
                 self.server.level_range_starts.add(query["startOffset"])
-        self.server.count("objects_listed", len(items))
+        elif query.get("startOffset") and not query.get("maxResults"):  # a part of a folder (listing.list_part)
+            with self.server._lock:
+                self.server.part_range_starts.add(query["startOffset"])
+        self.server.count("objects_listed", len(names))
         self.server.count("prefixes_listed", len(prefixes))
         parts = ['"kind":"storage#objects"']
         if following is not None:
-            parts.append(f'"nextPageToken":"{following}"')
+            parts.append(f'"nextPageToken":{json.dumps(str(following))}')
         if prefixes:
             parts.append('"prefixes":' + json.dumps(prefixes))
-        if items:
-            name = self.server.bucket.name
-            parts.append('"items":[' + ",".join(self.server.object_resource(name(j)) for j in items) + "]")
+        if names:
+            parts.append('"items":[' + ",".join(self.server.object_resource(name) for name in names) + "]")
         self._send(200, ("{" + ",".join(parts) + "}").encode())
 
     def _metadata(self, name: str, query: dict) -> None:
         if not self._check_params(query, _IGNORED):
             return
         self.server.count("metadata_gets")
-        if self.server.bucket.index(name) is None:
+        if self.server.bucket.data(name, self.server.jpeg) is None:
             self._error(404, f"No such object: {self.server.bucket_name}/{name}")
             return
         self._send(200, self.server.object_resource(name).encode())
@@ -374,13 +454,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _download(self, name: str, query: dict) -> None:
         if not self._check_params(query, _IGNORED):
             return
-        if self.server.bucket.index(name) is None:
+        data = self.server.bucket.data(name, self.server.jpeg)
+        if data is None:
             self._error(404, f"No such object: {self.server.bucket_name}/{name}")
             return
         self.server.count("downloads")
-        data = self.server.jpeg
+        crc32c, md5 = self.server.crc32c, self.server.md5
+        if data is not self.server.jpeg:
+            crc32c, md5 = _crc32c_b64(data), base64.b64encode(hashlib.md5(data).digest()).decode()
         headers = {
-            "X-Goog-Hash": f"crc32c={self.server.crc32c},md5={self.server.md5}",
+            "X-Goog-Hash": f"crc32c={crc32c},md5={md5}",
             "X-Goog-Generation": GENERATION,
             "X-Goog-Metageneration": "1",
             "X-Goog-Stored-Content-Length": str(len(data)),
@@ -404,11 +487,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextmanager
 def serve(classes: int, per_class: int, port: int = 0, quiet_unknown: bool = False, bucket_name: str = BUCKET,
-          splits: tuple[str, ...] = (), flat: bool = False, folder_classes: tuple[int, ...] = ()):
+          splits: tuple[str, ...] = (), flat: bool = False, folder_classes: tuple[int, ...] = (),
+          extras: dict[str, bytes] | None = None):
     """A FakeGcs serving classes x per_class objects (per split) in gs://`bucket_name` on a background thread
-    (`flat`, `folder_classes`: as SyntheticBucket's)."""
-    server = FakeGcs(SyntheticBucket(classes, per_class, splits=splits, flat=flat, folder_classes=folder_classes),
-                     port, quiet_unknown, bucket_name)
+    (`flat`, `folder_classes`, `extras`: as SyntheticBucket's)."""
+    server = FakeGcs(SyntheticBucket(classes, per_class, splits=splits, flat=flat, folder_classes=folder_classes,
+                                     extras=extras), port, quiet_unknown, bucket_name)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
                               name="fake-gcs-listing")
     thread.start()

@@ -62,7 +62,7 @@ DETECTION_BOUNDED_SIDE_INPUTS = {
 }
 # The steps that handle every image or annotation: never in a stage that starts from one element.
 DETECTION_PER_IMAGE_STEPS = (
-    "ReadAnnotations/ReadCOCO/ListImages/ListFolder",
+    "ReadAnnotations/ReadCOCO/ListImages/ListFolder", "ReadAnnotations/ReadCOCO/ListImages/ListParts",
     "ReadAnnotations/ReadCOCO/StreamCoco", "ReadAnnotations/ReadCOCO/ImageObjects",
     "ReadAnnotations/ReadCOCO/ImagesOnDisk", "ReadAnnotations/ReadCOCO/JoinFiles", "ReadAnnotations/ReadCOCO/Settle",
     "ReadAnnotations/ReadBoxes/Read/ReadRows", "ReadAnnotations/ReadBoxes/ParseBoxes",
@@ -152,8 +152,13 @@ def test_an_export_on_gcs_converts_to_gcs_as_a_local_one(gcs_emulator, exports, 
     assert names == {p.name for p in (tmp_path / "out").iterdir()} - set(local_info["sources"]["files"])
     shards = {s["file"] for split in info["splits"].values() for s in split["shards"]}
     assert {"labels.txt", "label_map.pbtxt", "errors.jsonl"} | shards <= names
-    for name in sorted(names - {"image_tfrecords.json", "errors.jsonl"}):
+    for name in sorted(names - {"image_tfrecords.json", "errors.jsonl", "dataset_info.json"}):
         assert gcs_emulator.read(f"{output}/{name}") == (tmp_path / "out" / name).read_bytes(), name
+    # TFDS's dataset_info.json: the same but for its description, which names its run's id
+    tfds_info, local_tfds_info = (json.loads(data) for data in (
+        gcs_emulator.read(f"{output}/dataset_info.json"), (tmp_path / "out" / "dataset_info.json").read_bytes()))
+    assert tfds_info.pop("description").endswith(f"(run {info['run_id']}).")
+    assert {**tfds_info, "description": ""} == {**local_tfds_info, "description": ""}
     # errors.jsonl's lines come in the order the job's bundles give them, on any runner: the same lines.
     assert sorted(gcs_emulator.read(f"{output}/errors.jsonl").splitlines()) == sorted(
         (tmp_path / "out" / "errors.jsonl").read_bytes().splitlines())
@@ -281,7 +286,7 @@ def test_a_detection_job_submitted_to_dataflow_writes_a_dataset_that_verifies(gc
     proto = pipeline_proto(gcs_emulator, job.options["staging_location"])
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {"ReadAnnotations/ReadCOCO/SpreadFiles", "ReadAnnotations/ReadCOCO/StreamCoco",
-            "ReadAnnotations/ClassNames"} <= names
+            "ReadAnnotations/ReadCOCO/ListImages/ListParts", "ReadAnnotations/ClassNames"} <= names
     assert_single_element_stages_are_bounded(proto, DETECTION_PER_IMAGE_STEPS, DETECTION_BOUNDED_SIDE_INPUTS)
 
     info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))

@@ -186,3 +186,44 @@ def test_split_folders_list_at_two_levels(monkeypatch, tmp_path):
         assert names[0] == "in/train/class_0000/img_00000000.jpg"
         assert client.bucket(BUCKET).get_blob("in/validation/class_0002/img_00000004.jpg").size == len(server.jpeg)
         assert server.stats()["unknown"] == []
+
+
+def test_extra_objects_are_listed_among_the_computed_names_as_gcs_would():
+    """`extras` (a COCO file beside its images) merge into the computed names in name order: every listing
+    (prefix, delimiter, startOffset, endOffset, any page size) gives what GCS gives for the same names, paged by
+    name tokens; the extras are described and downloaded with their own bytes."""
+    import random
+
+    extras = {"in/train/_annotations.coco.json": b"{}", "in/annotations/instances_train.json": b"[]",
+              "in/train/zz/a.txt": b"", "in/readme": b"r", "out/x": b""}
+    bucket = SyntheticBucket(3, 7, splits=("train",), flat=True, folder_classes=(1,), extras=extras)
+    names = sorted([bucket.name(j) for j in range(bucket.count)] + list(extras))
+
+    def as_gcs(prefix, delimiter, start, end):
+        files, prefixes = [], []
+        for name in names:
+            if not name.startswith(prefix) or (start and name < start) or (end and name >= end):
+                continue
+            cut = name.find(delimiter, len(prefix)) if delimiter else -1
+            if cut < 0:
+                files.append(name)
+            elif name[:cut + 1] not in prefixes:
+                prefixes.append(name[:cut + 1])
+        return files, prefixes
+
+    rng = random.Random(7)
+    for _ in range(200):
+        prefix = rng.choice(["", "in/", "in/train/", "in/train/class_0001/", "in/a"])
+        delimiter = rng.choice(["", "/"])
+        start, end = rng.choice(["", *names]), rng.choice(["", *names])
+        page_size = rng.randint(1, 6)
+        files, prefixes, token = [], [], ""
+        while token is not None:
+            page_files, page_prefixes, token = bucket.merged_page(prefix, delimiter, token, page_size, start, end)
+            assert len(page_files) + len(page_prefixes) <= page_size
+            files, prefixes = files + page_files, prefixes + page_prefixes
+        assert (files, prefixes) == as_gcs(prefix, delimiter, start, end), (prefix, delimiter, start, end)
+    assert bucket.data("in/train/_annotations.coco.json", b"jpeg") == b"{}"
+    assert bucket.data(bucket.name(0), b"jpeg") == b"jpeg" and bucket.data("in/train/nothing.jpg", b"jpeg") is None
+    with pytest.raises(ValueError, match="name of a computed one"):
+        SyntheticBucket(1, 2, extras={"in/class_0000/img_00000000.jpg": b""})

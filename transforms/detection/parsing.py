@@ -32,7 +32,15 @@ from transforms.base.paths import is_local
 from transforms.base.records import Rejection
 from transforms.base.transient import describe, is_transient
 from transforms.detection.objects import AnnotationProblem, Box, ImageAnnotations
-from transforms.inputs.listing import Entry, Folder, classify, list_folder, list_top
+from transforms.inputs.listing import (
+    PARTS,
+    Entry,
+    Folder,
+    classify,
+    list_folder_or_parts,
+    list_folder_part,
+    list_top,
+)
 from transforms.labels.layout import class_name_problem
 
 IMAGES = "images"
@@ -269,20 +277,31 @@ def on_disk_entry(entry: Entry, input_dir: str, split: str, ignore: frozenset = 
 
 
 class ListFolders(beam.PTransform):
-    """PBegin -> Entry of every file below each of `folders` (full paths), each folder listed whole by one worker
-    (transforms.inputs.listing.list_folder: local or gs://, symlink loops and unreadable entries as problems)."""
+    """PBegin -> Entry of every file below each of `folders` (full paths), each folder on whichever worker gets it
+    (transforms.inputs.listing.list_folder_or_parts: local or gs://, symlink loops and unreadable entries as
+    problems). A local folder is walked whole, streamed; a gs:// one is listed there for its first
+    SMALL_FOLDER_PAGES pages, and the rest of a long one (a COCO export's train/ of millions of images) is cut
+    into FolderParts that any worker lists, as ListImages does with a class folder."""
 
     def __init__(self, folders: list[str], input_dir: str):
         super().__init__()
         self._folders, self._input_dir = list(folders), input_dir
 
     def expand(self, pbegin):
-        return (pbegin
-                | "Folders" >> beam.Create(self._folders)
-                | "SpreadFolders" >> beam.Reshuffle()
-                # Entry, streamed from each folder's walk or listing
-                | "ListFolder" >> beam.FlatMap(lambda folder, root: list_folder(Folder(folder), root),
-                                               self._input_dir))
+        listed = (pbegin
+                  | "Folders" >> beam.Create(self._folders)
+                  | "SpreadFolders" >> beam.Reshuffle()
+                  # Entry, streamed from each folder's walk or first pages; FolderPart of the rest of a long gs://
+                  # folder, on PARTS
+                  | "ListFolder" >> beam.FlatMap(lambda folder, root: list_folder_or_parts(Folder(folder), root),
+                                                 self._input_dir).with_outputs(PARTS, main="entries"))
+        if is_local(self._input_dir):  # a local folder is walked whole: it is never cut into parts
+            return listed.entries
+        parts = (listed[PARTS]
+                 | "SpreadParts" >> beam.Reshuffle()
+                 # Entry of each part of a long gs:// folder, on whichever worker gets it
+                 | "ListParts" >> beam.FlatMap(list_folder_part))
+        return (listed.entries, parts) | "AllEntries" >> beam.Flatten()
 
 
 # -- the accounting ------------------------------------------------------------------------------------------------
