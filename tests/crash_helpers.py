@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -113,3 +114,25 @@ def done_records(out, suffix: str = ".json") -> dict[str, dict]:
             if name.endswith(suffix) and "." not in digest:
                 found[digest] = json.loads((done / name).read_text())
     return found
+
+
+# What differs between two runs of the same dataset: when, which run, how fast; and the resume's own account.
+RUN_FIELDS = {"created", "run_id", "elapsed_seconds", "images_per_second", "resumed", "sources", "tfds"}
+
+
+def dataset_files(out) -> dict[str, bytes]:
+    """Every file of the dataset but its sources files (named after their run), by name; the description without
+    its run's own fields (RUN_FIELDS), and TFDS's dataset_info.json without the run it names."""
+    files = {}
+    for name in sorted(os.listdir(out)):
+        if name.startswith("sources-") or not os.path.isfile(os.path.join(out, name)):
+            continue
+        with open(os.path.join(out, name), "rb") as f:
+            data = f.read()
+        if name == INFO_FILE:
+            info = json.loads(data)
+            data = json.dumps({k: v for k, v in info.items() if k not in RUN_FIELDS}, sort_keys=True).encode()
+        if name == "dataset_info.json":  # TFDS's: it names the run in its description
+            data = re.sub(rb"\(run [0-9a-f-]+\)", b"(run)", data)
+        files[name] = data
+    return files

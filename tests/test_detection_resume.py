@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 
 from pipeline import verify
 from pipeline.cli import main_of
 from tests.conftest import FAST
-from tests.crash_helpers import done_records, stop_after_chunks
+from tests.crash_helpers import dataset_files, done_records, stop_after_chunks
 from tests.detection_runs import IMAGES, coco_export, read_detection_records
 from transforms.base.dataset_format import TEMP_DIR
 from transforms.output import resume
 
 SHARDS = "--num_shards=train=3,validation=2"  # 5 chunks: one per shard
 ARGS = ("--task=detection", "--image_size=32x24", SHARDS)
-RUN_FIELDS = {"created", "run_id", "elapsed_seconds", "images_per_second", "resumed", "sources"}
 # Each image gets a box under a pixel once halved (box_too_small, set aside by the writer, so in the done records);
 # image 4 (d.jpg) is no JPEG: its 3 objects and its small box are image_rejected.
 SMALL = {"train": [{"id": 100 + i, "image_id": i, "category_id": 1, "bbox": [5, 5, 1, 1], "iscrowd": 0}
@@ -53,22 +51,6 @@ def fresh(export, tmp_path_factory):
     return out
 
 
-def _files(out) -> dict[str, bytes]:
-    """Every file but the sources files, the description without its run's fields."""
-    files = {}
-    for name in sorted(os.listdir(out)):
-        if name.startswith("sources-") or not (out / name).is_file():
-            continue
-        data = (out / name).read_bytes()
-        if name == "image_tfrecords.json":
-            info = json.loads(data)
-            data = json.dumps({k: v for k, v in info.items() if k not in RUN_FIELDS}, sort_keys=True).encode()
-        if name == "dataset_info.json":
-            data = re.sub(rb"\(run [0-9a-f-]+\)", b"(run)", data)
-        files[name] = data
-    return files
-
-
 def _interrupt(monkeypatch, export, out, after: int = 2) -> list[dict]:
     stop_after_chunks(monkeypatch, after)
     with pytest.raises(Exception, match="stopped after"):
@@ -94,7 +76,8 @@ def test_a_rerun_takes_the_chunks_with_their_annotation_tallies_and_converts_the
 
     info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["resumed"] == {"images": kept, "from_runs": [interrupted], "converted": 5 - kept}
-    assert _files(out) == _files(fresh)  # shards, errors.jsonl, labels.txt, label_map.pbtxt, the description
+    # shards, errors.jsonl, labels.txt, label_map.pbtxt, TFDS's files, the description
+    assert dataset_files(out) == dataset_files(fresh)
     assert read_detection_records(out) == read_detection_records(fresh)
     section = info["detection"]
     assert section["annotations"] == {"found": FOUND, "written": 5, "rejected": {"box_too_small": 5,

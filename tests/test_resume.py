@@ -21,7 +21,7 @@ import pytest
 from pipeline import verify
 from pipeline.cli import main_of
 from tests.conftest import REPO, convert
-from tests.crash_helpers import Stopped, done_records, stop_after_chunks
+from tests.crash_helpers import Stopped, dataset_files, done_records, stop_after_chunks
 from tests.datasets import read_records, write_tiny_tree
 from transforms.base.dataset_format import TEMP_DIR
 from transforms.output import resume, write
@@ -29,8 +29,6 @@ from transforms.output import resume, write
 CLASSES = {"cat": 12, "dog": 12, "fox": 12, "owl": 12}  # 48 images
 OPTIONS = ["--num_shards=train=6,validation=2", "--image_size=16", "--index_files"]
 IMAGES = sum(CLASSES.values())
-# What differs between two runs of the same dataset: when, which run, how fast; and the resume's own account.
-RUN_FIELDS = {"created", "run_id", "elapsed_seconds", "images_per_second", "resumed", "sources", "tfds"}
 RESUMED_LINE = re.compile(r"^Resumed: (?P<n>\d+) images from the interrupted run (?P<run>\S+), converted "
                           r"(?P<m>\d+)\.$", re.MULTILINE)
 
@@ -98,23 +96,6 @@ def _records(out) -> dict[str, tuple]:
     return found
 
 
-def _files(out) -> dict[str, bytes]:
-    """Every file of the dataset but its sources files (named after their run), by name; the description without
-    its run's own fields."""
-    files = {}
-    for name in sorted(os.listdir(out)):
-        if name.startswith("sources-") or not (out / name).is_file():
-            continue
-        data = (out / name).read_bytes()
-        if name == "image_tfrecords.json":
-            info = json.loads(data)
-            data = json.dumps({k: v for k, v in info.items() if k not in RUN_FIELDS}, sort_keys=True).encode()
-        if name == "dataset_info.json":  # TFDS's: it names the run in its description
-            data = re.sub(rb"\(run [0-9a-f-]+\)", b"(run)", data)
-        files[name] = data
-    return files
-
-
 def _sources(out) -> list[str]:
     info = json.loads((out / "image_tfrecords.json").read_text())
     return sorted(line for name in info["sources"]["files"] for line in (out / name).read_text().splitlines())
@@ -123,7 +104,7 @@ def _sources(out) -> list[str]:
 def assert_same_dataset(out, fresh) -> None:
     """`out` is `fresh`, byte for byte (shards, index files, errors, labels, TFDS's files, the description but for
     its run's fields, the sources' lines), with nothing left of any run, and verify passes."""
-    assert _files(out) == _files(fresh)
+    assert dataset_files(out) == dataset_files(fresh)
     assert _sources(out) == _sources(fresh)
     assert _records(out) == _records(fresh)
     assert not (out / TEMP_DIR).exists()  # the interrupted run's folder went once this run published
@@ -432,7 +413,7 @@ def test_other_formats_and_labels_resume_byte_for_byte(monkeypatch, tmp_path, ki
     info = json.loads((out / "image_tfrecords.json").read_text())
     assert info["resumed"]["images"] == kept > 0
     assert sum(converted) + kept + sum(len(r["rejections"]) for r in done) == (17 if kind == "multi_label" else 18)
-    assert _files(out) == _files(fresh) and _sources(out) == _sources(fresh)
+    assert dataset_files(out) == dataset_files(fresh) and _sources(out) == _sources(fresh)
     if kind == "multi_label":
         assert info["files"]["rejected"] == 1 and info["rejected_by_reason"]
     assert not (out / TEMP_DIR).exists()
@@ -458,6 +439,6 @@ def test_a_done_record_that_names_another_path_is_converted_again(monkeypatch, p
     assert sum(converted) == IMAGES - info["resumed"]["images"]
     assert not any("NOT-THIS-FILE" in line for line in _sources(out))
     assert_same_dataset(out, fresh)
-    files = _files(out)
+    files = dataset_files(out)
     assert convert(photos, out, *OPTIONS, "--if_exists=append") == 0
-    assert _files(out) == files and len(_records(out)) == IMAGES
+    assert dataset_files(out) == files and len(_records(out)) == IMAGES
