@@ -163,9 +163,9 @@ class ReadAnnotations(beam.PTransform):
         rejections = ((parsed[REJECTED], refs[SKIPPED], refs[PROBLEMS], aside)
                       | "AnnotationRejections" >> beam.Flatten())
         # counted where they are made (lifted combines): a Flatten of the entries themselves would hold every
-        # ImageAnnotations whole in the local runner's memory
-        found = ((parsed[IMAGES] | "CountImages" >> beam.combiners.Count.Globally(),
-                  parsed[REJECTED] | "CountRejected" >> beam.combiners.Count.Globally())
+        # ImageAnnotations whole in the local runner's memory; no default (CountFound's is the one)
+        count = beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults
+        found = ((parsed[IMAGES] | "CountImages" >> count(), parsed[REJECTED] | "CountRejected" >> count())
                  | "Entries" >> beam.Flatten()
                  | "CountFound" >> beam.CombineGlobally(sum))
         outputs = {"images": refs.images, "rejections": rejections, FOUND: found, TALLY: parsed[COUNTS]}

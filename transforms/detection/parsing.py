@@ -382,7 +382,7 @@ class Tally(beam.PTransform):
     def expand(self, outputs):
         sums = [outputs[tag]
                 | f"Count{name}" >> beam.Map(_count_outcome)
-                | f"Sum{name}" >> beam.CombineGlobally(SumTallies())
+                | f"Sum{name}" >> beam.CombineGlobally(SumTallies()).without_defaults()  # SumCounts' is the one
                 for tag, name in ((IMAGES, "Images"), (REJECTED, "Rejected"), (PROBLEMS, "Problems"))]
         return ((*sums, outputs[COUNTS])
                 | "AllCounts" >> beam.Flatten()
