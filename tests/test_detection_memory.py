@@ -129,3 +129,23 @@ def test_the_tally_and_the_found_count_flatten_sums_never_the_images(tmp_path):
     assert sorted(name.split("/")[1] for name in tally if name.startswith("Tally/")) == [
         "SumImages", "SumProblems", "SumRejected"], tally
     assert [name for name in tally if not name.startswith("Tally/")] == ["StreamCoco/ParDo(_StreamCoco)"], tally
+
+
+def test_the_memory_benchmark_builds_three_polygon_boxes_an_image_in_distinct_files(tmp_path):
+    from benchmarks.detection_memory import OBJECTS, build_set
+
+    built = build_set(str(tmp_path), 6)
+    with open(f"{built['coco']}/annotations/instances_train.json") as f:
+        train = json.load(f)
+    with open(f"{built['coco']}/annotations/instances_val.json") as f:
+        val = json.load(f)
+    assert (len(train["images"]), len(val["images"])) == (5, 1)
+    annotations = train["annotations"] + val["annotations"]
+    assert len(annotations) == 6 * OBJECTS and all(len(a["segmentation"][0]) == 24 for a in annotations)
+    files = [f"{built['coco']}/{split}/{image['file_name']}" for split, data in (("train", train), ("val", val))
+             for image in data["images"]]
+    contents = set()
+    for path in files:
+        with open(path, "rb") as f:
+            contents.add(f.read())
+    assert len(contents) == 6
