@@ -99,10 +99,10 @@ def _number(category_id: str):
     return (0, int(category_id), "") if category_id.lstrip("-").isdigit() else (1, 0, category_id)
 
 
-def _reader(detection: DetectionInput, input_dir: str, class_names):
+def _reader(detection: DetectionInput, input_dir: str, class_names, segmentations: bool = True):
     layout = detection.layout
     if detection.input_format == "coco":
-        return ReadCoco(input_dir, layout, class_names)
+        return ReadCoco(input_dir, layout, class_names, segmentations)
     if detection.input_format == "voc":
         return ReadVoc(input_dir, layout, class_names)
     if detection.input_format == "yolo":
@@ -153,7 +153,7 @@ class ReadAnnotations(beam.PTransform):
     def expand(self, pbegin):
         fmt = self._detection.input_format
         parsed = pbegin | f"Read{fmt.upper() if fmt != 'boxes' else 'Boxes'}" >> _reader(
-            self._detection, self._input_dir, self._class_names)
+            self._detection, self._input_dir, self._class_names, self._segmentations)
         refs = (parsed[IMAGES]
                 # ImageRef with its objects; SKIPPED: images without objects dropped; PROBLEMS: annotations aside
                 | "ToImageRefs" >> beam.FlatMap(image_ref, **self._split, drop_empty=self._drop_empty,
@@ -162,9 +162,12 @@ class ReadAnnotations(beam.PTransform):
         aside = parsed[PROBLEMS] | "ProblemLines" >> beam.Map(annotation_rejection)
         rejections = ((parsed[REJECTED], refs[SKIPPED], refs[PROBLEMS], aside)
                       | "AnnotationRejections" >> beam.Flatten())
-        found = ((parsed[IMAGES], parsed[REJECTED])
+        # counted where they are made (lifted combines): a Flatten of the entries themselves would hold every
+        # ImageAnnotations whole in the local runner's memory; no default (CountFound's is the one)
+        count = beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults
+        found = ((parsed[IMAGES] | "CountImages" >> count(), parsed[REJECTED] | "CountRejected" >> count())
                  | "Entries" >> beam.Flatten()
-                 | "CountFound" >> beam.combiners.Count.Globally())
+                 | "CountFound" >> beam.CombineGlobally(sum))
         outputs = {"images": refs.images, "rejections": rejections, FOUND: found, TALLY: parsed[COUNTS]}
         if self._class_names is None:
             used = (parsed[IMAGES]

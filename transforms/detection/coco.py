@@ -191,10 +191,15 @@ def coco_image(item, source: CocoSource, input_dir: str) -> ImageAnnotations:
 class _StreamCoco(beam.DoFn):
     """(index, CocoSource, list) -> ((index, image id), (kind, value)) for every image or annotation of the file;
     CATEGORIES: (index, category id, name); BAD_FILES: (index, why) for a file that does not parse to its end;
-    PROBLEMS: an annotation that names no image; COUNTS: the annotations read."""
+    PROBLEMS: an annotation that names no image; COUNTS: the annotations read.
 
-    def __init__(self, input_dir: str):
-        self._input_dir = input_dir
+    What goes into the grouping by image id is what the record needs, no more (every annotation of the export
+    passes through that shuffle, and the local runner holds it in memory): an annotation's `where` without its
+    file's name (`coco_entries` puts it back), and, without `segmentations`, no polygons or RLE (they are still
+    checked: a malformed one is a bad_annotation either way)."""
+
+    def __init__(self, input_dir: str, segmentations: bool = True):
+        self._input_dir, self._segmentations = input_dir, segmentations
 
     def process(self, item):
         index, source, kind = item
@@ -220,16 +225,20 @@ class _StreamCoco(beam.DoFn):
 
     def _annotation(self, index, source, value, number):
         ann_id = value.get("id") if isinstance(value, dict) else None
-        where = f"{source.relpath}: annotation " + (f"id {ann_id}" if ann_id is not None else f"number {number}")
+        place = f"annotation id {ann_id}" if ann_id is not None else f"annotation number {number}"
+        where = f"{source.relpath}: {place}"
         image_id = _id(value.get("image_id")) if isinstance(value, dict) else None
         if image_id is None:
             yield beam.pvalue.TaggedOutput(PROBLEMS, AnnotationProblem(BAD_ANNOTATION, f"{where}: no image_id"))
             return
         try:
-            parsed = ("annotation", coco_annotation(value, where))
+            category, obj = coco_annotation(value, place)  # its file's name is put back by coco_entries
         except ValueError as e:
-            parsed = ("problem", AnnotationProblem(BAD_ANNOTATION, f"{where}: {e}"))
-        yield (index, image_id), parsed
+            yield (index, image_id), ("problem", AnnotationProblem(BAD_ANNOTATION, f"{where}: {e}"))
+            return
+        if not self._segmentations:
+            obj = obj._replace(segmentation=None)
+        yield (index, image_id), ("annotation", (category, obj))
 
     def _image(self, index, source, value):
         try:
@@ -261,6 +270,7 @@ def coco_entries(key, values, categories: dict, bad_files: dict, sources: list[C
             problems.append(value)
         else:
             category, obj = value
+            obj = obj._replace(where=f"{source.relpath}: {obj.where}")  # _StreamCoco left its file's name out
             name = categories.get((index, _id(category)))
             if name is None:
                 problems.append(AnnotationProblem(UNKNOWN_CLASS, f"{obj.where}: the category_id {category} is not "
@@ -327,13 +337,15 @@ class ReadCoco(beam.PTransform):
     one dict {(file index, category id): name}.
 
     `class_names`: when given, an annotation of another class is unknown_class; else every category's name is
-    a class. Images in an annotation file's image folder that no entry names are kept without objects.
+    a class. `segmentations`: whether the annotations' polygons and RLEs are carried on (--instance_masks).
+    Images in an annotation file's image folder that no entry names are kept without objects.
     """
 
-    def __init__(self, input_dir: str, sources: list[CocoSource], class_names=None):
+    def __init__(self, input_dir: str, sources: list[CocoSource], class_names=None, segmentations: bool = True):
         super().__init__()
         self._input_dir, self._sources = input_dir.rstrip("/"), list(sources)
         self._class_names = None if class_names is None else frozenset(class_names)
+        self._segmentations = segmentations
 
     def expand(self, pbegin):
         sources, input_dir = self._sources, self._input_dir
@@ -341,7 +353,7 @@ class ReadCoco(beam.PTransform):
                     | "AnnotationFiles" >> beam.Create([(i, s, kind) for i, s in enumerate(sources) for kind in _ITEMS])
                     | "SpreadFiles" >> beam.Reshuffle()
                     # ((file index, image id), (kind, value)): one streaming read per file and list
-                    | "StreamCoco" >> beam.ParDo(_StreamCoco(input_dir)).with_outputs(
+                    | "StreamCoco" >> beam.ParDo(_StreamCoco(input_dir, self._segmentations)).with_outputs(
                         CATEGORIES, BAD_FILES, PROBLEMS, REJECTED, COUNTS, main="entries"))
         # {(file index, category id): name}, and {file index: why it does not parse}: a few entries each
         categories = (streamed[CATEGORIES]

@@ -12,6 +12,7 @@ No Beam and no image bytes here: these are the elements the parsers yield and th
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 
@@ -75,3 +76,20 @@ class ImageAnnotations(NamedTuple):
     instance_mask: str = ""
     instances: int = 0  # the objects its annotation file lists, rejected ones too: the indices its instance mask uses
     size: int = 0  # the image file's bytes as its folder's listing gave them (0 when not listed: box rows)
+
+    def __reduce__(self):
+        """Pickled (as Beam carries it between steps, through every shuffle, and the local runner holds it) with the
+        start its objects' `where` share written once: 'annotations/instances_train.json: annotation id ' once per
+        image, not once per object. Unpickled, it is the same ImageAnnotations."""
+        shared = os.path.commonprefix([obj.where for obj in self.objects]) if len(self.objects) > 1 else ""
+        if not shared:
+            return ImageAnnotations, tuple(self)
+        objects = tuple(obj._replace(where=obj.where[len(shared):]) for obj in self.objects)
+        return _with_shared_where, (shared, tuple(self._replace(objects=objects)))
+
+
+def _with_shared_where(shared: str, fields: tuple) -> ImageAnnotations:
+    """An ImageAnnotations from its pickled form (ImageAnnotations.__reduce__): each object's `where` begins with
+    `shared` again."""
+    image = ImageAnnotations(*fields)
+    return image._replace(objects=tuple(obj._replace(where=shared + obj.where) for obj in image.objects))

@@ -392,13 +392,18 @@ def _count_outcome(item):
 
 class Tally(beam.PTransform):
     """{IMAGES, REJECTED, PROBLEMS, COUNTS} PCollections -> one dict: the parser's counts of what it read, and
-    what became of it (`tally_problem` says whether it adds up); each outcome counted in Beam counters too."""
+    what became of it (`tally_problem` says whether it adds up); each outcome counted in Beam counters too.
+
+    Each outcome is made its tally where it is produced and summed there (a lifted combine): only one dict per
+    bundle leaves, never the ImageAnnotations themselves, which a Flatten of the outcomes would hold whole in the
+    local runner's memory (benchmarks/detection_memory.py)."""
 
     def expand(self, outputs):
-        outcomes = ([outputs[IMAGES], outputs[REJECTED], outputs[PROBLEMS]]
-                    | "AllOutcomes" >> beam.Flatten()
-                    | "CountOutcomes" >> beam.Map(_count_outcome))
-        return ((outcomes, outputs[COUNTS])
+        sums = [outputs[tag]
+                | f"Count{name}" >> beam.Map(_count_outcome)
+                | f"Sum{name}" >> beam.CombineGlobally(SumTallies()).without_defaults()  # SumCounts' is the one
+                for tag, name in ((IMAGES, "Images"), (REJECTED, "Rejected"), (PROBLEMS, "Problems"))]
+        return ((*sums, outputs[COUNTS])
                 | "AllCounts" >> beam.Flatten()
                 | "SumCounts" >> beam.CombineGlobally(SumTallies()))
 
