@@ -71,27 +71,32 @@ def image_files(root: str) -> list[str]:
 
 
 class PeakMemory:
-    """Peak summed RSS of a process and all its children, sampled every 0.1 s."""
+    """Peak summed RSS of a process and all its children (`peak`), and the peaks of the process itself
+    (`launcher`) and of each child ({pid: bytes}, `workers`), sampled every 0.1 s."""
 
     def __init__(self, pid: int):
         self._process = psutil.Process(pid)
-        self.peak = 0
+        self.peak = self.launcher = 0
+        self.workers: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self):
         while not self._stop.is_set():
             try:
-                tree = [self._process, *self._process.children(recursive=True)]
-                total = 0
-                for p in tree:
-                    try:
-                        total += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak = max(self.peak, total)
+                children = self._process.children(recursive=True)
+                own = self._process.memory_info().rss
             except psutil.Error:
                 return
+            total, self.launcher = own, max(self.launcher, own)
+            for child in children:
+                try:
+                    rss = child.memory_info().rss
+                except psutil.Error:
+                    continue
+                total += rss
+                self.workers[child.pid] = max(self.workers.get(child.pid, 0), rss)
+            self.peak = max(self.peak, total)
             self._stop.wait(0.1)
 
     def __enter__(self):

@@ -27,12 +27,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 import numpy as np
-import psutil
 from PIL import Image
 
+from benchmarks.convert_bench import PeakMemory
 from benchmarks.detection_bench import polygon_in, with_comment
 
 SIZE = (96, 72)  # every generated image's width and height: small, so that the conversion is cheap
@@ -82,52 +81,13 @@ def build_set(root: str, count: int, seed: int = 49) -> dict:
     return {"images": count, "coco": os.path.join(root, "coco"), "folders": os.path.join(root, "folders")}
 
 
-class ProcessPeaks:
-    """Peak RSS of a process (the launcher) and of each of its descendants, sampled every 0.1 s."""
-
-    def __init__(self, pid: int):
-        self._root = psutil.Process(pid)
-        self.launcher = 0
-        self.workers: dict[int, int] = {}
-        self.tree = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self):
-        while not self._stop.is_set():
-            try:
-                children = self._root.children(recursive=True)
-                launcher = self._root.memory_info().rss
-            except psutil.Error:
-                return
-            total = launcher
-            self.launcher = max(self.launcher, launcher)
-            for child in children:
-                try:
-                    rss = child.memory_info().rss
-                except psutil.Error:
-                    continue
-                total += rss
-                self.workers[child.pid] = max(self.workers.get(child.pid, 0), rss)
-            self.tree = max(self.tree, total)
-            self._stop.wait(0.1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def run_case(case: str, built: dict, output_dir: str, workers: int) -> dict:
     """One whole command; its peaks (MiB) and the records it wrote."""
     input_dir = built["folders"] if case == "classification" else built["coco"]
     command = [sys.executable, "-m", "pipeline.main", f"--input_dir={input_dir}", f"--output_dir={output_dir}",
                "--overwrite", "--quiet", f"--direct_num_workers={workers}", *CASES[case]]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with ProcessPeaks(process.pid) as peaks:
+    with PeakMemory(process.pid) as peaks:
         _, stderr = process.communicate()
     if process.returncode:
         raise SystemExit(f"{case} failed ({process.returncode}):\n{stderr[-3000:]}")
@@ -137,7 +97,7 @@ def run_case(case: str, built: dict, output_dir: str, workers: int) -> dict:
         raise SystemExit(f"{case} wrote {info['files']['written']} of {built['images']} images")
     mib = 2 ** 20
     return {"launcher_mib": peaks.launcher / mib, "worker_mib": max(peaks.workers.values(), default=0) / mib,
-            "tree_mib": peaks.tree / mib, "workers": len(peaks.workers),
+            "tree_mib": peaks.peak / mib, "workers": len(peaks.workers),
             "objects": (info.get("detection") or {}).get("annotations", {}).get("written")}
 
 
