@@ -163,23 +163,32 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure_pipeline(input_dir: str, output_dir: str, extra: list[str], module: str = "pipeline.main") -> dict:
-    """(b) the real command line, default options, timed from launch to exit; (d) with module=GRAPH_ONLY."""
-    command = [sys.executable, "-m", module, f"--input_dir={input_dir}", f"--output_dir={output_dir}",
-               "--overwrite", "--quiet", *extra]
+def timed_command(command: list[str], what: str) -> dict:
+    """Run `command` to its end: its wall `seconds`, `cpu_seconds` (its whole process tree), `peak_rss_bytes` and
+    `stdout`. Stops the benchmark (SystemExit naming `what`, with the end of its stderr) when it fails."""
     start, cpu_before = time.perf_counter(), _children_cpu()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(process.pid) as memory:
         stdout, stderr = process.communicate()
     elapsed = time.perf_counter() - start
     if process.returncode:
-        raise SystemExit(f"pipeline failed ({process.returncode}):\n{stderr[-3000:]}")
+        raise SystemExit(f"{what} failed ({process.returncode}):\n{stderr[-3000:]}")
+    return {"seconds": elapsed, "cpu_seconds": _children_cpu() - cpu_before, "peak_rss_bytes": memory.peak,
+            "stdout": stdout}
+
+
+def measure_pipeline(input_dir: str, output_dir: str, extra: list[str], module: str = "pipeline.main") -> dict:
+    """(b) the real command line, default options, timed from launch to exit; (d) with module=GRAPH_ONLY."""
+    command = [sys.executable, "-m", module, f"--input_dir={input_dir}", f"--output_dir={output_dir}",
+               "--overwrite", "--quiet", *extra]
+    run = timed_command(command, "pipeline")
+    elapsed = run["seconds"]
     with open(os.path.join(output_dir, "image_tfrecords.json")) as f:
         info = json.load(f)
     written = info["files"]["written"]
     return {"images": written, "seconds": elapsed, "images_per_second": written / elapsed,
-            "in_job_seconds": info["elapsed_seconds"], "peak_rss_bytes": memory.peak,
-            "cpu_seconds": _children_cpu() - cpu_before,
+            "in_job_seconds": info["elapsed_seconds"], "peak_rss_bytes": run["peak_rss_bytes"],
+            "cpu_seconds": run["cpu_seconds"],
             "output_bytes": info["total_bytes"], "shards": sum(len(s["shards"]) for s in info["splits"].values())}
 
 

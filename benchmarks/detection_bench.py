@@ -34,14 +34,12 @@ import random
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
-import time
 
 from PIL import Image
 
-from benchmarks.convert_bench import PeakMemory, _children_cpu, measure_pipeline
+from benchmarks.convert_bench import measure_pipeline, timed_command
 
 CLASSES = ("ant", "bee", "flower")  # the boxes' classes (the photos' own class folders give (a)'s labels)
 REFERENCE = "classification"
@@ -122,16 +120,10 @@ def measure_classic(input_dir: str, output_dir: str, image_size: int, masks: boo
     shutil.rmtree(output_dir, ignore_errors=True)
     command = [sys.executable, "-m", "benchmarks.classic_detection", f"--input_dir={input_dir}",
                f"--output_dir={output_dir}", f"--image_size={image_size}", *(["--instance_masks"] if masks else [])]
-    start, cpu_before = time.perf_counter(), _children_cpu()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with PeakMemory(process.pid) as memory:
-        stdout, stderr = process.communicate()
-    elapsed = time.perf_counter() - start
-    if process.returncode:
-        raise SystemExit(f"the classic script failed ({process.returncode}):\n{stderr[-3000:]}")
-    report = json.loads(stdout.strip().splitlines()[-1])
-    return {"images": report["images"], "objects": report["objects"], "seconds": elapsed,
-            "cpu_seconds": _children_cpu() - cpu_before, "peak_rss_bytes": memory.peak,
+    run = timed_command(command, "the classic script")
+    report = json.loads(run["stdout"].strip().splitlines()[-1])
+    return {"images": report["images"], "objects": report["objects"], "seconds": run["seconds"],
+            "cpu_seconds": run["cpu_seconds"], "peak_rss_bytes": run["peak_rss_bytes"],
             "seconds_after_imports": report["seconds_after_imports"]}
 
 

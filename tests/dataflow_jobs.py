@@ -36,6 +36,20 @@ def launch(gcs_emulator, *args, env=None, timeout=600, fresh=False):
                           timeout=timeout, env=dict(os.environ, **gcs_emulator.env, **(env or {})))
 
 
+def run_template_job(dataflow_api, template) -> str:
+    """Submit the job a Flex Template launch wrote (`template`, its JSON file) to the Dataflow stand-in with the real
+    client, as the Flex Template service does, and wait for it: its final state."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import dataflow_v1beta3
+
+    client = dataflow_v1beta3.JobsV1Beta3Client(credentials=AnonymousCredentials(), transport="rest",
+                                                client_options={"api_endpoint": dataflow_api.endpoint})
+    created = client.create_job(request=dataflow_v1beta3.CreateJobRequest(
+        project_id=PROJECT, location=REGION, job=dataflow_v1beta3.Job.from_json(template.read_text(),
+                                                                                ignore_unknown_fields=True)))
+    return dataflow_api.wait(created.id).state
+
+
 def job_id_of(result) -> str:
     """The job id in a launch's "Created job with id: [...]" line (the one Airflow's hook parses)."""
     match = CREATED.search(result.stdout)

@@ -27,6 +27,7 @@ from tests.dataflow_jobs import (
     dataflow_args,
     job_id_of,
     launch,
+    run_template_job,
 )
 from tests.dataflow_service import upload_photos
 from tests.gcs_fixtures import NO_AUTH
@@ -175,15 +176,7 @@ def test_flex_template_launch_writes_the_job_and_the_launched_job_completes(gcs_
     assert "is being written by a Dataflow launch (job name image-tfrecords-scheduled)" in retry.stderr
 
     # The template launcher submits the job description; the service runs it.
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import dataflow_v1beta3
-
-    client = dataflow_v1beta3.JobsV1Beta3Client(credentials=AnonymousCredentials(), transport="rest",
-                                                client_options={"api_endpoint": dataflow_api.endpoint})
-    created = client.create_job(request=dataflow_v1beta3.CreateJobRequest(
-        project_id=PROJECT, location=REGION, job=dataflow_v1beta3.Job.from_json(template.read_text(),
-                                                                                ignore_unknown_fields=True)))
-    assert dataflow_api.wait(created.id).state == "JOB_STATE_DONE"
+    assert run_template_job(dataflow_api, template) == "JOB_STATE_DONE"
     assert_complete_dataset(gcs_emulator, dated)  # and the job released the lock
 
 

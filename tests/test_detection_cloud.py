@@ -28,7 +28,7 @@ from tests.dataflow_dry_run import (
     pipeline_proto,
     run_script,
 )
-from tests.dataflow_jobs import IMAGE, PROJECT, REGION, job_id_of, launch
+from tests.dataflow_jobs import IMAGE, PROJECT, REGION, job_id_of, launch, run_template_job
 from tests.detection_datasets import write
 from tests.detection_runs import CLASSES, boxes_csv, coco_export, voc_export, yolo_export
 from tests.detection_runs import IMAGES as PLAIN_IMAGES
@@ -425,8 +425,6 @@ def test_run_dataflow_sh_takes_a_manifest_on_gcs_in_place_of_input_dir():
 def test_a_flex_template_launch_of_a_detection_job_completes(gcs_emulator, dataflow_api, exports, tmp_path):
     """The Flex Template's launcher (dataflow/launch.py) with the parameters a scheduler gives a detection job
     (task, first_class_id, images_without_objects): the job it writes runs in the stand-in to a complete dataset."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import dataflow_v1beta3
 
     _, remote = exports
     output = f"gs://{BUCKET}/flex/yolo"
@@ -441,12 +439,7 @@ def test_a_flex_template_launch_of_a_detection_job_completes(gcs_emulator, dataf
     result = subprocess.run([sys.executable, os.path.join(REPO, "dataflow", "launch.py"), *parameters,
                              *launcher_args], cwd="/", capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
-    client = dataflow_v1beta3.JobsV1Beta3Client(credentials=AnonymousCredentials(), transport="rest",
-                                                client_options={"api_endpoint": dataflow_api.endpoint})
-    created = client.create_job(request=dataflow_v1beta3.CreateJobRequest(
-        project_id=PROJECT, location=REGION, job=dataflow_v1beta3.Job.from_json(template.read_text(),
-                                                                                ignore_unknown_fields=True)))
-    assert dataflow_api.wait(created.id).state == "JOB_STATE_DONE"
+    assert run_template_job(dataflow_api, template) == "JOB_STATE_DONE"
     info = json.loads(gcs_emulator.read(f"{output}/image_tfrecords.json"))
     assert (info["task"], info["detection"]["first_id"], info["detection"]["input_format"]) == ("detection", 0, "yolo")
     assert info["detection"]["images_without_objects"] == {"kept": 0, "dropped": 1}
